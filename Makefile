@@ -1,0 +1,42 @@
+# nodepool — make targets. Everything runs from the project's own virtual environment.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | sha1sum | cut -c1-12)
+PYTEST_ARGS ?=
+ARGS ?=
+
+.PHONY: venv test lint format migrate run demo superuser clean
+
+$(STAMP): requirements.txt requirements-dev.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements-dev.txt
+	$(PY) -m pip install -q --no-deps -e .
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+test: venv  ## run the test suite (SQLite + embedded broker, or DATABASE_URL / CELERY_BROKER_URL)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: venv
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+migrate: venv
+	$(PY) manage.py migrate --noinput
+
+run: migrate  ## web + one Celery worker + beat on the configured (default: embedded) backends
+	$(PY) manage.py collectstatic --noinput -v0
+	$(VENV)/bin/honcho -f Procfile start
+
+demo: migrate  ## the main job: the whole control plane with this machine and a simulated fleet
+	$(PY) manage.py demo $(ARGS)
+
+clean:
+	rm -rf var/*.sqlite3* var/static

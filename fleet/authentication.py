@@ -1,0 +1,85 @@
+"""Node credential authentication (``Authorization: Node <secret>``).
+
+A node credential authenticates a *node*, not a user: ``request.user`` stays anonymous and
+``request.node`` is set. Views that accept node credentials use :class:`IsNodeSelf`, which also
+checks that the node in the URL is the credential's own node; every other endpoint refuses a
+node credential (403), because it has no user and the default permission needs one.
+"""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import AnonymousUser
+from django.utils import timezone
+from rest_framework import authentication, exceptions
+from rest_framework.permissions import BasePermission
+
+from . import secrets as node_secrets
+from .choices import Lifecycle
+from .models import NodeCredential
+
+KEYWORD = "Node"
+CREDENTIAL_KIND = "npn"
+
+
+class NodeCredentialAuthentication(authentication.BaseAuthentication):
+    """Authenticate ``Authorization: Node npn_<prefix>.<secret>``.
+
+    Raises:
+        AuthenticationFailed (401): unknown, expired, revoked or malformed credential.
+    """
+
+    def authenticate(self, request):
+        header = authentication.get_authorization_header(request).split()
+        if not header or header[0].decode(errors="replace") != KEYWORD:
+            return None
+        if len(header) != 2:
+            raise exceptions.AuthenticationFailed("Malformed node credential header.", "credential_malformed")
+        secret = header[1].decode(errors="replace")
+        prefix = node_secrets.split_prefix(secret, CREDENTIAL_KIND)
+        if prefix is None:
+            raise exceptions.AuthenticationFailed("Malformed node credential.", "credential_malformed")
+        credential = NodeCredential.objects.select_related("node", "node__pool").filter(prefix=prefix).first()
+        if credential is None or not node_secrets.matches(secret, credential.secret_hash):
+            raise exceptions.AuthenticationFailed("Unknown node credential.", "credential_invalid")
+        now = timezone.now()
+        if credential.revoked_at is not None and credential.revoked_at <= now:
+            raise exceptions.AuthenticationFailed("This node credential was revoked.", "credential_revoked")
+        if credential.expires_at <= now:
+            raise exceptions.AuthenticationFailed(
+                "This node credential expired; re-enroll or rotate sooner.", "credential_expired"
+            )
+        request._request.node = credential.node
+        request._request.node_credential = credential
+        return AnonymousUser(), credential
+
+    def authenticate_header(self, request):
+        return KEYWORD
+
+
+def credential_is_valid(credential: NodeCredential | None, now=None) -> bool:
+    now = now or timezone.now()
+    return bool(credential and credential.revoked_at is None and credential.expires_at > now)
+
+
+class IsNodeSelf(BasePermission):
+    """Allow only a node credential acting on its own node (URL kwarg ``pk`` or ``node_id``).
+
+    A retired node is refused by the view with 410; a quarantined node's credentials are revoked.
+    """
+
+    message = "A node credential may act only on its own node."
+
+    def has_permission(self, request, view):
+        node = getattr(request._request, "node", None)
+        if node is None:
+            return False
+        target = view.kwargs.get("pk") or view.kwargs.get("node_id")
+        return target is None or str(node.pk) == str(target)
+
+
+def node_from_request(request):
+    """The authenticated node of a request, or None."""
+    return getattr(request._request, "node", None) if hasattr(request, "_request") else getattr(request, "node", None)
+
+
+__all__ = ["NodeCredentialAuthentication", "IsNodeSelf", "credential_is_valid", "node_from_request", "Lifecycle"]

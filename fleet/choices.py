@@ -1,0 +1,86 @@
+from django.db import models
+
+
+class PoolKind(models.TextChoices):
+    STANDARD = "standard", "standard"
+    MARKETPLACE = "marketplace", "marketplace"
+
+
+class AdmissionMode(models.TextChoices):
+    MANUAL = "manual", "manual (an operator admits)"
+    AUTOMATIC = "automatic", "automatic (on enrollment)"
+
+
+class SchedulingPolicy(models.TextChoices):
+    BINPACK = "binpack", "binpack (most allocated first)"
+    SPREAD = "spread", "spread (least allocated first)"
+
+
+class Lifecycle(models.TextChoices):
+    """The administrative lifecycle: what the control plane intends for the node."""
+
+    PENDING = "pending", "pending"
+    ADMITTING = "admitting", "admitting"
+    READY = "ready", "ready"
+    REJECTED = "rejected", "rejected"
+    CORDONED = "cordoned", "cordoned"
+    DRAINING = "draining", "draining"
+    MAINTENANCE = "maintenance", "maintenance"
+    QUARANTINED = "quarantined", "quarantined"
+    RETIRED = "retired", "retired"
+
+
+class Liveness(models.TextChoices):
+    """Computed by the control plane from its own receipt times only."""
+
+    UNKNOWN = "unknown", "unknown (never heard)"
+    ALIVE = "alive", "alive"
+    STALE = "stale", "stale (missed heartbeats)"
+    UNREACHABLE = "unreachable", "unreachable (past grace)"
+    LOST = "lost", "lost (past loss threshold)"
+
+
+class Health(models.TextChoices):
+    """The control plane's judgement of reported conditions under the pool's policy."""
+
+    UNKNOWN = "unknown", "unknown"
+    HEALTHY = "healthy", "healthy"
+    DEGRADED = "degraded", "degraded"
+    UNHEALTHY = "unhealthy", "unhealthy"
+
+
+class ActorType(models.TextChoices):
+    USER = "user", "user"
+    NODE = "node", "node"
+    SYSTEM = "system", "system task"
+
+
+class CheckStatus(models.TextChoices):
+    PENDING = "pending", "pending"
+    PASSED = "passed", "passed"
+    FAILED = "failed", "failed"
+    SKIPPED = "skipped", "skipped"
+
+
+class BenchmarkStatus(models.TextChoices):
+    REQUESTED = "requested", "requested"
+    COMPLETED = "completed", "completed"
+    TIMED_OUT = "timed_out", "timed out"
+
+
+class NodeEventType(models.TextChoices):
+    ENROLLED = "enrolled", "enrolled"
+    LIFECYCLE = "lifecycle", "lifecycle transition"
+    ADMISSION_CHECK = "admission_check", "admission check"
+    BENCHMARK = "benchmark", "benchmark"
+    LIVENESS = "liveness", "liveness change"
+    READINESS = "readiness", "readiness change"
+    CONDITION = "condition", "condition change"
+    HEALTH = "health", "health change"
+    RESTART = "restart", "agent restart (new incarnation)"
+    CLOCK_SKEW = "clock_skew", "clock skew"
+    CREDENTIAL = "credential", "credential issued, rotated or revoked"
+    POLICY = "policy", "policy or metadata change"
+    LEASE = "lease", "lease"
+    DRAIN = "drain", "drain"
+    QUARANTINE = "quarantine", "quarantine"

@@ -1,0 +1,399 @@
+"""Fleet models: pools, nodes and their identity, capacity inventory, credentials, admission.
+
+A node's state is several independent dimensions (see ../DESIGN.md): ``lifecycle`` (FSM, only
+transitions change it), ``liveness`` (from the control plane's receipt times), ``ready`` (what
+the node says), ``health`` (the control plane's judgement of conditions) and capacity
+(:class:`NodeResource`). Nothing here stores a single "online" flag; ``schedulable`` is derived.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django_fsm import ConcurrentTransitionMixin, FSMField, transition
+
+from .choices import (
+    ActorType,
+    AdmissionMode,
+    BenchmarkStatus,
+    CheckStatus,
+    Health,
+    Lifecycle,
+    Liveness,
+    NodeEventType,
+    PoolKind,
+    SchedulingPolicy,
+)
+
+DEFAULT_UNHEALTHY_CONDITIONS = ["MemoryPressure", "DiskPressure", "PIDPressure", "NetworkUnavailable"]
+DEFAULT_DEGRADED_CONDITIONS = ["ClockSkew"]
+
+
+class Pool(models.Model):
+    """A named group of nodes managed as a unit.
+
+    ``reservations`` maps a reservation class (``system``, ``runtime``, ``monitoring``,
+    ``failure_margin``) to ``{resource: canonical amount}`` (cpu millicores, bytes, counts);
+    their sum per resource is subtracted from each node's capacity to give allocatable.
+    Liveness timings are seconds. ``taints`` is a list of ``{"key", "value", "effect"}``.
+    """
+
+    name = models.SlugField(max_length=63, unique=True)
+    description = models.TextField(blank=True)
+    kind = models.CharField(max_length=16, choices=PoolKind.choices, default=PoolKind.STANDARD)
+    labels = models.JSONField(default=dict, blank=True)
+    taints = models.JSONField(default=list, blank=True)
+    reservations = models.JSONField(default=dict, blank=True)
+    # Admission policy.
+    admission_mode = models.CharField(max_length=16, choices=AdmissionMode.choices, default=AdmissionMode.MANUAL)
+    allowed_agent_versions = models.CharField(
+        max_length=200, blank=True, help_text="PEP 440 specifier set, e.g. '>=1.0,<2'; empty allows any."
+    )
+    required_capabilities = models.JSONField(
+        default=dict, blank=True, help_text='{"resources": {"cpu": 1000}, "features": {"arch": "amd64"}}'
+    )
+    required_labels = models.JSONField(default=dict, blank=True)
+    benchmark_required = models.BooleanField(default=False)
+    benchmark_tolerance = models.FloatField(default=0.8, help_text="Minimum measured/declared ratio accepted.")
+    benchmark_timeout = models.PositiveIntegerField(default=300, help_text="Seconds a node has to answer.")
+    attestation_required = models.BooleanField(default=False)
+    attestation_public_key = models.TextField(blank=True, help_text="PEM public key (Ed25519) trusted for attestation.")
+    trust_node_labels = models.BooleanField(default=False, help_text="Use node-declared labels for placement.")
+    # Liveness timings (seconds). Defaults: Kubernetes' node-monitor grace (40 s) and 5 min eviction.
+    heartbeat_interval = models.PositiveIntegerField(default=10)
+    heartbeat_grace = models.PositiveIntegerField(default=40)
+    loss_threshold = models.PositiveIntegerField(default=300)
+    # Health policy: condition types whose status "True" makes a node unhealthy / degraded
+    # (for "Ready" and other positive conditions, "False" is the bad status).
+    unhealthy_conditions = models.JSONField(default=list, blank=True)
+    degraded_conditions = models.JSONField(default=list, blank=True)
+    scheduling_policy = models.CharField(
+        max_length=16, choices=SchedulingPolicy.choices, default=SchedulingPolicy.BINPACK
+    )
+    version = models.PositiveIntegerField(default=1)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(heartbeat_grace__gte=2 * models.F("heartbeat_interval")),
+                name="pool_grace_at_least_two_intervals",
+            ),
+            models.CheckConstraint(
+                condition=Q(loss_threshold__gte=models.F("heartbeat_grace")), name="pool_loss_after_grace"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def reserved_totals(self) -> dict[str, int]:
+        """Sum of all reservation classes per resource (canonical units)."""
+        totals: dict[str, int] = {}
+        for amounts in (self.reservations or {}).values():
+            for resource, amount in (amounts or {}).items():
+                totals[resource] = totals.get(resource, 0) + int(amount)
+        return totals
+
+
+class Node(ConcurrentTransitionMixin, models.Model):
+    """A worker machine. ``id`` is its durable identity: never derived from hostname or address.
+
+    Capability dicts (``declared``, ``measured``, ``verified``) share one shape:
+    ``{"resources": {name: canonical int}, "accelerators": [{"type", "model", "memory", "count"}],
+    "features": {"arch", "os", "kernel", "runtimes": [...], "network_class", "services": [...]}}``.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    pool = models.ForeignKey(Pool, on_delete=models.PROTECT, related_name="nodes")
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="nodes"
+    )
+    # Mutable metadata.
+    hostname = models.CharField(max_length=253, blank=True)
+    display_name = models.CharField(max_length=200, blank=True)
+    addresses = models.JSONField(default=list, blank=True)
+    # Labels the platform governs (trusted) and those the node declares (untrusted by default).
+    labels = models.JSONField(default=dict, blank=True)
+    node_labels = models.JSONField(default=dict, blank=True)
+    taints = models.JSONField(default=list, blank=True)
+    # Capability: self-reported, measured by benchmarks, accepted by admission.
+    declared = models.JSONField(default=dict, blank=True)
+    measured = models.JSONField(default=dict, blank=True)
+    verified = models.JSONField(default=dict, blank=True)
+
+    # Lifecycle (administrative intent). Only transitions change it.
+    lifecycle = FSMField(max_length=16, choices=Lifecycle.choices, default=Lifecycle.PENDING, protected=True)
+    lifecycle_reason = models.TextField(blank=True)
+    lifecycle_changed_at = models.DateTimeField(null=True, blank=True)
+
+    # Liveness, computed from the server's receipt times only.
+    liveness = models.CharField(max_length=16, choices=Liveness.choices, default=Liveness.UNKNOWN)
+    liveness_changed_at = models.DateTimeField(null=True, blank=True)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+    # Precomputed deadline of the next liveness degradation (healthchecks' "alert_after"):
+    # the sweep selects rows with next_liveness_check_at <= now through a partial index.
+    next_liveness_check_at = models.DateTimeField(null=True, blank=True)
+
+    # Readiness (the node's word) and health (the control plane's judgement).
+    ready = models.BooleanField(default=False)
+    ready_reason = models.CharField(max_length=200, blank=True)
+    conditions = models.JSONField(default=list, blank=True)
+    health = models.CharField(max_length=16, choices=Health.choices, default=Health.UNKNOWN)
+    health_reasons = models.JSONField(default=list, blank=True)
+
+    # Agent session: incarnation (bumped at each agent start) and sequence within it.
+    incarnation = models.PositiveBigIntegerField(default=1)
+    sequence = models.BigIntegerField(default=-1)
+    restart_count = models.PositiveIntegerField(default=0)
+    agent_version = models.CharField(max_length=64, blank=True)
+    clock_skew_seconds = models.FloatField(null=True, blank=True)
+    usage = models.JSONField(default=dict, blank=True)
+
+    # Enrollment evidence.
+    bootstrap_token = models.ForeignKey(
+        "BootstrapToken", null=True, blank=True, on_delete=models.SET_NULL, related_name="nodes"
+    )
+    enrolled_at = models.DateTimeField(null=True, blank=True)
+    enrolled_agent_version = models.CharField(max_length=64, blank=True)
+    attestation = models.JSONField(default=dict, blank=True)
+    attestation_verified = models.BooleanField(null=True, blank=True)
+    attestation_detail = models.TextField(blank=True)
+    admission_attempt = models.PositiveIntegerField(default=0)
+
+    # Incident response: set by quarantine; other services read it to refuse artifacts and logs.
+    artifacts_blocked = models.BooleanField(default=False)
+
+    version = models.PositiveIntegerField(default=1)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        indexes = [
+            models.Index(fields=["pool", "lifecycle"], name="node_pool_lifecycle"),
+            models.Index(
+                fields=["next_liveness_check_at"],
+                name="node_liveness_due",
+                condition=Q(next_liveness_check_at__isnull=False),
+            ),
+        ]
+        permissions = [
+            ("admit_node", "Can admit nodes"),
+            ("operate_node", "Can cordon, drain and return nodes to service"),
+            ("quarantine_node", "Can quarantine nodes"),
+            ("release_node", "Can release nodes from quarantine"),
+        ]
+
+    def __str__(self) -> str:
+        return self.display_name or self.hostname or str(self.id)
+
+    # --- lifecycle transitions: memory only, no side effects (services save and log) ----------
+    @transition(field=lifecycle, source=Lifecycle.PENDING, target=Lifecycle.ADMITTING)
+    def start_admission(self):
+        """pending → admitting: admission checks will run."""
+
+    @transition(field=lifecycle, source=Lifecycle.ADMITTING, target=Lifecycle.READY)
+    def admit(self):
+        """admitting → ready: every admission check passed."""
+
+    @transition(field=lifecycle, source=Lifecycle.ADMITTING, target=Lifecycle.REJECTED)
+    def reject(self):
+        """admitting → rejected: at least one admission check failed."""
+
+    @transition(field=lifecycle, source=Lifecycle.READY, target=Lifecycle.CORDONED)
+    def cordon(self):
+        """ready → cordoned: no new placement; existing leases untouched."""
+
+    @transition(field=lifecycle, source=Lifecycle.CORDONED, target=Lifecycle.READY)
+    def uncordon(self):
+        """cordoned → ready."""
+
+    @transition(field=lifecycle, source=[Lifecycle.READY, Lifecycle.CORDONED], target=Lifecycle.DRAINING)
+    def drain(self):
+        """ready | cordoned → draining: existing work moves off by a deadline."""
+
+    @transition(field=lifecycle, source=Lifecycle.DRAINING, target=Lifecycle.CORDONED)
+    def cancel_drain(self):
+        """draining → cordoned (never straight back to ready)."""
+
+    @transition(field=lifecycle, source=Lifecycle.DRAINING, target=Lifecycle.MAINTENANCE)
+    def complete_drain(self):
+        """draining → maintenance: every lease is terminal and no longer reported."""
+
+    @transition(field=lifecycle, source=Lifecycle.MAINTENANCE, target=Lifecycle.ADMITTING)
+    def return_to_service(self):
+        """maintenance → admitting: admission runs again before the node is ready."""
+
+    @transition(
+        field=lifecycle,
+        source=[s for s in Lifecycle.values if s not in (Lifecycle.RETIRED, Lifecycle.QUARANTINED)],
+        target=Lifecycle.QUARANTINED,
+    )
+    def quarantine(self):
+        """any state but retired → quarantined: an incident response."""
+
+    @transition(field=lifecycle, source=[Lifecycle.QUARANTINED, Lifecycle.REJECTED], target=Lifecycle.PENDING)
+    def release(self):
+        """quarantined | rejected → pending: a fresh admission is required."""
+
+    @transition(
+        field=lifecycle, source=[s for s in Lifecycle.values if s != Lifecycle.RETIRED], target=Lifecycle.RETIRED
+    )
+    def retire(self):
+        """any → retired (terminal): identity and history stay."""
+
+
+class NodeResource(models.Model):
+    """Capacity inventory of one resource on one node, in canonical units.
+
+    ``allocatable = capacity - reserved`` (never below 0). ``allocated`` is the sum of the
+    node's live leases, changed in the same transaction as each lease. ``free`` is
+    ``max(0, allocatable - allocated)``; ``allocated > allocatable`` means overcommitted.
+    """
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="resources")
+    name = models.CharField(max_length=253)
+    capacity = models.BigIntegerField(default=0)
+    reserved = models.BigIntegerField(default=0)
+    allocatable = models.BigIntegerField(default=0)
+    allocated = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["node", "name"], name="noderesource_unique_name"),
+            models.CheckConstraint(condition=Q(allocated__gte=0), name="noderesource_allocated_nonnegative"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node_id}/{self.name}"
+
+    @property
+    def free(self) -> int:
+        return max(0, self.allocatable - self.allocated)
+
+    @property
+    def overcommitted(self) -> bool:
+        return self.allocated > self.allocatable
+
+
+class NodeEvent(models.Model):
+    """Append-only history of a node: written in the same transaction as the change it records."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="events")
+    type = models.CharField(max_length=32, choices=NodeEventType.choices)
+    from_state = models.CharField(max_length=32, blank=True)
+    to_state = models.CharField(max_length=32, blank=True)
+    actor_type = models.CharField(max_length=8, choices=ActorType.choices)
+    actor_user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    actor_name = models.CharField(max_length=150, blank=True)
+    reason = models.TextField(blank=True)
+    request_id = models.CharField(max_length=64, blank=True)
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["node", "-created_at"], name="nodeevent_node_recent")]
+
+    def __str__(self) -> str:
+        return f"{self.type} {self.from_state}→{self.to_state}"
+
+
+class BootstrapToken(models.Model):
+    """A pool-scoped enrollment secret with an expiry and a maximum number of uses."""
+
+    pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="bootstrap_tokens")
+    description = models.CharField(max_length=200, blank=True)
+    prefix = models.CharField(max_length=16, unique=True, editable=False)
+    secret_hash = models.CharField(max_length=64, editable=False)
+    expires_at = models.DateTimeField()
+    max_uses = models.PositiveIntegerField(default=1)
+    uses = models.PositiveIntegerField(default=0)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="Owner recorded on nodes enrolled with this token.",
+    )
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.CheckConstraint(condition=Q(uses__lte=models.F("max_uses")), name="bootstraptoken_uses_within_max")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.pool.name}/{self.prefix}"
+
+
+class NodeCredential(models.Model):
+    """A short-lived bearer credential scoped to one node's own operations; stored hashed."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="credentials")
+    prefix = models.CharField(max_length=16, unique=True, editable=False)
+    secret_hash = models.CharField(max_length=64, editable=False)
+    issuer = models.CharField(max_length=150, help_text="enrollment, rotation, or the operator who issued it")
+    agent_version = models.CharField(max_length=64, blank=True)
+    issued_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    rotated_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-issued_at"]
+        indexes = [models.Index(fields=["node", "expires_at"], name="nodecredential_node_expiry")]
+
+    def __str__(self) -> str:
+        return f"{self.node_id}/{self.prefix}"
+
+
+class AdmissionCheck(models.Model):
+    """One named admission check of one admission attempt, with its outcome and timings."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="admission_checks")
+    attempt = models.PositiveIntegerField()
+    name = models.CharField(max_length=64)
+    status = models.CharField(max_length=16, choices=CheckStatus.choices, default=CheckStatus.PENDING)
+    detail = models.TextField(blank=True)
+    data = models.JSONField(default=dict, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["attempt", "id"]
+        constraints = [models.UniqueConstraint(fields=["node", "attempt", "name"], name="admissioncheck_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.name}#{self.attempt}: {self.status}"
+
+
+class Benchmark(models.Model):
+    """A benchmark the control plane asked a node to run, identified by a nonce."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="benchmarks")
+    nonce = models.CharField(max_length=64, unique=True)
+    status = models.CharField(max_length=16, choices=BenchmarkStatus.choices, default=BenchmarkStatus.REQUESTED)
+    requested_at = models.DateTimeField()
+    deadline = models.DateTimeField()
+    completed_at = models.DateTimeField(null=True, blank=True)
+    result = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-requested_at"]
+
+    def __str__(self) -> str:
+        return f"{self.node_id}/{self.nonce}: {self.status}"

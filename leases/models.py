@@ -1,0 +1,1 @@
+"""Leases: filled by the leases issue."""

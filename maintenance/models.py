@@ -1,0 +1,1 @@
+"""Maintenance: filled by the maintenance issue."""

@@ -1,0 +1,5 @@
+"""nodepool: a control plane for fleets of worker machines."""
+
+from .celery import app as celery_app
+
+__all__ = ["celery_app"]

@@ -1,0 +1,58 @@
+"""Roles and permissions shared by all apps.
+
+Roles are Django groups: ``operators`` (run the fleet), ``owners`` (marketplace contributors,
+read-only on their own nodes), ``clients`` (schedulers and job systems asking for leases).
+Superusers count as operators.
+"""
+
+from rest_framework.permissions import BasePermission
+
+OPERATORS, OWNERS, CLIENTS = "operators", "owners", "clients"
+
+
+def in_group(user, name: str) -> bool:
+    """True when ``user`` is authenticated and a member of group ``name`` (cached per request)."""
+    if not getattr(user, "is_authenticated", False):
+        return False
+    cache = getattr(user, "_nodepool_groups", None)
+    if cache is None:
+        cache = set(user.groups.values_list("name", flat=True))
+        user._nodepool_groups = cache
+    return name in cache
+
+
+def is_operator(user) -> bool:
+    return bool(getattr(user, "is_superuser", False)) or in_group(user, OPERATORS)
+
+
+def is_client(user) -> bool:
+    return is_operator(user) or in_group(user, CLIENTS)
+
+
+def is_owner(user) -> bool:
+    return in_group(user, OWNERS)
+
+
+class IsOperator(BasePermission):
+    message = "Only operators may do this."
+
+    def has_permission(self, request, view):
+        return is_operator(request.user)
+
+
+class IsClientOrOperator(BasePermission):
+    message = "Only lease clients and operators may do this."
+
+    def has_permission(self, request, view):
+        return is_client(request.user)
+
+
+class IsOperatorOrReadOnlyOwner(BasePermission):
+    """Operators do anything; owners and clients may only read (object scoping is the view's job)."""
+
+    message = "Only operators may change this."
+
+    def has_permission(self, request, view):
+        if is_operator(request.user):
+            return True
+        return request.method in ("GET", "HEAD", "OPTIONS") and (is_owner(request.user) or is_client(request.user))

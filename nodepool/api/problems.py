@@ -1,0 +1,253 @@
+"""RFC 9457 problem details for every API error.
+
+Every error response is ``application/problem+json`` with ``type``, ``title``, ``status``,
+``detail`` and a stable machine-readable ``code``; validation errors add ``errors``, a list of
+``{"field": "a.b", "code": ..., "message": ...}``. Services raise :class:`Problem` (or one of its
+subclasses) and the views never build error bodies by hand.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
+from django.http import Http404, JsonResponse
+from django_fsm import ConcurrentTransition, TransitionNotAllowed
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+
+logger = logging.getLogger(__name__)
+
+PROBLEM_CONTENT_TYPE = "application/problem+json"
+TYPE_BASE = "https://nodepool.dev/problems/"
+
+
+class Problem(exceptions.APIException):
+    """An API error with a stable ``code``.
+
+    Args:
+        detail: human-readable explanation of this occurrence.
+        code: stable machine-readable code (snake_case); defaults to the class's ``default_code``.
+        status_code: HTTP status; defaults to the class's ``status_code``.
+        extra: additional members merged into the problem body (e.g. ``reasons``).
+    """
+
+    status_code = status.HTTP_400_BAD_REQUEST
+    default_detail = "The request could not be processed."
+    default_code = "bad_request"
+
+    def __init__(
+        self, detail: str | None = None, code: str | None = None, *, status_code: int | None = None, **extra: Any
+    ):
+        super().__init__(detail or self.default_detail, code or self.default_code)
+        if status_code is not None:
+            self.status_code = status_code
+        self.extra = extra
+
+
+class Conflict(Problem):
+    status_code = status.HTTP_409_CONFLICT
+    default_detail = "The request conflicts with the current state of the resource."
+    default_code = "conflict"
+
+
+class Gone(Problem):
+    status_code = status.HTTP_410_GONE
+    default_detail = "The resource is gone."
+    default_code = "gone"
+
+
+class PreconditionFailed(Problem):
+    status_code = status.HTTP_412_PRECONDITION_FAILED
+    default_detail = "The resource has changed since you read it."
+    default_code = "version_mismatch"
+
+
+class PreconditionRequired(Problem):
+    status_code = status.HTTP_428_PRECONDITION_REQUIRED
+    default_detail = "This action needs the expected version: send If-Match or expected_version."
+    default_code = "version_required"
+
+
+class PayloadTooLarge(Problem):
+    status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    default_detail = "The request body is too large."
+    default_code = "payload_too_large"
+
+
+class Unprocessable(Problem):
+    status_code = status.HTTP_422_UNPROCESSABLE_ENTITY
+    default_detail = "The request is well-formed but cannot be processed."
+    default_code = "unprocessable"
+
+
+class Forbidden(Problem):
+    status_code = status.HTTP_403_FORBIDDEN
+    default_detail = "You do not have permission to perform this action."
+    default_code = "forbidden"
+
+
+class NotFound(Problem):
+    status_code = status.HTTP_404_NOT_FOUND
+    default_detail = "Not found."
+    default_code = "not_found"
+
+
+_TITLES = {
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    406: "Not Acceptable",
+    409: "Conflict",
+    410: "Gone",
+    412: "Precondition Failed",
+    413: "Content Too Large",
+    415: "Unsupported Media Type",
+    422: "Unprocessable Content",
+    428: "Precondition Required",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
+
+# Stable codes for DRF's own exceptions.
+_DRF_CODES = {
+    exceptions.ParseError: "malformed_body",
+    exceptions.AuthenticationFailed: "authentication_failed",
+    exceptions.NotAuthenticated: "not_authenticated",
+    exceptions.PermissionDenied: "forbidden",
+    exceptions.NotFound: "not_found",
+    exceptions.MethodNotAllowed: "method_not_allowed",
+    exceptions.NotAcceptable: "not_acceptable",
+    exceptions.UnsupportedMediaType: "unsupported_media_type",
+    exceptions.Throttled: "throttled",
+}
+
+
+def problem_body(status_code: int, code: str, detail: str, **extra: Any) -> dict[str, Any]:
+    """Build a problem+json body (a dict) with the members every nodepool error carries."""
+    body = {
+        "type": TYPE_BASE + code.replace("_", "-"),
+        "title": _TITLES.get(status_code, "Error"),
+        "status": status_code,
+        "detail": detail,
+        "code": code,
+    }
+    body.update(extra)
+    return body
+
+
+def _flatten_validation(detail: Any, prefix: str = "") -> list[dict[str, str]]:
+    """Turn DRF's nested ``ValidationError.detail`` into a flat list of field errors."""
+    out: list[dict[str, str]] = []
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            name = f"{prefix}.{key}" if prefix else str(key)
+            if key == "non_field_errors" and not prefix:
+                name = ""
+            out.extend(_flatten_validation(value, name))
+    elif isinstance(detail, list):
+        if all(isinstance(item, str) for item in detail):
+            for item in detail:
+                out.append({"field": prefix, "code": getattr(item, "code", "invalid"), "message": str(item)})
+        else:
+            for index, item in enumerate(detail):
+                if item:
+                    out.extend(_flatten_validation(item, f"{prefix}[{index}]" if prefix else f"[{index}]"))
+    else:
+        out.append({"field": prefix, "code": getattr(detail, "code", "invalid"), "message": str(detail)})
+    return out
+
+
+def exception_handler(exc: Exception, context: dict) -> Response | None:
+    """DRF exception handler: every error becomes problem+json with a stable code."""
+    headers: dict[str, str] = {}
+    if isinstance(exc, Http404):
+        exc = NotFound(str(exc) if str(exc) else None)
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = Forbidden()
+    elif isinstance(exc, RequestDataTooBig):
+        exc = PayloadTooLarge()
+    elif isinstance(exc, TransitionNotAllowed):
+        exc = Conflict(str(exc), "transition_not_allowed")
+    elif isinstance(exc, ConcurrentTransition):
+        exc = Conflict(
+            "Another request changed this object at the same time; read it again.", "concurrent_modification"
+        )
+    elif isinstance(exc, SuspiciousOperation):
+        exc = Problem(str(exc) or "Suspicious request.", "suspicious_request")
+    elif isinstance(exc, RecursionError):
+        exc = Unprocessable("The JSON document is nested too deeply.", "json_too_deep")
+
+    if not isinstance(exc, exceptions.APIException):
+        return None
+
+    extra: dict[str, Any] = {}
+    if isinstance(exc, Problem):
+        code = exc.default_code if exc.detail is None else exc.get_codes()
+        code = code if isinstance(code, str) else exc.default_code
+        detail = str(exc.detail)
+        extra = dict(exc.extra)
+    elif isinstance(exc, exceptions.ValidationError):
+        errors = _flatten_validation(exc.detail)
+        code = "validation_error"
+        fields = sorted({e["field"] for e in errors if e["field"]})
+        detail = "Invalid input" + (
+            f" in: {', '.join(fields)}." if fields else ": " + errors[0]["message"] if errors else "."
+        )
+        extra["errors"] = errors
+    else:
+        code = next((c for cls, c in _DRF_CODES.items() if isinstance(exc, cls)), None)
+        if code is None:
+            raw = exc.get_codes()
+            code = raw if isinstance(raw, str) else "error"
+        detail = str(exc.detail)
+        if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
+            extra["retry_after"] = int(exc.wait)
+    if getattr(exc, "auth_header", None):
+        headers["WWW-Authenticate"] = exc.auth_header
+    if getattr(exc, "wait", None):
+        headers["Retry-After"] = str(int(exc.wait))
+    status_code = exc.status_code
+    if isinstance(exc, exceptions.NotAuthenticated | exceptions.AuthenticationFailed) and not headers.get(
+        "WWW-Authenticate"
+    ):
+        # DRF turns 401 into 403 when no authenticator offers a challenge; we always offer Token.
+        headers["WWW-Authenticate"] = 'Token realm="api"'
+        status_code = 401
+    body = problem_body(status_code, code, detail, **extra)
+    request = context.get("request")
+    if request is not None and getattr(request, "request_id", None):
+        body["request_id"] = request.request_id
+    response = Response(body, status=status_code, headers=headers, content_type=PROBLEM_CONTENT_TYPE)
+    return response
+
+
+def problem_response(status_code: int, code: str, detail: str, **extra: Any) -> JsonResponse:
+    """A plain Django problem+json response, for errors raised outside DRF views."""
+    return JsonResponse(
+        problem_body(status_code, code, detail, **extra), status=status_code, content_type=PROBLEM_CONTENT_TYPE
+    )
+
+
+def handler404(request, exception=None):
+    return problem_response(404, "not_found", "No resource at this address.")
+
+
+def handler400(request, exception=None):
+    if isinstance(exception, RequestDataTooBig):
+        return problem_response(413, "payload_too_large", "The request body is too large.")
+    return problem_response(400, "bad_request", "The request could not be processed.")
+
+
+def handler403(request, exception=None):
+    return problem_response(403, "forbidden", "You do not have permission to perform this action.")
+
+
+def handler500(request):
+    logger.error("unhandled error on %s", request.path)
+    return problem_response(500, "internal_error", "The server failed to process the request.")

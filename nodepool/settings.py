@@ -1,0 +1,216 @@
+"""Django settings for nodepool, read from the environment (twelve-factor).
+
+Variables (all optional; with none set, nodepool runs on the embedded default):
+
+``DATABASE_URL``       database URL; default ``sqlite:///<BASE_DIR>/var/nodepool.sqlite3``
+``CELERY_BROKER_URL``  broker URL; default kombu's SQLAlchemy transport on ``var/celery-broker.sqlite3``
+``CELERY_RESULT_BACKEND``  default: the Django database is not used; ``db+sqlite`` under ``var/``
+``SECRET_KEY``         default: generated once into ``var/secret_key`` (never committed)
+``DEBUG``              default off
+``ALLOWED_HOSTS``      comma-separated; default ``localhost,127.0.0.1,[::1]``
+``CELERY_TASK_ALWAYS_EAGER``  run tasks inline (tests only)
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(environ.Env().str("NODEPOOL_VAR_DIR", default=str(BASE_DIR / "var")))
+VAR_DIR.mkdir(parents=True, exist_ok=True)
+
+env = environ.Env(
+    DEBUG=(bool, False),
+    ALLOWED_HOSTS=(list, ["localhost", "127.0.0.1", "[::1]", "testserver"]),
+)
+
+
+def _secret_key() -> str:
+    """The SECRET_KEY from the environment, or one generated once into var/secret_key (0600)."""
+    if env.str("SECRET_KEY", default=""):
+        return env.str("SECRET_KEY")
+    path = VAR_DIR / "secret_key"
+    if not path.exists():
+        path.touch(mode=0o600)
+        path.write_text(secrets.token_urlsafe(50))
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env("DEBUG")
+ALLOWED_HOSTS = env("ALLOWED_HOSTS")
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "django_filters",
+    "drf_spectacular",
+    "django_celery_beat",
+    "nodepool.apps.NodepoolConfig",
+    "fleet",
+    "leases",
+    "maintenance",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "nodepool.api.middleware.RequestIdMiddleware",
+]
+
+ROOT_URLCONF = "nodepool.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+WSGI_APPLICATION = "nodepool.wsgi.application"
+
+# --- Database -------------------------------------------------------------------------------
+DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'nodepool.sqlite3'}")}
+DB_VENDOR = "sqlite" if "sqlite" in DATABASES["default"]["ENGINE"] else "postgresql"
+if DB_VENDOR == "sqlite":
+    # WAL lets readers run beside one writer; IMMEDIATE takes the write lock at BEGIN so that
+    # concurrent writers queue on busy_timeout instead of failing with "database is locked"
+    # when a read transaction tries to upgrade to a write (the SQLite deadlock case).
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 30,
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=30000;",
+        }
+    )
+    # A file, not :memory:, so that threads in concurrency tests share one database.
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test-nodepool.sqlite3")}
+else:
+    DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=60))
+    DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+STATIC_ROOT.mkdir(exist_ok=True)
+
+# --- Request limits --------------------------------------------------------------------------
+# Bodies above this are refused with 413 before parsing (see nodepool.api.parsers).
+NODEPOOL_MAX_BODY_BYTES = env.int("NODEPOOL_MAX_BODY_BYTES", default=256 * 1024)
+NODEPOOL_MAX_JSON_DEPTH = env.int("NODEPOOL_MAX_JSON_DEPTH", default=12)
+DATA_UPLOAD_MAX_MEMORY_SIZE = NODEPOOL_MAX_BODY_BYTES
+
+# --- REST framework ----------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "fleet.authentication.NodeCredentialAuthentication",
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PARSER_CLASSES": ["nodepool.api.parsers.BoundedJSONParser"],
+    "DEFAULT_RENDERER_CLASSES": [
+        "nodepool.api.renderers.ProblemAwareJSONRenderer",
+        "rest_framework.renderers.BrowsableAPIRenderer",
+    ],
+    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_PAGINATION_CLASS": "nodepool.api.pagination.Pagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_THROTTLE_CLASSES": [
+        "rest_framework.throttling.AnonRateThrottle",
+        "rest_framework.throttling.UserRateThrottle",
+    ],
+    "DEFAULT_THROTTLE_RATES": {
+        "anon": env.str("THROTTLE_ANON", default="120/min"),
+        "user": env.str("THROTTLE_USER", default="100000/min"),
+        "enrollment": env.str("THROTTLE_ENROLLMENT", default="600/min"),
+    },
+    "EXCEPTION_HANDLER": "nodepool.api.problems.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "nodepool API",
+    "DESCRIPTION": "Control plane for fleets of worker machines: nodes, pools, leases, maintenance.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+CACHES = {"default": env.cache("CACHE_URL", default="locmemcache://")}
+
+# --- Celery ------------------------------------------------------------------------------------
+# The embedded broker is kombu's SQLAlchemy transport on a SQLite file: it needs no server and,
+# unlike the filesystem transport, never hands a worker a half-written message (see the tests in
+# tests/test_celery_worker.py, which run a real worker against it).
+CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=f"sqla+sqlite:///{VAR_DIR / 'celery-broker.sqlite3'}")
+CELERY_RESULT_BACKEND = env.str(
+    "CELERY_RESULT_BACKEND",
+    default=(
+        CELERY_BROKER_URL
+        if CELERY_BROKER_URL.startswith("redis")
+        else f"db+sqlite:///{VAR_DIR / 'celery-results.sqlite3'}"
+    ),
+)
+CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
+CELERY_TASK_EAGER_PROPAGATES = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BROKER_TRANSPORT_OPTIONS = {"polling_interval": 0.2} if CELERY_BROKER_URL.startswith("sqla") else {}
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+CELERY_TIMEZONE = "UTC"
+CELERY_TASK_TIME_LIMIT = 300
+
+# --- nodepool ------------------------------------------------------------------------------------
+NODEPOOL = {
+    # Node credentials (seconds).
+    "CREDENTIAL_TTL": env.int("NODEPOOL_CREDENTIAL_TTL", default=24 * 3600),
+    "CREDENTIAL_ROTATION_OVERLAP": env.int("NODEPOOL_CREDENTIAL_ROTATION_OVERLAP", default=300),
+    # Heartbeats: the fleet-wide ceiling on heartbeats per second (Nomad's max_heartbeats_per_second).
+    "MAX_HEARTBEATS_PER_SECOND": env.float("NODEPOOL_MAX_HEARTBEATS_PER_SECOND", default=50.0),
+    "CLOCK_SKEW_THRESHOLD": env.float("NODEPOOL_CLOCK_SKEW_THRESHOLD", default=30.0),
+    # Kubernetes' unhealthy-zone threshold: above this fraction silent, stop declaring leases lost.
+    "UNHEALTHY_ZONE_FRACTION": env.float("NODEPOOL_UNHEALTHY_ZONE_FRACTION", default=0.55),
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}
