@@ -32,3 +32,12 @@ def lose_node_leases(node_ids, *, actor, reason: str) -> int:
 def revoke_node_leases(node, *, actor, reason: str) -> int:
     """Revoke every live lease on ``node`` (fenced: their tokens become stale). Returns how many."""
     return 0
+
+
+def simulate_placement(lease, *, exclude_node_ids) -> dict:
+    """Could ``lease``'s request be placed now on another node? Changes nothing.
+
+    Returns ``{"placeable": bool, "node_id": str | None, "reasons": {code: count}, "message": str}``
+    using the same filter and score rules as a real request (for drain dry-runs).
+    """
+    return {"placeable": False, "node_id": None, "reasons": {}, "message": "placement not implemented"}
