@@ -64,3 +64,43 @@ def unschedulable_reasons(node: Node, *, has_valid_credential: bool | None = Non
     if not has_valid_credential:
         reasons.append({"code": NO_VALID_CREDENTIAL, "message": "no valid node credential"})
     return reasons
+
+
+def pending_benchmark(node: Node, *, now=None):
+    """The benchmark ``node`` should run now (status ``requested``, deadline ahead), or None.
+
+    Heartbeat responses put it in ``instructions.run_benchmark`` as ``{"nonce", "deadline"}``.
+    """
+    from .models import Benchmark
+
+    now = now or timezone.now()
+    return Benchmark.objects.filter(node=node, status="requested", deadline__gt=now).order_by("-requested_at").first()
+
+
+def node_queryset_for(user, *, now=None) -> QuerySet[Node]:
+    """Nodes ``user`` may see, with everything the node API renders loaded in a constant number of queries.
+
+    Operators and lease clients see every node; marketplace owners only their own (any lifecycle,
+    quarantined and rejected included); anyone else nothing.
+    """
+    from django.db.models import Prefetch
+
+    from nodepool.api.permissions import is_client, is_operator, is_owner
+
+    from .models import AdmissionCheck, NodeEvent
+
+    qs = (
+        Node.objects.select_related("pool", "owner", "bootstrap_token")
+        .annotate(has_valid_credential=valid_credential_exists(now))
+        .prefetch_related(
+            "resources",
+            Prefetch("admission_checks", queryset=AdmissionCheck.objects.order_by("attempt", "id")),
+            Prefetch("events", queryset=NodeEvent.objects.select_related(None).order_by("-created_at", "-id")[:10]),
+            Prefetch("credentials", queryset=NodeCredential.objects.order_by("-issued_at")[:5]),
+        )
+    )
+    if is_operator(user) or is_client(user):
+        return qs
+    if is_owner(user):
+        return qs.filter(owner=user)
+    return qs.none()

@@ -1,3 +1,36 @@
-from django.urls import path  # noqa: F401
+"""Fleet URLs under /api/v1/. Heartbeats and maintenance register their own node paths elsewhere."""
 
-urlpatterns: list = []
+from django.urls import path
+
+from . import views
+
+pool_list = views.PoolViewSet.as_view({"get": "list", "post": "create"})
+pool_detail = views.PoolViewSet.as_view(
+    {"get": "retrieve", "put": "update", "patch": "partial_update", "delete": "destroy"}
+)
+token_list = views.BootstrapTokenViewSet.as_view({"get": "list", "post": "create"})
+token_detail = views.BootstrapTokenViewSet.as_view({"get": "retrieve"})
+token_revoke = views.BootstrapTokenViewSet.as_view({"post": "revoke"})
+node_list = views.NodeViewSet.as_view({"get": "list"})
+node_detail = views.NodeViewSet.as_view({"get": "retrieve"})
+
+urlpatterns = [
+    # Pools and bootstrap tokens (operators).
+    path("pools", pool_list, name="pool-list"),
+    path("pools/<slug:name>", pool_detail, name="pool-detail"),
+    path("bootstrap-tokens", token_list, name="bootstraptoken-list"),
+    path("bootstrap-tokens/<int:pk>", token_detail, name="bootstraptoken-detail"),
+    path("bootstrap-tokens/<int:pk>/revoke", token_revoke, name="bootstraptoken-revoke"),
+    # Enrollment (bootstrap token in the body).
+    path("node-enrollments", views.NodeEnrollmentView.as_view(), name="node-enrollment"),
+    # Nodes: reading (operators, clients, owners for their own).
+    path("nodes", node_list, name="node-list"),
+    path("nodes/<uuid:pk>", node_detail, name="node-detail"),
+    # Admission (operator) and benchmark results (the node itself).
+    path("nodes/<uuid:pk>/admit", views.NodeAdmitView.as_view(), name="node-admit"),
+    path("nodes/<uuid:pk>/benchmarks/<str:nonce>", views.BenchmarkResultView.as_view(), name="node-benchmark-result"),
+    # Node credentials: operator issue and revoke, node rotation.
+    path("nodes/<uuid:pk>/credentials", views.NodeCredentialIssueView.as_view(), name="node-credential-issue"),
+    path("nodes/<uuid:pk>/credentials/revoke", views.NodeCredentialRevokeView.as_view(), name="node-credential-revoke"),
+    path("nodes/<uuid:pk>/credentials/rotate", views.NodeCredentialRotateView.as_view(), name="node-credential-rotate"),
+]

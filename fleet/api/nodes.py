@@ -1,0 +1,134 @@
+"""The node's API representation: identity, metadata, every state dimension, capability, capacity.
+
+Reads only what :func:`fleet.selectors.node_queryset_for` loads (select_related + prefetches +
+the ``has_valid_credential`` annotation), so a page of nodes costs a constant number of queries.
+"""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from nodepool.api.permissions import is_operator
+
+from ..models import Node
+from ..selectors import unschedulable_reasons
+
+
+def _check(check) -> dict:
+    return {
+        "name": check.name,
+        "attempt": check.attempt,
+        "status": check.status,
+        "detail": check.detail,
+        "started_at": check.started_at,
+        "finished_at": check.finished_at,
+        "duration_seconds": (
+            (check.finished_at - check.started_at).total_seconds() if check.started_at and check.finished_at else None
+        ),
+    }
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    pool = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    owner = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    schedulable = serializers.SerializerMethodField()
+    unschedulable_reasons = serializers.SerializerMethodField()
+    capability = serializers.SerializerMethodField()
+    capacity = serializers.SerializerMethodField()
+    enrollment = serializers.SerializerMethodField()
+    admission = serializers.SerializerMethodField()
+    credentials = serializers.SerializerMethodField()
+    recent_events = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Node
+        fields = [
+            "id", "pool", "owner", "hostname", "display_name", "addresses", "labels", "node_labels", "taints",
+            "lifecycle", "lifecycle_reason", "lifecycle_changed_at",
+            "liveness", "liveness_changed_at", "last_heartbeat_at",
+            "ready", "ready_reason", "health", "health_reasons", "conditions",
+            "schedulable", "unschedulable_reasons",
+            "incarnation", "sequence", "restart_count", "agent_version", "clock_skew_seconds", "usage",
+            "capability", "capacity", "enrollment", "admission", "credentials", "artifacts_blocked",
+            "recent_events", "version", "created_at", "updated_at",
+        ]  # fmt: skip
+        read_only_fields = fields
+
+    def _reasons(self, node: Node) -> list[dict]:
+        cache = self.context.setdefault("_reasons", {})
+        if node.pk not in cache:
+            cache[node.pk] = unschedulable_reasons(node)
+        return cache[node.pk]
+
+    def get_schedulable(self, node: Node) -> bool:
+        return not self._reasons(node)
+
+    def get_unschedulable_reasons(self, node: Node) -> list[dict]:
+        return self._reasons(node)
+
+    def get_capability(self, node: Node) -> dict:
+        return {"declared": node.declared, "measured": node.measured, "verified": node.verified}
+
+    def get_capacity(self, node: Node) -> dict:
+        return {
+            r.name: {
+                "capacity": r.capacity,
+                "reserved": r.reserved,
+                "allocatable": r.allocatable,
+                "allocated": r.allocated,
+                "free": r.free,
+                "overcommitted": r.overcommitted,
+            }
+            for r in sorted(node.resources.all(), key=lambda r: r.name)
+        }
+
+    def get_enrollment(self, node: Node) -> dict:
+        return {
+            "bootstrap_token": node.bootstrap_token.prefix if node.bootstrap_token else None,
+            "enrolled_at": node.enrolled_at,
+            "agent_version": node.enrolled_agent_version,
+            "attestation_sent": bool(node.attestation),
+            "attestation_verified": node.attestation_verified,
+            "attestation_detail": node.attestation_detail,
+        }
+
+    def get_admission(self, node: Node) -> dict:
+        checks = [c for c in node.admission_checks.all() if c.attempt == node.admission_attempt]
+        return {
+            "attempt": node.admission_attempt,
+            "checks": [_check(c) for c in checks],
+            "failed": [{"name": c.name, "detail": c.detail} for c in checks if c.status == "failed"],
+        }
+
+    def get_credentials(self, node: Node) -> list[dict] | None:
+        request = self.context.get("request")
+        if request is None or not is_operator(request.user):
+            return None
+        return [
+            {
+                "prefix": c.prefix,
+                "issuer": c.issuer,
+                "agent_version": c.agent_version,
+                "issued_at": c.issued_at,
+                "expires_at": c.expires_at,
+                "rotated_at": c.rotated_at,
+                "revoked_at": c.revoked_at,
+                "last_used_at": c.last_used_at,
+            }
+            for c in node.credentials.all()
+        ]
+
+    def get_recent_events(self, node: Node) -> list[dict]:
+        return [
+            {
+                "type": e.type,
+                "from": e.from_state,
+                "to": e.to_state,
+                "actor": {"type": e.actor_type, "name": e.actor_name},
+                "reason": e.reason,
+                "request_id": e.request_id,
+                "data": e.data,
+                "at": e.created_at,
+            }
+            for e in node.events.all()
+        ]

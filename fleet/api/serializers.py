@@ -1,0 +1,243 @@
+"""Input serializers of the fleet API: pools, bootstrap tokens, enrollment, credentials, benchmarks.
+
+Every input serializer is strict: an unknown member is a 400 (``unknown_field``), and a member
+that names a protected node attribute is a 400 (``protected_field``), so a client can never set
+what only the control plane may set. Output shapes of nodes live in :mod:`fleet.api.nodes`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from typing import Any
+
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+from rest_framework import serializers
+
+from nodepool.api.problems import Problem
+
+from ..capability import CapabilityError, parse_capability, parse_labels, parse_taints
+from ..models import BootstrapToken, Pool
+from ..policy import (
+    parse_required_capabilities,
+    parse_required_labels,
+    parse_reservations,
+    parse_specifier,
+)
+
+# Members of a node that only the control plane writes; naming one in enrollment is refused.
+PROTECTED_NODE_FIELDS = frozenset(
+    {
+        "id", "node_id", "pool_id", "owner", "owner_id", "lifecycle", "lifecycle_reason", "liveness", "health",
+        "health_reasons", "ready", "conditions", "declared", "measured", "verified", "incarnation", "sequence",
+        "version", "capacity", "reserved", "allocatable", "allocated", "resources", "taints", "node_labels",
+        "attestation_verified", "attestation_detail", "admission_attempt", "enrolled_at", "credential",
+        "credentials", "artifacts_blocked", "restart_count", "bootstrap_token_id", "schedulable",
+    }
+)  # fmt: skip
+PASSTHROUGH = frozenset({"expected_version"})
+
+
+def _raise_capability(exc: CapabilityError):
+    raise serializers.ValidationError({exc.field: [exc.message]}) from exc
+
+
+class StrictSerializer(serializers.Serializer):
+    """Refuses members it does not declare (``unknown_field``; ``protected_field`` for node attributes)."""
+
+    protected_fields: frozenset[str] = frozenset()
+
+    def to_internal_value(self, data):
+        if not isinstance(data, dict):
+            raise Problem("The request body must be a JSON object.", "malformed_body")
+        unknown = set(data) - set(self.fields) - PASSTHROUGH
+        protected = sorted(unknown & self.protected_fields)
+        if protected:
+            raise Problem(
+                f"These attributes are set by the control plane, not by the client: {', '.join(protected)}.",
+                "protected_field",
+                fields=protected,
+            )
+        if unknown:
+            raise Problem(f"Unknown members: {', '.join(sorted(map(str, unknown)))}.", "unknown_field")
+        return super().to_internal_value(data)
+
+
+# --- pools --------------------------------------------------------------------------------------------
+
+
+class PoolSerializer(serializers.ModelSerializer):
+    """A pool. Requests accept quantities in reservations and required capabilities; responses give integers."""
+
+    node_count = serializers.IntegerField(read_only=True, required=False)
+
+    class Meta:
+        model = Pool
+        fields = [
+            "id", "name", "description", "kind", "labels", "taints", "reservations", "admission_mode",
+            "allowed_agent_versions", "required_capabilities", "required_labels", "benchmark_required",
+            "benchmark_tolerance", "benchmark_timeout", "attestation_required", "attestation_public_key",
+            "trust_node_labels", "heartbeat_interval", "heartbeat_grace", "loss_threshold", "unhealthy_conditions",
+            "degraded_conditions", "scheduling_policy", "node_count", "version", "created_at", "updated_at",
+        ]  # fmt: skip
+        read_only_fields = ["id", "version", "created_at", "updated_at"]
+
+    def to_internal_value(self, data):
+        if not isinstance(data, dict):
+            raise Problem("The request body must be a JSON object.", "malformed_body")
+        unknown = set(data) - {n for n, f in self.fields.items() if not f.read_only} - PASSTHROUGH
+        if unknown:
+            raise Problem(f"Unknown or read-only members: {', '.join(sorted(map(str, unknown)))}.", "unknown_field")
+        return super().to_internal_value(data)
+
+    def _parse(self, function, value, name):
+        try:
+            return function(value, field=name)
+        except CapabilityError as exc:
+            _raise_capability(exc)
+
+    def validate_labels(self, value):
+        return self._parse(parse_labels, value, "labels")
+
+    def validate_taints(self, value):
+        return self._parse(parse_taints, value, "taints")
+
+    def validate_reservations(self, value):
+        return self._parse(parse_reservations, value, "reservations")
+
+    def validate_required_capabilities(self, value):
+        return self._parse(parse_required_capabilities, value, "required_capabilities")
+
+    def validate_required_labels(self, value):
+        return self._parse(parse_required_labels, value, "required_labels")
+
+    def validate_allowed_agent_versions(self, value):
+        return self._parse(parse_specifier, value, "allowed_agent_versions")
+
+    def _condition_list(self, value):
+        if not isinstance(value, list) or len(value) > 32 or not all(isinstance(v, str) and v for v in value):
+            raise serializers.ValidationError("must be a list of at most 32 condition types")
+        return value
+
+    def validate_unhealthy_conditions(self, value):
+        return self._condition_list(value)
+
+    def validate_degraded_conditions(self, value):
+        return self._condition_list(value)
+
+
+# --- bootstrap tokens ------------------------------------------------------------------------------------
+
+
+class BootstrapTokenSerializer(serializers.ModelSerializer):
+    pool = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    owner = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    created_by = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    state = serializers.SerializerMethodField()
+
+    class Meta:
+        model = BootstrapToken
+        fields = [
+            "id", "pool", "description", "prefix", "expires_at", "max_uses", "uses", "owner", "created_by",
+            "created_at", "revoked_at", "state",
+        ]  # fmt: skip
+
+    def get_state(self, token: BootstrapToken) -> str:
+        if token.revoked_at is not None:
+            return "revoked"
+        if token.expires_at <= timezone.now():
+            return "expired"
+        return "exhausted" if token.uses >= token.max_uses else "active"
+
+
+class BootstrapTokenCreateSerializer(StrictSerializer):
+    pool = serializers.SlugRelatedField(slug_field="name", queryset=Pool.objects.all())
+    description = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    expires_at = serializers.DateTimeField(required=False)
+    ttl_seconds = serializers.IntegerField(min_value=60, max_value=365 * 86400, required=False)
+    max_uses = serializers.IntegerField(min_value=1, max_value=100_000, default=1)
+    owner = serializers.SlugRelatedField(
+        slug_field="username", queryset=get_user_model().objects.all(), required=False, allow_null=True
+    )
+
+    def validate(self, attrs):
+        if "expires_at" in attrs and "ttl_seconds" in attrs:
+            raise serializers.ValidationError("send expires_at or ttl_seconds, not both")
+        if "expires_at" not in attrs:
+            attrs["expires_at"] = timezone.now() + timezone.timedelta(seconds=attrs.pop("ttl_seconds", 86400))
+        return attrs
+
+
+# --- enrollment ------------------------------------------------------------------------------------------
+
+
+class AttestationSerializer(StrictSerializer):
+    document = serializers.CharField(max_length=64 * 1024)
+    signature = serializers.CharField(max_length=1024)
+
+
+class EnrollmentSerializer(StrictSerializer):
+    """``POST /node-enrollments`` (docs/api-contract.md). ``pool``, when sent, must be the token's pool."""
+
+    protected_fields = PROTECTED_NODE_FIELDS
+    bootstrap_token = serializers.CharField(max_length=200)
+    pool = serializers.SlugField(max_length=63, required=False)
+    hostname = serializers.CharField(max_length=253, required=False, allow_blank=True, default="")
+    display_name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
+    addresses = serializers.ListField(child=serializers.CharField(max_length=64), max_length=32, required=False)
+    agent_version = serializers.CharField(max_length=64)
+    labels = serializers.JSONField(required=False, default=dict)
+    capability = serializers.JSONField()
+    attestation = AttestationSerializer(required=False, allow_null=True)
+
+    def validate_addresses(self, value: list[str]) -> list[str]:
+        for address in value:
+            try:
+                ipaddress.ip_address(address)
+            except ValueError as exc:
+                raise serializers.ValidationError(f"{address!r} is not an IP address") from exc
+        return value
+
+    def validate_labels(self, value: Any) -> dict[str, str]:
+        try:
+            return parse_labels(value, field="labels")
+        except CapabilityError as exc:
+            _raise_capability(exc)
+
+    def validate_capability(self, value: Any) -> dict[str, Any]:
+        try:
+            return parse_capability(value, field="capability")
+        except CapabilityError as exc:
+            _raise_capability(exc)
+
+
+# --- node credentials, operator actions and benchmarks -------------------------------------------------------
+
+
+class ReasonSerializer(StrictSerializer):
+    reason = serializers.CharField(max_length=1000, required=False, allow_blank=True, default="")
+
+
+class CredentialIssueSerializer(ReasonSerializer):
+    ttl_seconds = serializers.IntegerField(min_value=60, max_value=7 * 86400, required=False)
+
+
+class CredentialRotateSerializer(StrictSerializer):
+    protected_fields = PROTECTED_NODE_FIELDS
+    agent_version = serializers.CharField(max_length=64, required=False, allow_blank=True, default="")
+
+
+class BenchmarkResultSerializer(StrictSerializer):
+    """Benchmark figures from the node: cpu in millicores, memory in bytes, duration in seconds."""
+
+    cpu_millicores = serializers.IntegerField(min_value=0, max_value=10**9)
+    memory_bytes = serializers.IntegerField(min_value=0, max_value=2**62)
+    duration_seconds = serializers.FloatField(min_value=0, max_value=86400, required=False, default=0.0)
+    details = serializers.DictField(required=False, default=dict)
+
+    def validate_details(self, value: dict) -> dict:
+        import json
+
+        if len(json.dumps(value)) > 8192:
+            raise serializers.ValidationError("details are limited to 8 KiB")
+        return value
