@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import django_filters
-from django.db.models.fields.json import KeyTextTransform
+from django.db.models.fields.json import KeyTransform
 
 from nodepool.api.problems import Problem
 
@@ -20,10 +20,10 @@ def _label_filter(queryset, column: str, values: list[str]):
         if not label_key_ok(key):
             raise Problem(f"label filter {raw!r}: expected key=value or key", "invalid_filter")
         if eq:
-            # KeyTextTransform extracts the value as text on SQLite and PostgreSQL alike, and takes the
+            # KeyTransform compares JSON values on SQLite and PostgreSQL alike, and takes the
             # key whole, so keys with dots, slashes or '__' (topology.kubernetes.io/zone) stay one key.
             alias = f"_{column}_{index}"
-            queryset = queryset.alias(**{alias: KeyTextTransform(key, column)}).filter(**{alias: value})
+            queryset = queryset.alias(**{alias: KeyTransform(key, column)}).filter(**{alias: value})
         else:
             queryset = queryset.filter(**{f"{column}__has_key": key})
     return queryset
@@ -37,7 +37,10 @@ class NodeFilterSet(django_filters.FilterSet):
     hostname = django_filters.CharFilter(field_name="hostname")
     label = django_filters.CharFilter(method="filter_label", help_text="key=value or key; repeat for AND")
     node_label = django_filters.CharFilter(method="filter_node_label", help_text="on node-declared labels")
-    schedulable = django_filters.BooleanFilter(method="filter_schedulable")
+    # A strict choice, not BooleanFilter: "perhaps" must be a 400, not silently ignored.
+    schedulable = django_filters.TypedChoiceFilter(
+        choices=[("true", "true"), ("false", "false")], coerce=lambda v: v == "true", method="filter_schedulable"
+    )
 
     class Meta:
         model = Node
@@ -54,4 +57,4 @@ class NodeFilterSet(django_filters.FilterSet):
 
     def filter_schedulable(self, queryset, name, value):
         query = schedulable_q()
-        return queryset.filter(query) if value else queryset.exclude(query)
+        return queryset.filter(query) if value in (True, "true") else queryset.exclude(query)

@@ -16,6 +16,8 @@ UNHEALTHY = "unhealthy"
 NO_VALID_CREDENTIAL = "no_valid_credential"
 
 SCHEDULABLE_HEALTH = (Health.HEALTHY, Health.DEGRADED)
+RECENT_EVENTS = 10
+RECENT_CREDENTIALS = 5
 
 
 def valid_credential_exists(now=None) -> Exists:
@@ -95,8 +97,17 @@ def node_queryset_for(user, *, now=None) -> QuerySet[Node]:
         .prefetch_related(
             "resources",
             Prefetch("admission_checks", queryset=AdmissionCheck.objects.order_by("attempt", "id")),
-            Prefetch("events", queryset=NodeEvent.objects.select_related(None).order_by("-created_at", "-id")[:10]),
-            Prefetch("credentials", queryset=NodeCredential.objects.order_by("-issued_at")[:5]),
+            # Sliced prefetches (one window-function query each) need to_attr.
+            Prefetch(
+                "events",
+                queryset=NodeEvent.objects.order_by("-created_at", "-id")[:RECENT_EVENTS],
+                to_attr="recent_events",
+            ),
+            Prefetch(
+                "credentials",
+                queryset=NodeCredential.objects.order_by("-issued_at")[:RECENT_CREDENTIALS],
+                to_attr="recent_credentials",
+            ),
         )
     )
     if is_operator(user) or is_client(user):

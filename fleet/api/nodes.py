@@ -11,7 +11,13 @@ from rest_framework import serializers
 from nodepool.api.permissions import is_operator
 
 from ..models import Node
-from ..selectors import unschedulable_reasons
+from ..selectors import RECENT_CREDENTIALS, RECENT_EVENTS, unschedulable_reasons
+
+
+def _loaded(node: Node, attr: str, relation: str, limit: int):
+    """The prefetched rows in ``attr``, or a query when the node was loaded without them."""
+    rows = getattr(node, attr, None)
+    return rows if rows is not None else list(getattr(node, relation).all()[:limit])
 
 
 def _check(check) -> dict:
@@ -115,7 +121,7 @@ class NodeSerializer(serializers.ModelSerializer):
                 "revoked_at": c.revoked_at,
                 "last_used_at": c.last_used_at,
             }
-            for c in node.credentials.all()
+            for c in _loaded(node, "recent_credentials", "credentials", RECENT_CREDENTIALS)
         ]
 
     def get_recent_events(self, node: Node) -> list[dict]:
@@ -130,5 +136,5 @@ class NodeSerializer(serializers.ModelSerializer):
                 "data": e.data,
                 "at": e.created_at,
             }
-            for e in node.events.all()
+            for e in _loaded(node, "recent_events", "events", RECENT_EVENTS)
         ]

@@ -38,8 +38,11 @@ PROTECTED_NODE_FIELDS = frozenset(
 PASSTHROUGH = frozenset({"expected_version"})
 
 
-def _raise_capability(exc: CapabilityError):
-    raise serializers.ValidationError({exc.field: [exc.message]}) from exc
+def _raise_capability(exc: CapabilityError, prefix: str):
+    """Re-raise a parser error as a DRF field error, its path relative to the field ``prefix``."""
+    if exc.field.startswith(prefix + "."):
+        raise serializers.ValidationError({exc.field[len(prefix) + 1 :]: [exc.message]}) from exc
+    raise serializers.ValidationError([exc.message]) from exc
 
 
 class StrictSerializer(serializers.Serializer):
@@ -94,7 +97,7 @@ class PoolSerializer(serializers.ModelSerializer):
         try:
             return function(value, field=name)
         except CapabilityError as exc:
-            _raise_capability(exc)
+            _raise_capability(exc, name)
 
     def validate_labels(self, value):
         return self._parse(parse_labels, value, "labels")
@@ -202,13 +205,13 @@ class EnrollmentSerializer(StrictSerializer):
         try:
             return parse_labels(value, field="labels")
         except CapabilityError as exc:
-            _raise_capability(exc)
+            _raise_capability(exc, "labels")
 
     def validate_capability(self, value: Any) -> dict[str, Any]:
         try:
             return parse_capability(value, field="capability")
         except CapabilityError as exc:
-            _raise_capability(exc)
+            _raise_capability(exc, "capability")
 
 
 # --- node credentials, operator actions and benchmarks -------------------------------------------------------
