@@ -12,7 +12,9 @@ from tests.fleet_support import fresh_throttles  # noqa: E402,F401
 
 
 def test_enrollment_creates_a_pending_node_with_a_credential(anon_api):
-    pool = make_pool(name="general", labels={"tier": "gold"}, taints=[{"key": "gpu", "value": "true", "effect": "NoSchedule"}])
+    pool = make_pool(
+        name="general", labels={"tier": "gold"}, taints=[{"key": "gpu", "value": "true", "effect": "NoSchedule"}]
+    )
     token = make_token(pool)
 
     response = enroll(anon_api, token)
@@ -192,9 +194,16 @@ def test_missing_token_and_non_object_bodies_are_refused(anon_api):
 
 def test_oversized_and_deeply_nested_enrollments_are_refused(anon_api):
     token = make_token(make_pool())
-    huge = enroll(anon_api, token, display_name="x" * 200, hostname="h", labels={}, attestation=None,
-                  capability={"resources": {"cpu": "1"}, "features": {"services": ["s" * 199] * 32}},
-                  addresses=["10.0.0.1"] * 32)
+    huge = enroll(
+        anon_api,
+        token,
+        display_name="x" * 200,
+        hostname="h",
+        labels={},
+        attestation=None,
+        capability={"resources": {"cpu": "1"}, "features": {"services": ["s" * 199] * 32}},
+        addresses=["10.0.0.1"] * 32,
+    )
     assert huge.status_code in (201, 400)  # within limits: handled normally
     deep: dict = {}
     cursor = deep

@@ -147,7 +147,9 @@ def test_only_operators_change_pools(client_api, owner_api):
     make_pool(name="general")
     for api in (client_api, owner_api):
         assert api.post(POOLS, {"name": "x"}, format="json").status_code == 403
-        assert api.patch(f"{POOLS}/general", {"description": "x"}, format="json", HTTP_IF_MATCH='"1"').status_code == 403
+        assert (
+            api.patch(f"{POOLS}/general", {"description": "x"}, format="json", HTTP_IF_MATCH='"1"').status_code == 403
+        )
         assert api.delete(f"{POOLS}/general", HTTP_IF_MATCH='"1"').status_code == 403
     assert Pool.objects.get().description == "a test pool"
 
