@@ -140,6 +140,17 @@ def node_inventory_set(*, node: Node, resources: dict[str, int]) -> None:
 # --- bootstrap tokens ------------------------------------------------------------------------------
 
 
+def bootstrap_token_validate(*, pool: Pool, expires_at: datetime, max_uses: int, owner=None, now=None) -> None:
+    """The rules of a new bootstrap token (shared with the admin form); raises :class:`Problem` (400)."""
+    now = now or timezone.now()
+    if expires_at <= now or expires_at - now > MAX_BOOTSTRAP_TTL:
+        raise Problem("expires_at must be in the future and at most a year ahead.", "invalid_expiry")
+    if max_uses < 1 or max_uses > 100_000:
+        raise Problem("max_uses must be between 1 and 100000.", "invalid_max_uses")
+    if pool.kind == PoolKind.MARKETPLACE and owner is None:
+        raise Problem("A marketplace pool's bootstrap token must name its owner.", "owner_required")
+
+
 def bootstrap_token_create(
     *,
     pool: Pool,
@@ -156,13 +167,7 @@ def bootstrap_token_create(
         Problem 400 ``invalid_expiry`` (past, or more than a year ahead), ``invalid_max_uses``,
         ``owner_required`` (a marketplace pool's token must name the contributor whose nodes it enrolls).
     """
-    now = now or timezone.now()
-    if expires_at <= now or expires_at - now > MAX_BOOTSTRAP_TTL:
-        raise Problem("expires_at must be in the future and at most a year ahead.", "invalid_expiry")
-    if max_uses < 1 or max_uses > 100_000:
-        raise Problem("max_uses must be between 1 and 100000.", "invalid_max_uses")
-    if pool.kind == PoolKind.MARKETPLACE and owner is None:
-        raise Problem("A marketplace pool's bootstrap token must name its owner.", "owner_required")
+    bootstrap_token_validate(pool=pool, expires_at=expires_at, max_uses=max_uses, owner=owner, now=now)
     secret, prefix, digest = node_secrets.new_secret(BOOTSTRAP_KIND)
     token = BootstrapToken.objects.create(
         pool=pool,
