@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import django_filters
 from django.db.models.fields.json import KeyTransform
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
 
 from nodepool.api.problems import Problem
 
@@ -55,6 +57,7 @@ class NodeFilterSet(django_filters.FilterSet):
     def filter_node_label(self, queryset, name, value):
         return _label_filter(queryset, "node_labels", self._values("node_label"))
 
+    @extend_schema_field(OpenApiTypes.BOOL)
     def filter_schedulable(self, queryset, name, value):
         query = schedulable_q()
         return queryset.filter(query) if value in (True, "true") else queryset.exclude(query)

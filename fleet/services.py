@@ -66,7 +66,7 @@ def pool_update(*, pool_id: int, expected_version: int, changes: dict[str, Any],
         if pool is None:
             raise NotFound("No such pool.", "pool_not_found")
         check_version(pool.version, expected_version)
-        old_reservations = pool.reservations
+        old_reservations, old_labels, old_taints = pool.reservations, pool.labels, pool.taints
         for name, value in changes.items():
             setattr(pool, name, value)
         _validate_pool(pool)
@@ -74,7 +74,32 @@ def pool_update(*, pool_id: int, expected_version: int, changes: dict[str, Any],
         pool.save(update_fields=[*changes, "version", "updated_at"])
         if "reservations" in changes and changes["reservations"] != old_reservations:
             node_resources_recompute(pool=pool, actor=actor)
+        if pool.labels != old_labels or pool.taints != old_taints:
+            nodes_apply_pool_labels(pool=pool, old_labels=old_labels, old_taints=old_taints, actor=actor)
     return pool
+
+
+def nodes_apply_pool_labels(*, pool: Pool, old_labels: dict, old_taints: list, actor: Actor) -> int:
+    """Carry a change of the pool's labels and taints to every member's platform labels and taints.
+
+    A label or taint the pool used to apply is removed from a node only where the node still has
+    the pool's old value (an operator's own change on that node is kept); the pool's new labels and
+    taints are then applied. Row by row (JSON merge), one ``policy`` event per node changed.
+    Returns the number of nodes changed. Call inside the transaction that changed the pool.
+    """
+    changed = 0
+    for node in Node.objects.select_for_update().filter(pool=pool).only("pk", "labels", "taints", "version"):
+        labels = {k: v for k, v in (node.labels or {}).items() if old_labels.get(k) != v or k in pool.labels}
+        labels.update(pool.labels or {})
+        taints = [t for t in (node.taints or []) if t not in old_taints and t not in pool.taints]
+        taints = [*pool.taints, *taints]
+        if labels == node.labels and taints == node.taints:
+            continue
+        Node.objects.filter(pk=node.pk).update(labels=labels, taints=taints, version=F("version") + 1)
+        record_event(node, NodeEventType.POLICY, actor, reason="pool labels or taints changed",
+                     data={"labels": labels, "taints": taints})  # fmt: skip
+        changed += 1
+    return changed
 
 
 def pool_delete(*, pool_id: int, expected_version: int) -> None:

@@ -167,3 +167,21 @@ def test_deleting_a_pool_with_nodes_conflicts(operator_api):
 def test_unknown_pool_is_404(operator_api):
     assert operator_api.get(f"{POOLS}/nope").status_code == 404
     assert operator_api.patch(f"{POOLS}/nope", {}, format="json", HTTP_IF_MATCH='"1"').status_code == 404
+
+
+def test_changing_pool_labels_and_taints_reaches_members_but_keeps_operator_changes(operator_api):
+    gpu = {"key": "gpu", "value": "true", "effect": "NoSchedule"}
+    pool = make_pool(name="general", labels={"tier": "gold", "team": "a"}, taints=[gpu])
+    node = NodeFactory(pool=pool, labels={"tier": "gold", "team": "b", "rack": "4"}, taints=[gpu])
+    response = operator_api.patch(
+        f"{POOLS}/general",
+        {"labels": {"tier": "silver"}, "taints": [{"key": "spot", "value": "", "effect": "PreferNoSchedule"}]},
+        format="json",
+        HTTP_IF_MATCH='"1"',
+    )
+    assert response.status_code == 200, response.json()
+    node.refresh_from_db()
+    assert node.labels == {"tier": "silver", "team": "b", "rack": "4"}
+    assert node.taints == [{"key": "spot", "value": "", "effect": "PreferNoSchedule"}]
+    assert node.version == 2
+    assert NodeEvent.objects.filter(node=node, type=NodeEventType.POLICY).count() == 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from django.db.models import Count
 from django.utils import timezone
+from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
@@ -25,6 +26,7 @@ from ..events import Actor
 from ..filtersets import NodeFilterSet
 from ..models import BootstrapToken, Pool
 from ..selectors import node_queryset_for
+from . import schema
 from .nodes import NodeSerializer
 from .serializers import (
     BenchmarkResultSerializer,
@@ -91,6 +93,7 @@ class BootstrapTokenViewSet(
     queryset = BootstrapToken.objects.select_related("pool", "owner", "created_by")
     filterset_fields = ["pool__name"]
 
+    @extend_schema(request=BootstrapTokenCreateSerializer, responses={201: BootstrapTokenSerializer})
     def create(self, request, *args, **kwargs):
         data = _valid(BootstrapTokenCreateSerializer, request)
         token, secret = services.bootstrap_token_create(
@@ -104,6 +107,7 @@ class BootstrapTokenViewSet(
         body = {**BootstrapTokenSerializer(token).data, "token": secret}
         return Response(body, status=status.HTTP_201_CREATED)
 
+    @extend_schema(request=None, responses={200: BootstrapTokenSerializer})
     def revoke(self, request, pk=None):
         token = services.bootstrap_token_revoke(token_id=self.get_object().pk)
         return Response(BootstrapTokenSerializer(token).data)
@@ -121,6 +125,7 @@ class NodeEnrollmentView(APIView):
     throttle_scope = "enrollment"
     max_body_bytes = 128 * 1024
 
+    @extend_schema(request=EnrollmentSerializer, responses={201: schema.EnrollmentResponse}, auth=[])
     def post(self, request):
         data = _valid(EnrollmentSerializer, request)
         node, credential, secret = services.node_enroll(
@@ -167,6 +172,7 @@ class NodeAdmitView(ETagMixin, APIView):
 
     permission_classes = [IsOperator]
 
+    @extend_schema(request=ReasonSerializer, responses={202: NodeSerializer})
     def post(self, request, pk):
         version = expected_version(request)
         data = _valid(ReasonSerializer, request)
@@ -181,6 +187,7 @@ class NodeCredentialIssueView(ETagMixin, APIView):
 
     permission_classes = [IsOperator]
 
+    @extend_schema(request=CredentialIssueSerializer, responses={201: schema.CredentialResponse})
     def post(self, request, pk):
         version = expected_version(request)
         data = _valid(CredentialIssueSerializer, request)
@@ -206,6 +213,7 @@ class NodeCredentialRevokeView(ETagMixin, APIView):
 
     permission_classes = [IsOperator]
 
+    @extend_schema(request=ReasonSerializer, responses={200: schema.RevocationResponse})
     def post(self, request, pk):
         version = expected_version(request)
         data = _valid(ReasonSerializer, request)
@@ -228,6 +236,7 @@ class NodeCredentialRotateView(APIView):
     permission_classes = [IsNodeSelf]
     throttle_classes: list = []
 
+    @extend_schema(request=CredentialRotateSerializer, responses={201: schema.RotationResponse})
     def post(self, request, pk):
         node = _own_node(request)
         data = _valid(CredentialRotateSerializer, request)
@@ -248,6 +257,7 @@ class BenchmarkResultView(APIView):
     throttle_classes: list = []
     max_body_bytes = 16 * 1024
 
+    @extend_schema(request=BenchmarkResultSerializer, responses={200: schema.BenchmarkResponse})
     def post(self, request, pk, nonce):
         node = _own_node(request)
         figures = _valid(BenchmarkResultSerializer, request)
