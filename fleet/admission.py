@@ -313,7 +313,9 @@ def finalize_admission(*, node_id, attempt: int, actor: Actor, now: datetime | N
             data = {"attempt": attempt, "checks": [c.name for c in checks]}
         node.lifecycle_changed_at = now
         node.version += 1
-        node.save(update_fields=["lifecycle", "lifecycle_reason", "lifecycle_changed_at", "verified", "version"])
+        node.save(
+            update_fields=["lifecycle", "lifecycle_reason", "lifecycle_changed_at", "verified", "version", "updated_at"]
+        )
         record_event(
             node, NodeEventType.LIFECYCLE, actor, from_state=before, to_state=node.lifecycle,
             reason=node.lifecycle_reason, data=data,
