@@ -274,3 +274,26 @@ def test_two_operators_admitting_the_same_version_one_wins(lost_tasks):
         t.join()
     assert sorted(outcomes) == ["412"] * 4 + ["ok"]
     assert Node.objects.get().admission_attempt == 1
+
+
+@pytest.mark.django_db
+def test_admission_events_name_the_celery_task_as_actor(operator_api, django_capture_on_commit_callbacks):
+    node = NodeFactory()
+    with django_capture_on_commit_callbacks(execute=True):
+        _admit(operator_api, node)
+    final = NodeEvent.objects.get(node=node, type=NodeEventType.LIFECYCLE, to_state="ready")
+    assert (final.actor_type, final.actor_name) == ("system", "fleet.run_admission")
+    assert final.request_id  # the Celery task id
+
+
+@pytest.mark.django_db
+def test_admit_with_a_malformed_body_changes_nothing(operator_api):
+    node = NodeFactory()
+    url = f"/api/v1/nodes/{node.pk}/admit"
+    response = operator_api.post(url, "{oops", content_type="application/json", HTTP_IF_MATCH='"1"')
+    assert response.status_code == 400 and response.json()["code"] == "malformed_body"
+    response = operator_api.post(url, "reason", content_type="text/plain", HTTP_IF_MATCH='"1"')
+    assert response.status_code == 415
+    response = operator_api.post(url, {"reason": "x" * 2000}, format="json", HTTP_IF_MATCH='"1"')
+    assert response.status_code == 400
+    assert Node.objects.get().lifecycle == Lifecycle.PENDING

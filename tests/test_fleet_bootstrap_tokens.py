@@ -145,3 +145,9 @@ def test_token_state_reads_expired_and_exhausted(operator_api):
     assert operator_api.get(TOKENS).json()["results"][0]["state"] == "exhausted"
     BootstrapToken.objects.update(uses=0, expires_at=timezone.now() - timedelta(seconds=1))
     assert operator_api.get(TOKENS).json()["results"][0]["state"] == "expired"
+
+
+@pytest.mark.django_db
+def test_unknown_token_detail_is_404(operator_api):
+    assert operator_api.get(f"{TOKENS}/999").status_code == 404
+    assert operator_api.get(f"{TOKENS}/abc").status_code == 404
