@@ -157,3 +157,19 @@ def test_resume_sweep_redispatches_stalled_admissions_only(benchmarked, time_mac
     assert admission.admissions_resume() == 1
     assert dispatched == [(str(stuck.pk), 1)]
     assert waiting.pk != stuck.pk
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"cpu_millicores": 1, "memory_bytes": 1, "duration_seconds": NaN}',
+        '{"cpu_millicores": 1, "memory_bytes": 1, "details": {"score": Infinity}}',
+        '{"cpu_millicores": NaN, "memory_bytes": 1}',
+    ],
+)
+def test_non_finite_benchmark_figures_are_refused(benchmarked, raw):
+    node, api = benchmarked()
+    nonce = pending_benchmark(node).nonce
+    response = api.post(f"/api/v1/nodes/{node.pk}/benchmarks/{nonce}", raw, content_type="application/json")
+    assert response.status_code == 400
+    assert Benchmark.objects.get().status == BenchmarkStatus.REQUESTED

@@ -8,6 +8,8 @@ what only the control plane may set. Output shapes of nodes live in :mod:`fleet.
 from __future__ import annotations
 
 import ipaddress
+import json
+import math
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -238,9 +240,17 @@ class BenchmarkResultSerializer(StrictSerializer):
     duration_seconds = serializers.FloatField(min_value=0, max_value=86400, required=False, default=0.0)
     details = serializers.DictField(required=False, default=dict)
 
-    def validate_details(self, value: dict) -> dict:
-        import json
+    def validate_duration_seconds(self, value: float) -> float:
+        if not math.isfinite(value):
+            raise serializers.ValidationError("must be a finite number")
+        return value
 
-        if len(json.dumps(value)) > 8192:
+    def validate_details(self, value: dict) -> dict:
+        # allow_nan=False: the parser accepts NaN/Infinity, which PostgreSQL's jsonb refuses.
+        try:
+            encoded = json.dumps(value, allow_nan=False)
+        except ValueError as exc:
+            raise serializers.ValidationError("details must be plain JSON (no NaN or Infinity)") from exc
+        if len(encoded) > 8192:
             raise serializers.ValidationError("details are limited to 8 KiB")
         return value
