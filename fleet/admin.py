@@ -10,7 +10,7 @@ import uuid
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.db.models import Count, OuterRef, Subquery
+from django.db.models import Count, F, OuterRef, Q, Subquery
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
@@ -239,8 +239,8 @@ class NodeEventInline(ReadOnlyInline):
         # The most recent events only: a node's history can be long, the page must not be.
         recent = NodeEvent.objects.filter(node=OuterRef("node")).order_by("-created_at", "-id")
         cutoff = Subquery(recent.values("created_at")[RECENT_EVENTS_INLINE - 1 : RECENT_EVENTS_INLINE])
-        qs = super().get_queryset(request)
-        return qs.exclude(created_at__lt=cutoff)
+        qs = super().get_queryset(request).annotate(cutoff=cutoff)
+        return qs.filter(Q(cutoff__isnull=True) | Q(created_at__gte=F("cutoff")))
 
 
 @admin.register(Node)

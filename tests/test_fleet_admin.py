@@ -152,3 +152,19 @@ def test_owner_admin_is_read_only_and_limited_to_their_nodes(owner_browser, owne
     )
     assert Node.objects.get(pk=mine.pk).lifecycle == Lifecycle.QUARANTINED
     assert response.status_code in (200, 302)
+
+
+def test_node_page_shows_only_the_most_recent_events(operator_browser):
+    from fleet.admin import RECENT_EVENTS_INLINE
+    from fleet.events import Actor, record_event
+
+    node = NodeFactory()
+    for i in range(RECENT_EVENTS_INLINE + 5):
+        record_event(node, "policy", Actor.system("t"), reason=f"event-{i:03d}")
+    page = operator_browser.get(f"/admin/fleet/node/{node.pk}/change/").content.decode()
+    assert f"event-{RECENT_EVENTS_INLINE + 4:03d}" in page
+    assert "event-000" not in page
+
+    few = NodeFactory()
+    record_event(few, "policy", Actor.system("t"), reason="only-one")
+    assert "only-one" in operator_browser.get(f"/admin/fleet/node/{few.pk}/change/").content.decode()
