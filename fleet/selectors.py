@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.db.models import Exists, OuterRef, Prefetch, Q, QuerySet
 from django.utils import timezone
 
-from .choices import Health, Lifecycle, Liveness
-from .models import Node, NodeCredential
+from nodepool.api.permissions import is_client, is_operator, is_owner
+
+from .choices import BenchmarkStatus, Health, Lifecycle, Liveness
+from .models import AdmissionCheck, Benchmark, Node, NodeCredential, NodeEvent
 
 # Stable reason codes for why a node is not schedulable (used by the API and the scheduler).
 NOT_READY_LIFECYCLE = "lifecycle_not_ready"
@@ -73,10 +75,9 @@ def pending_benchmark(node: Node, *, now=None):
 
     Heartbeat responses put it in ``instructions.run_benchmark`` as ``{"nonce", "deadline"}``.
     """
-    from .models import Benchmark
-
     now = now or timezone.now()
-    return Benchmark.objects.filter(node=node, status="requested", deadline__gt=now).order_by("-requested_at").first()
+    pending = Benchmark.objects.filter(node=node, status=BenchmarkStatus.REQUESTED, deadline__gt=now)
+    return pending.order_by("-requested_at").first()
 
 
 def node_queryset_for(user, *, now=None) -> QuerySet[Node]:
@@ -85,12 +86,6 @@ def node_queryset_for(user, *, now=None) -> QuerySet[Node]:
     Operators and lease clients see every node; marketplace owners only their own (any lifecycle,
     quarantined and rejected included); anyone else nothing.
     """
-    from django.db.models import Prefetch
-
-    from nodepool.api.permissions import is_client, is_operator, is_owner
-
-    from .models import AdmissionCheck, NodeEvent
-
     qs = (
         Node.objects.select_related("pool", "owner", "bootstrap_token")
         .annotate(has_valid_credential=valid_credential_exists(now))
