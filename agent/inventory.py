@@ -173,13 +173,6 @@ def network_class() -> str:
     return f"{mbps}m"
 
 
-def os_image() -> str:
-    try:
-        return platform.freedesktop_os_release().get("PRETTY_NAME", "")
-    except OSError:
-        return ""
-
-
 def collect(*, disk_path: str = "/", run=subprocess.run, which=shutil.which, exists=os.path.exists) -> dict:
     """The enrollment fields describing this host: ``hostname``, ``addresses`` and ``capability``.
 
@@ -206,7 +199,6 @@ def collect(*, disk_path: str = "/", run=subprocess.run, which=shutil.which, exi
                 "arch": architecture(),
                 "os": platform.system().lower(),
                 "kernel": platform.release(),
-                "os_image": os_image(),
                 "runtimes": sorted(runtimes),
                 "network_class": network_class(),
                 "services": [],

@@ -12,8 +12,10 @@ Mapping (Kubernetes → nodepool):
   ephemeral-storage, pods, hugepages-* and domain-qualified extended resources (``nvidia.com/gpu``);
 * GPU resources (``<vendor>/gpu``) with the GPU feature discovery labels ``nvidia.com/gpu.product``
   and ``nvidia.com/gpu.memory`` (MiB) → ``declared.accelerators``;
-* ``status.nodeInfo`` → ``declared.features`` (arch, os, kernel, os_image, runtimes,
-  container_runtime_version, kubelet_version) plus ``spec.providerID`` and ``status.runtimeHandlers``;
+* ``status.nodeInfo`` → ``declared.features`` (``arch``, ``os``, ``kernel``, ``runtimes`` from
+  ``containerRuntimeVersion``): the contract's feature keys and no others, because enrollment
+  refuses unknown features; the rest of nodeInfo (osImage, the runtime and kubelet versions),
+  ``spec.providerID`` and ``status.runtimeHandlers`` are kept in the import event's data;
 * ``status.conditions`` → ``conditions`` (type, status, reason, message, last_transition_time).
 
 Readiness stays false (``ready`` is the node's own word in a heartbeat; Kubernetes' ``Ready``
@@ -100,6 +102,7 @@ class MappedNode:
     name: str
     fields: dict
     unmapped: list[str] = field(default_factory=list)
+    details: dict = field(default_factory=dict)
 
     @property
     def external_id(self) -> str:
@@ -175,17 +178,17 @@ def map_node(obj: dict) -> MappedNode:
         "arch": info.get("architecture") or labels.get("kubernetes.io/arch", ""),
         "os": info.get("operatingSystem") or labels.get("kubernetes.io/os", ""),
         "kernel": info.get("kernelVersion", ""),
-        "os_image": info.get("osImage", ""),
         "runtimes": [_runtime_name(runtime_version)] if runtime_version else [],
-        "container_runtime_version": runtime_version,
-        "kubelet_version": info.get("kubeletVersion", ""),
         "network_class": "",
         "services": [],
     }
-    if spec.get("providerID"):
-        features["provider_id"] = spec["providerID"]
-    if status.get("runtimeHandlers"):
-        features["runtime_handlers"] = [h.get("name") for h in status["runtimeHandlers"] if h.get("name")]
+    details = {
+        "os_image": info.get("osImage", ""),
+        "container_runtime_version": runtime_version,
+        "kubelet_version": info.get("kubeletVersion", ""),
+        "provider_id": spec.get("providerID", ""),
+        "runtime_handlers": [h.get("name") for h in status.get("runtimeHandlers") or [] if h.get("name")],
+    }
     addresses = status.get("addresses") or []
     hostname = next((a["address"] for a in addresses if a.get("type") == "Hostname"), "")
     hostname = hostname or labels.get("kubernetes.io/hostname") or name
@@ -241,7 +244,7 @@ def map_node(obj: dict) -> MappedNode:
         "ready": False,
         "ready_reason": ready_reason[:200],
     }
-    return MappedNode(uid=str(uid), name=str(name), fields=fields_, unmapped=unmapped)
+    return MappedNode(uid=str(uid), name=str(name), fields=fields_, unmapped=unmapped, details=details)
 
 
 @dataclass
@@ -308,7 +311,13 @@ def _upsert(mapped: MappedNode, *, pool: Pool, actor: Actor, source: str) -> tup
                 actor,
                 to_state=Lifecycle.PENDING,
                 reason=f"imported from Kubernetes node {mapped.name}",
-                data={"source": "kubernetes", "uid": mapped.uid, "file": source, "unmapped": mapped.unmapped},
+                data={
+                    "source": "kubernetes",
+                    "uid": mapped.uid,
+                    "file": source,
+                    "node_info": mapped.details,
+                    "unmapped": mapped.unmapped,
+                },
             )
             return "created", node
         if node.pool_id != pool.pk:
@@ -325,6 +334,12 @@ def _upsert(mapped: MappedNode, *, pool: Pool, actor: Actor, source: str) -> tup
             NodeEventType.POLICY,
             actor,
             reason=f"re-imported from Kubernetes node {mapped.name}",
-            data={"source": "kubernetes", "uid": mapped.uid, "file": source, "changed": changed},
+            data={
+                "source": "kubernetes",
+                "uid": mapped.uid,
+                "file": source,
+                "changed": changed,
+                "node_info": mapped.details,
+            },
         )
         return "updated", node

@@ -100,9 +100,8 @@ def test_every_node_of_every_dump_becomes_a_pending_node_with_the_sources_values
         assert features["arch"] == info["architecture"]
         assert features["os"] == info["operatingSystem"]
         assert features["kernel"] == info["kernelVersion"]
-        assert features["os_image"] == info["osImage"]
         assert features["runtimes"] == [info["containerRuntimeVersion"].split("://")[0]]
-        assert features["kubelet_version"] == info["kubeletVersion"]
+        assert set(features) == {"arch", "os", "kernel", "runtimes", "network_class", "services"}
         assert [(c["type"], c["status"], c["reason"]) for c in node.conditions] == [
             (c["type"], c["status"], c.get("reason", "")) for c in status["conditions"]
         ]
@@ -119,6 +118,10 @@ def test_every_node_of_every_dump_becomes_a_pending_node_with_the_sources_values
             assert node.declared["accelerators"] == []
         event = NodeEvent.objects.get(node=node)
         assert event.type == NodeEventType.ENROLLED and event.data["uid"] == meta["uid"]
+        assert event.data["node_info"]["os_image"] == info["osImage"]
+        assert event.data["node_info"]["kubelet_version"] == info["kubeletVersion"]
+        assert event.data["node_info"]["container_runtime_version"] == info["containerRuntimeVersion"]
+        assert event.data["node_info"]["provider_id"] == spec.get("providerID", "")
 
 
 @pytest.mark.parametrize("name", FILES)
