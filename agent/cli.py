@@ -28,19 +28,31 @@ def _label(text: str) -> tuple[str, str]:
     return key, value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="nodepool-agent", description="The nodepool node agent.")
-    parser.add_argument("--version", action="version", version=f"nodepool-agent {__version__}")
-    parser.add_argument("--log-level", default=os.environ.get("NODEPOOL_AGENT_LOG_LEVEL", "INFO"))
+COMMANDS = ("run", "inventory", "benchmark", "status")
+
+
+def _common(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """--log-level and --state-file, accepted before or after the subcommand."""
+    parser.add_argument(
+        "--log-level", default=os.environ.get("NODEPOOL_AGENT_LOG_LEVEL", "INFO") if defaults else argparse.SUPPRESS
+    )
     parser.add_argument(
         "--state-file",
         type=Path,
-        default=Path(os.environ.get("NODEPOOL_AGENT_STATE") or default_state_path()),
+        default=Path(os.environ.get("NODEPOOL_AGENT_STATE") or default_state_path()) if defaults else argparse.SUPPRESS,
         help="identity, credential, incarnation and sequence (mode 0600) [$NODEPOOL_AGENT_STATE]",
     )
-    sub = parser.add_subparsers(dest="command")
 
-    run = sub.add_parser("run", help="enroll if needed, then heartbeat and run work until SIGTERM")
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="nodepool-agent", description="The nodepool node agent.")
+    parser.add_argument("--version", action="version", version=f"nodepool-agent {__version__}")
+    _common(parser, defaults=True)
+    sub = parser.add_subparsers(dest="command")
+    common = argparse.ArgumentParser(add_help=False)
+    _common(common, defaults=False)
+
+    run = sub.add_parser("run", parents=[common], help="enroll if needed, then heartbeat and run work until SIGTERM")
     run.add_argument("--url", default=os.environ.get("NODEPOOL_URL", ""), help="control plane URL [$NODEPOOL_URL]")
     run.add_argument(
         "--bootstrap-token",
@@ -87,12 +99,12 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--ca-bundle", help="CA bundle to verify the control plane's certificate")
     run.add_argument("--once", action="store_true", help="send one heartbeat, then stop")
 
-    inv = sub.add_parser("inventory", help="print the host inventory and conditions as JSON")
+    inv = sub.add_parser("inventory", parents=[common], help="print the host inventory and conditions as JSON")
     inv.add_argument("--disk-path", default="/")
-    bench = sub.add_parser("benchmark", help="run the admission benchmark here and print it")
+    bench = sub.add_parser("benchmark", parents=[common], help="run the admission benchmark here and print it")
     bench.add_argument("--cpu-seconds", type=float, default=2.0)
     bench.add_argument("--memory-bytes", type=int, default=None)
-    sub.add_parser("status", help="print the state file (without the credential secret)")
+    sub.add_parser("status", parents=[common], help="print the state file (without the credential secret)")
     return parser
 
 
@@ -135,11 +147,12 @@ def _run(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not any(arg in COMMANDS for arg in argv) and not {"-h", "--help", "--version"} & set(argv):
+        argv.insert(0, "run")  # `nodepool-agent --url …` means `nodepool-agent run --url …`
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    command = args.command or "run"
-    if args.command is None:  # bare `nodepool-agent [--state-file]` runs with defaults from the environment
-        args = build_parser().parse_args([*(argv if argv is not None else sys.argv[1:]), "run"])
+    command = args.command
     if command == "inventory":
         facts = inventory.collect(disk_path=args.disk_path)
         facts["conditions"] = measure(Thresholds(disk_path=args.disk_path))

@@ -215,6 +215,10 @@ class Agent:
     # -- heartbeat -----------------------------------------------------------------------------
     def heartbeat_payload(self, *, ready: bool = True, ready_reason: str = "") -> dict:
         sequence = self.state.next_sequence()
+        conditions_now = self.measure_conditions()
+        for condition in conditions_now:
+            if condition["type"] == "Ready" and not ready:  # the Ready condition says what `ready` says
+                condition.update(status="False", reason=ready_reason or "AgentNotReady")
         return {
             "incarnation": self.state.incarnation,
             "sequence": sequence,
@@ -222,7 +226,7 @@ class Agent:
             "agent_version": __version__,
             "ready": ready,
             "ready_reason": ready_reason,
-            "conditions": self.measure_conditions(),
+            "conditions": conditions_now,
             "usage": conditions.usage(),
             "leases": [
                 {"lease_id": w.lease_id, "fencing_token": w.fencing_token, "state": "running"}

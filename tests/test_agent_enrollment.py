@@ -113,3 +113,10 @@ def test_status_command_prints_state_without_the_secret(fake, tmp_path, capsys):
     out = capsys.readouterr().out
     assert agent.state.node_id in out
     assert agent.state.credential not in out
+
+
+def test_a_bare_invocation_means_run_and_without_a_token_exits_with_a_configuration_error(tmp_path):
+    from agent.cli import main
+
+    assert main(["--url", "http://127.0.0.1:9", "--state-file", str(tmp_path / "s.json"), "--once"]) == EXIT_CONFIG
+    assert not (tmp_path / "s.json").exists()

@@ -165,6 +165,8 @@ def test_stop_event_ends_the_run_with_a_not_ready_farewell(fake, tmp_path):
     last = _node(fake).heartbeats[-1]
     assert last["ready"] is False
     assert last["ready_reason"] == "AgentShuttingDown"
+    ready = next(c for c in last["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "AgentShuttingDown")
 
 
 def test_sigterm_stops_the_agent_process_cleanly(fake, tmp_path):
