@@ -131,6 +131,10 @@ class Agent:
         self.state_file.lock()
         self.state = self.state_file.load()
         if self.state.enrolled:
+            if self.state.server_url and self.state.server_url != self.client.base:
+                log.warning(
+                    "state file was enrolled with %s, now talking to %s", self.state.server_url, self.client.base
+                )
             self.state.begin_incarnation()
             self.state_file.save(self.state)
             log.info("node %s: incarnation %s", self.state.node_id, self.state.incarnation)
@@ -372,7 +376,9 @@ class Agent:
             except ServerUnavailable:
                 return
             except ApiError as exc:
-                if exc.code in NOT_OURS or exc.status in (404, 409, 410):
+                # Only the answers that mean "not yours": another 409 (say, a transition the server
+                # does not take) must not kill work that is still this node's.
+                if exc.code in NOT_OURS or exc.status in (404, 410):
                     self.supervisor.stop(event.lease_id, f"lease is not ours: {exc.code}")
                 log.warning("lease %s event %s refused: %s", event.lease_id, event.state, exc)
             self.outbox.pop(0)

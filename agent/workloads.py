@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -90,6 +91,8 @@ class Supervisor:
     def start(self, lease_id: str, fencing_token: int, command: list[str]) -> LeaseEvent:
         """Start ``command`` for a lease; returns the ``running`` event (or ``failed`` if it cannot start)."""
         self.work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if isinstance(command, str):  # tolerate "sleep 30"; the contract's shape is an argv list
+            command = shlex.split(command)
         log_path = self.work_dir / f"{lease_id}.log"
         env = {**os.environ, **self.env, "NODEPOOL_LEASE_ID": lease_id, "NODEPOOL_FENCING_TOKEN": str(fencing_token)}
         try:
@@ -104,11 +107,16 @@ class Supervisor:
                     start_new_session=True,
                 )
         except (OSError, ValueError) as exc:
-            self.finished[lease_id] = fencing_token
+            self._remember_finished(lease_id, fencing_token)
             return LeaseEvent(lease_id, fencing_token, "failed", f"could not start {command[:1]}: {exc}")
         self.workloads[lease_id] = Workload(lease_id, fencing_token, list(command), process, log_path=str(log_path))
         log.info("lease %s: started pid %s: %s", lease_id, process.pid, command)
         return LeaseEvent(lease_id, fencing_token, "running", f"pid {process.pid}")
+
+    def _remember_finished(self, lease_id: str, fencing_token: int, keep: int = 10_000) -> None:
+        self.finished[lease_id] = fencing_token
+        while len(self.finished) > keep:  # dicts keep insertion order: forget the oldest
+            del self.finished[next(iter(self.finished))]
 
     def stop(self, lease_id: str, reason: str) -> None:
         """SIGTERM now; :meth:`poll` sends SIGKILL once the grace has passed."""
@@ -144,7 +152,7 @@ class Supervisor:
             # The leader exited: make sure nothing it left behind in its group keeps running.
             _signal_group(w.process, signal.SIGKILL)
             w.state = EXITED
-            self.finished[w.lease_id] = w.fencing_token
+            self._remember_finished(w.lease_id, w.fencing_token)
             del self.workloads[w.lease_id]
             events.append(self._terminal_event(w, code))
         return events

@@ -30,7 +30,8 @@ from agent.backoff import Backoff, jittered
 from .shapes import NodeSpec
 
 log = logging.getLogger("simulator")
-NOT_OURS = {404, 409, 410}
+# Lease event refusals that mean "this lease is not yours any more" (docs/api-contract.md).
+NOT_OURS = {"stale_fencing_token", "lease_superseded", "stale_incarnation", "lease_ended", "not_found"}
 
 
 def rfc3339(ts: float) -> str:
@@ -287,7 +288,7 @@ class VirtualNode:
         except Unavailable:
             return
         self.counters[f"lease_{state}_{response.status_code}"] += 1
-        if response.status_code in NOT_OURS:
+        if response.status_code in (404, 410) or (response.status_code == 409 and _code(response) in NOT_OURS):
             self.leases.pop(lease.lease_id, None)
 
     # -- benchmark and credential --------------------------------------------------------------

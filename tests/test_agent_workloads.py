@@ -174,3 +174,21 @@ def test_shutdown_stops_workloads_and_reports_them(fake, tmp_path):
 
     assert _states(lease) == ["running", "failed"]
     assert "agent shutting down" in lease.events[-1]["message"]
+
+
+def test_another_conflict_on_an_event_does_not_stop_the_work(fake, agent, monkeypatch):
+    from agent.client import ApiError
+
+    lease = fake.grant_lease(_node(fake).id, [PY, "-c", POLITE])
+    agent.step()
+    assert wait_until(lambda: (agent.supervisor.work_dir / "started.txt").exists(), step=agent.tick)
+
+    def refuse(lease_id, body):
+        raise ApiError(409, "transition_not_allowed", "already checkpointing")
+
+    monkeypatch.setattr(agent.client, "lease_event", refuse)
+    _node(fake).checkpoint_leases = [lease.id]
+    agent.step()
+    agent.tick()
+
+    assert agent.supervisor.workloads[lease.id].state == "running"
