@@ -199,3 +199,17 @@ def test_sigterm_stops_the_agent_process_cleanly(fake, tmp_path):
     os.kill(proc.pid, signal.SIGTERM)
     assert proc.wait(timeout=10) == 0
     assert "server unavailable" in proc.stderr.read()
+
+
+def test_a_rotation_that_fails_keeps_the_old_credential_and_is_retried(fake, agent):
+    first = agent.state.credential
+    _node(fake).rotate_hint = True
+    agent.step()
+    fake.unavailable = 1  # the rotation request meets a 503
+    delay = agent.step()
+
+    assert agent.state.credential == first
+    assert delay <= 1.0, "a failed rotation backs off like any failure"
+    agent.step()
+    assert agent.state.credential != first
+    assert _node(fake).verdicts[-1] == "applied"
