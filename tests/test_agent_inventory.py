@@ -1,6 +1,6 @@
 """Inventory, conditions and the benchmark read the real host; nothing is invented."""
 
-import os
+import math
 import subprocess
 
 import psutil
@@ -76,10 +76,13 @@ def test_pressure_conditions_follow_the_thresholds():
 def test_benchmark_measures_real_cpu_and_memory():
     result = benchmark.run(cpu_seconds=0.3, memory_sample_bytes=32 * 2**20)
 
-    cpus = len(os.sched_getaffinity(0))
-    assert 0.3 * 1000 <= result["cpu_millicores"] <= cpus * 1000 * 1.25
-    assert result["details"]["single_core_ops_per_s"] > 0
-    assert result["details"]["workers"] == cpus
+    # No bounds on the figures themselves: they depend on what else the machine is doing.
+    details = result["details"]
+    assert details["workers"] == math.ceil(inventory.cpu_millicores() / 1000)
+    assert details["single_core_ops_per_s"] > 0 and details["parallel_ops_per_s"] > 0
+    ratio = 1000 * details["parallel_ops_per_s"] / details["single_core_ops_per_s"]
+    assert abs(result["cpu_millicores"] - ratio) <= 1  # the details' rates are rounded to 0.1
+    assert 0 <= details["host_cpu_busy_percent_before"] <= 100
     assert result["memory_bytes"] == inventory.memory_bytes()
     assert result["details"]["memory_sample_bytes"] == 32 * 2**20
     assert result["details"]["memory_confirmed"] is True
