@@ -270,7 +270,7 @@ def test_the_command_line_runs_a_fleet_with_faults_and_prints_a_summary(fake, mo
             "--nodes",
             "12",
             "--duration",
-            "0.6",
+            "1.5",
             "--fault-after",
             "0.1",
             "--partition",
