@@ -169,12 +169,21 @@ class Node(ConcurrentTransitionMixin, models.Model):
     # Incident response: set by quarantine; other services read it to refuse artifacts and logs.
     artifacts_blocked = models.BooleanField(default=False)
 
+    # Identity in an outside inventory the node was imported from ("k8s:<metadata.uid>" for
+    # fleet.k8s_import); re-imports find the node by it. Empty for nodes that enrolled themselves.
+    external_id = models.CharField(max_length=200, blank=True, default="")
+
     version = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         ordering = ["created_at", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["external_id"], condition=~Q(external_id=""), name="node_unique_external_id"
+            ),
+        ]
         indexes = [
             models.Index(fields=["pool", "lifecycle"], name="node_pool_lifecycle"),
             models.Index(

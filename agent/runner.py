@@ -1,0 +1,428 @@
+"""The agent's loop: enroll, heartbeat, rotate the credential, follow instructions, stop cleanly.
+
+One thread owns the state, the HTTP client and the workloads; the only other thread is the
+benchmark's, which hands its result back through a queue. The loop wakes at least every
+``tick`` seconds to reap workloads and send queued lease events, and sends a heartbeat when
+one is due: on the interval the server asked for (``next_heartbeat_in``) with ±10 % jitter,
+or after an exponential backoff with a cap while the server does not answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from . import __version__, benchmark, conditions, inventory
+from .backoff import Backoff, jittered
+from .client import ApiError, NodeClient, NodeRetired, ServerUnavailable
+from .state import AgentState, StateFile
+from .workloads import LeaseEvent, Supervisor
+
+log = logging.getLogger("agent")
+
+EXIT_OK, EXIT_CONFIG, EXIT_RETIRED = 0, 2, 3
+# Instructions that mean "this lease is no longer yours" when a lease event is refused.
+NOT_OURS = {"stale_fencing_token", "lease_superseded", "stale_incarnation", "lease_ended", "not_found"}
+
+
+class AgentExit(Exception):
+    """Stop the agent with ``code`` (2: configuration or enrollment refused, 3: node retired)."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class AgentConfig:
+    """Everything the agent is told on its command line (see ``nodepool-agent run --help``).
+
+    Durations are seconds. ``rotate_at_fraction`` is the share of a credential's lifetime after
+    which it is rotated (2/3: a 24 h credential is renewed after 16 h, leaving 8 h of retries).
+    """
+
+    url: str
+    state_path: Path
+    bootstrap_token: str = ""
+    labels: dict = field(default_factory=dict)
+    display_name: str = ""
+    hostname: str = ""
+    work_dir: Path | None = None
+    stop_grace: float = 10.0
+    default_interval: float = 10.0
+    max_backoff: float = 300.0
+    rotate_at_fraction: float = 2 / 3
+    thresholds: conditions.Thresholds = field(default_factory=conditions.Thresholds)
+    benchmark_cpu_seconds: float = 2.0
+    benchmark_memory_bytes: int | None = None
+    timeout: float = 10.0
+    verify: bool | str = True
+    tick: float = 0.5
+
+
+def rfc3339(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+
+
+def parse_time(value: str | None) -> float | None:
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+class Agent:
+    """The node agent. Tests inject ``client`` (with an ``httpx.MockTransport``) and the probes."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        client: NodeClient | None = None,
+        rng: random.Random | None = None,
+        clock=time.time,
+        collect_inventory=None,
+        measure_conditions=None,
+        run_benchmark=None,
+    ):
+        self.config = config
+        self.client = client or NodeClient(config.url, timeout=config.timeout, verify=config.verify)
+        self.rng = rng or random.Random()
+        self.clock = clock
+        self.state_file = StateFile(config.state_path)
+        self.state = AgentState()
+        self.backoff = Backoff(base=1.0, cap=config.max_backoff, rng=self.rng)
+        self.collect_inventory = collect_inventory or (lambda: inventory.collect(disk_path=config.thresholds.disk_path))
+        self.measure_conditions = measure_conditions or (lambda: conditions.measure(config.thresholds))
+        self.run_benchmark = run_benchmark or (
+            lambda: benchmark.run(
+                cpu_seconds=config.benchmark_cpu_seconds, memory_sample_bytes=config.benchmark_memory_bytes
+            )
+        )
+        work_dir = config.work_dir or config.state_path.parent / "workloads"
+        self.supervisor = Supervisor(work_dir=work_dir, grace=config.stop_grace)
+        self.interval = config.default_interval
+        self.clock_offset = 0.0  # server time - local time, from the last heartbeat answer
+        self.rotate_requested = False
+        self.outbox: list[LeaseEvent] = []
+        self.benchmarks_started: set[str] = set()
+        self.benchmark_results: queue.Queue = queue.Queue()
+        self.pending_benchmark: tuple[str, dict] | None = None
+        self.last_response: dict = {}
+        self.heartbeats_applied = 0
+
+    # -- start ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Lock and load the state file; enroll if there is no identity yet, else begin a new incarnation.
+
+        Raises:
+            StateError: state file unreadable, too open, or used by another agent.
+            AgentExit: no identity and no bootstrap token, or enrollment refused (4xx).
+            ServerUnavailable: enrollment could not reach the server (the caller retries).
+        """
+        self.state_file.lock()
+        self.state = self.state_file.load()
+        if self.state.enrolled:
+            if self.state.server_url and self.state.server_url != self.client.base:
+                log.warning(
+                    "state file was enrolled with %s, now talking to %s", self.state.server_url, self.client.base
+                )
+            self.state.begin_incarnation()
+            self.state_file.save(self.state)
+            log.info("node %s: incarnation %s", self.state.node_id, self.state.incarnation)
+        else:
+            self.enroll()
+        self.client.credential = self.state.credential
+        self._set_workload_env()
+
+    def _set_workload_env(self) -> None:
+        self.supervisor.env.update(
+            {"NODEPOOL_NODE_ID": self.state.node_id, "NODEPOOL_INCARNATION": str(self.state.incarnation)}
+        )
+
+    def enroll_payload(self) -> dict:
+        facts = self.collect_inventory()
+        return {
+            "bootstrap_token": self.config.bootstrap_token,
+            "hostname": self.config.hostname or facts["hostname"],
+            "display_name": self.config.display_name,
+            "addresses": facts["addresses"],
+            "agent_version": __version__,
+            "labels": self.config.labels,
+            "capability": facts["capability"],
+        }
+
+    def enroll(self) -> None:
+        if not self.config.bootstrap_token:
+            raise AgentExit(EXIT_CONFIG, f"{self.config.state_path} holds no identity and no --bootstrap-token given")
+        try:
+            answer = self.client.enroll(self.enroll_payload())
+        except ApiError as exc:
+            raise AgentExit(EXIT_CONFIG, f"enrollment refused: {exc}") from exc
+        now = rfc3339(self.clock())
+        self.state = AgentState(
+            server_url=self.client.base,
+            node_id=str(answer["node_id"]),
+            credential=answer["credential"],
+            credential_expires_at=answer.get("credential_expires_at", ""),
+            credential_issued_at=now,
+            incarnation=int(answer.get("incarnation", 1)),
+            sequence=0,
+            enrolled_at=now,
+        )
+        self.interval = float(answer.get("heartbeat_interval") or self.interval)
+        self.state_file.save(self.state)
+        log.info("enrolled as node %s (lifecycle %s)", self.state.node_id, answer.get("lifecycle"))
+
+    def start_with_retries(self, stop: threading.Event) -> bool:
+        """:meth:`start`, retrying enrollment with backoff while the server is away. False if stopped."""
+        while not stop.is_set():
+            try:
+                self.start()
+                return True
+            except ServerUnavailable as exc:
+                self.state_file.unlock()
+                delay = self._failure_delay(exc)
+                log.warning("enrollment: server unavailable (%s); retrying in %.1fs", exc, delay)
+                stop.wait(delay)
+        return False
+
+    # -- credential ----------------------------------------------------------------------------
+    def rotation_due(self) -> bool:
+        """True when the server hinted, or ``rotate_at_fraction`` of the credential's life has passed."""
+        if self.rotate_requested:
+            return True
+        issued, expires = parse_time(self.state.credential_issued_at), parse_time(self.state.credential_expires_at)
+        if issued is None or expires is None or expires <= issued:
+            return False
+        server_now = self.clock() + self.clock_offset
+        return server_now >= issued + self.config.rotate_at_fraction * (expires - issued)
+
+    def rotate(self) -> None:
+        answer = self.client.rotate_credential(self.state.node_id)
+        self.state.credential = answer["credential"]
+        self.state.credential_expires_at = answer.get("expires_at", "")
+        self.state.credential_issued_at = rfc3339(self.clock() + self.clock_offset)
+        self.state_file.save(self.state)  # saved before first use: a crash never loses the new secret
+        self.client.credential = self.state.credential
+        self.rotate_requested = False
+        log.info("credential rotated; expires %s", self.state.credential_expires_at)
+
+    # -- heartbeat -----------------------------------------------------------------------------
+    def heartbeat_payload(self, *, ready: bool = True, ready_reason: str = "") -> dict:
+        sequence = self.state.next_sequence()
+        conditions_now = self.measure_conditions()
+        for condition in conditions_now:
+            if condition["type"] == "Ready" and not ready:  # the Ready condition says what `ready` says
+                condition.update(status="False", reason=ready_reason or "AgentNotReady")
+        return {
+            "incarnation": self.state.incarnation,
+            "sequence": sequence,
+            "observed_at": rfc3339(self.clock()),
+            "agent_version": __version__,
+            "ready": ready,
+            "ready_reason": ready_reason,
+            "conditions": conditions_now,
+            "usage": conditions.usage(),
+            "leases": [
+                {"lease_id": w.lease_id, "fencing_token": w.fencing_token, "state": "running"}
+                for w in self.supervisor.running()
+            ],
+            "benchmark": None,
+        }
+
+    def _failure_delay(self, exc: ServerUnavailable) -> float:
+        delay = self.backoff.next_delay()
+        if exc.retry_after is not None:
+            delay = max(delay, min(exc.retry_after, self.config.max_backoff))
+        return delay
+
+    def step(self) -> float:
+        """Rotate if due, send one heartbeat, act on the answer. Returns seconds until the next step.
+
+        Raises:
+            AgentExit: the node was retired (410).
+        """
+        try:
+            if self.rotation_due():
+                self.rotate()
+            payload = self.heartbeat_payload()
+            self.state_file.save(self.state)  # the sequence is spent even if the answer is lost
+            answer = self.client.heartbeat(self.state.node_id, payload)
+        except NodeRetired as exc:
+            raise AgentExit(EXIT_RETIRED, f"node {self.state.node_id} was retired: {exc.detail}") from exc
+        except ServerUnavailable as exc:
+            delay = self._failure_delay(exc)
+            log.warning("control plane unavailable (%s); next attempt in %.1fs", exc, delay)
+            return delay
+        except ApiError as exc:
+            # 401: credential revoked (quarantine) or expired; 4xx: our payload. Neither is fixed by
+            # hammering the server, so back off the same way and keep saying why.
+            delay = self.backoff.next_delay()
+            log.error("heartbeat refused: %s; next attempt in %.1fs", exc, delay)
+            return delay
+        self.backoff.reset()
+        self.handle_answer(answer)
+        return jittered(self.interval, rng=self.rng)
+
+    def handle_answer(self, answer: dict) -> None:
+        """Act on a heartbeat answer: sequence verdict, timing, instructions, assigned leases."""
+        self.last_response = answer
+        server_time = parse_time(answer.get("server_time"))
+        if server_time is not None:
+            self.clock_offset = server_time - self.clock()
+        if answer.get("next_heartbeat_in"):
+            self.interval = max(1.0, float(answer["next_heartbeat_in"]))
+        code = answer.get("code", "applied")
+        if answer.get("applied", True):
+            self.heartbeats_applied += 1
+        elif code in ("stale_incarnation", "stale_sequence"):
+            # The server has seen a later session of this identity (a restored state file): start
+            # a new incarnation rather than keep sending heartbeats it will ignore.
+            self.state.begin_incarnation()
+            self.state_file.save(self.state)
+            self._set_workload_env()
+            log.warning("heartbeat not applied (%s); now incarnation %s", code, self.state.incarnation)
+        instructions = answer.get("instructions") or {}
+        for lease_id in instructions.get("stop_leases") or []:
+            self.supervisor.stop(str(lease_id), "stop instruction")
+        for lease_id in instructions.get("checkpoint_leases") or []:
+            event = self.supervisor.checkpoint(str(lease_id))
+            if event:
+                self.outbox.append(event)
+        if instructions.get("run_benchmark"):
+            self.begin_benchmark(instructions["run_benchmark"])
+        if instructions.get("rotate_credential"):
+            self.rotate_requested = True
+        if "leases" in answer:
+            self.reconcile_leases(answer.get("leases") or [])
+
+    def reconcile_leases(self, assigned: list[dict]) -> None:
+        """Start assigned leases that carry a command; stop local work no longer assigned here."""
+        assigned_ids = {}
+        for lease in assigned:
+            lease_id = str(lease.get("lease_id", ""))
+            token = int(lease.get("fencing_token") or 0)
+            assigned_ids[lease_id] = token
+            local = self.supervisor.workloads.get(lease_id)
+            if local and token > local.fencing_token:
+                self.supervisor.stop(lease_id, f"superseded by fencing token {token}")
+                continue
+            command = lease.get("command")
+            if not command or local or lease_id in self.supervisor.finished:
+                continue
+            self.outbox.append(self.supervisor.start(lease_id, token, command))
+        for w in self.supervisor.running():
+            if w.lease_id not in assigned_ids:
+                self.supervisor.stop(w.lease_id, "lease no longer assigned to this node")
+
+    # -- benchmark -----------------------------------------------------------------------------
+    def begin_benchmark(self, request: dict) -> None:
+        nonce = str(request.get("nonce", ""))
+        if not nonce or nonce in self.benchmarks_started:
+            return
+        self.benchmarks_started.add(nonce)
+
+        def work():
+            try:
+                self.benchmark_results.put((nonce, self.run_benchmark()))
+            except Exception as exc:  # a failed measurement is reported, never invented
+                log.exception("benchmark %s failed", nonce)
+                self.benchmark_results.put((nonce, {"error": str(exc)}))
+
+        threading.Thread(target=work, name=f"benchmark-{nonce[:8]}", daemon=True).start()
+        log.info("benchmark %s started (deadline %s)", nonce, request.get("deadline"))
+
+    def post_benchmark(self) -> None:
+        if self.pending_benchmark is None:
+            try:
+                self.pending_benchmark = self.benchmark_results.get_nowait()
+            except queue.Empty:
+                return
+        nonce, result = self.pending_benchmark
+        if "error" in result:
+            self.pending_benchmark = None
+            return
+        try:
+            self.client.post_benchmark(self.state.node_id, nonce, result)
+            log.info("benchmark %s posted: %s mCPU, %s bytes", nonce, result["cpu_millicores"], result["memory_bytes"])
+        except ServerUnavailable:
+            return  # keep it; retried on the next tick
+        except ApiError as exc:
+            log.warning("benchmark %s refused: %s", nonce, exc)
+        self.pending_benchmark = None
+
+    # -- lease events --------------------------------------------------------------------------
+    def flush_events(self) -> None:
+        """Send queued lease events in order; stop work whose lease the server says is not ours."""
+        while self.outbox:
+            event = self.outbox[0]
+            body = {
+                "fencing_token": event.fencing_token,
+                "node_incarnation": self.state.incarnation,
+                "state": event.state,
+                "message": event.message[:500],
+            }
+            try:
+                self.client.lease_event(event.lease_id, body)
+            except ServerUnavailable:
+                return
+            except ApiError as exc:
+                # Only the answers that mean "not yours": another 409 (say, a transition the server
+                # does not take) must not kill work that is still this node's.
+                if exc.code in NOT_OURS or exc.status in (404, 410):
+                    self.supervisor.stop(event.lease_id, f"lease is not ours: {exc.code}")
+                log.warning("lease %s event %s refused: %s", event.lease_id, event.state, exc)
+            self.outbox.pop(0)
+
+    def tick(self) -> None:
+        """Between heartbeats: reap workloads, escalate stops, send events and benchmark results."""
+        self.outbox.extend(self.supervisor.poll())
+        self.flush_events()
+        self.post_benchmark()
+
+    # -- run and stop --------------------------------------------------------------------------
+    def run(self, stop: threading.Event, *, once: bool = False) -> int:
+        """Run until ``stop`` is set (SIGTERM/SIGINT) or the node is retired. Returns the exit code."""
+        try:
+            if not self.start_with_retries(stop):
+                return EXIT_OK
+            next_step = time.monotonic()
+            while not stop.is_set():
+                if time.monotonic() >= next_step:
+                    next_step = time.monotonic() + self.step()
+                    if once:
+                        self.tick()
+                        break
+                self.tick()
+                stop.wait(max(0.0, min(self.config.tick, next_step - time.monotonic())))
+            return EXIT_OK
+        except AgentExit as exc:
+            log.error("%s", exc)
+            return exc.code
+        finally:
+            self.shutdown()
+
+    def shutdown(self) -> None:
+        """Stop workloads (SIGTERM, SIGKILL after grace), report them, say not-ready, save state."""
+        if self.supervisor.workloads:
+            self.outbox.extend(self.supervisor.stop_all("agent shutting down"))
+        if self.state.enrolled:
+            self.flush_events()
+            try:
+                self.client.heartbeat(
+                    self.state.node_id, self.heartbeat_payload(ready=False, ready_reason="AgentShuttingDown")
+                )
+            except (ApiError, ServerUnavailable) as exc:
+                log.info("final heartbeat not delivered: %s", exc)
+            self.state_file.save(self.state)
+        self.state_file.unlock()
+        self.client.close()

@@ -1,0 +1,290 @@
+"""The fleet: many :class:`VirtualNode` sharing one ``httpx.AsyncClient`` and one event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from collections import Counter
+from collections.abc import Iterable
+
+import httpx
+from tqdm import tqdm
+
+from agent.client import USER_AGENT, api_base
+
+from .node import Unavailable, VirtualNode
+from .shapes import PoolSpec, generate
+
+DEFAULT_ZONES = ["zone-a", "zone-b", "zone-c"]
+
+
+class FleetSimulator:
+    """N virtual nodes against one control plane.
+
+    Args:
+        url: the control plane (``/api/v1`` appended if missing).
+        pools: where nodes enroll; each pool's bootstrap token decides the pool on the server.
+        seed: the same seed gives the same shapes, zones, pools, GPUs and jitter.
+        zones: zone labels to spread nodes over.
+        concurrency: enrollments in flight at once.
+        transport: an httpx transport (tests pass ``httpx.MockTransport``).
+        progress: show a tqdm bar while enrolling.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        pools: list[PoolSpec],
+        seed: int = 1,
+        zones: list[str] | None = None,
+        concurrency: int = 32,
+        transport: httpx.AsyncBaseTransport | None = None,
+        progress: bool = True,
+        timeout: float = 10.0,
+        max_connections: int = 100,
+        max_backoff: float = 60.0,
+        enroll_attempts: int = 5,
+    ):
+        self.url = api_base(url)
+        self.pools = pools
+        self.seed = seed
+        self.zones = zones or DEFAULT_ZONES
+        self.concurrency = concurrency
+        self.transport = transport
+        self.progress = progress
+        self.timeout = timeout
+        self.max_connections = max_connections
+        self.max_backoff = max_backoff
+        self.enroll_attempts = enroll_attempts
+        self.rng = random.Random(f"{seed}:faults")
+        self.nodes: dict[str, VirtualNode] = {}
+        self.client: httpx.AsyncClient | None = None
+        self._loops: dict[str, asyncio.Task] = {}
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def _client(self) -> httpx.AsyncClient:
+        if self.client is None:
+            self.client = httpx.AsyncClient(
+                base_url=self.url,
+                timeout=self.timeout,
+                transport=self.transport,
+                limits=httpx.Limits(max_connections=self.max_connections),
+                headers={"User-Agent": USER_AGENT + " (simulator)", "Accept": "application/json"},
+            )
+        return self.client
+
+    def add_nodes(self, count: int) -> list[VirtualNode]:
+        """Create ``count`` more virtual nodes (not enrolled yet) from the seed."""
+        specs = generate(count, seed=self.seed, pools=self.pools, zones=self.zones, start=len(self.nodes))
+        added = []
+        for spec in specs:
+            node = VirtualNode(spec, rng=random.Random(f"{self.seed}:{spec.name}"), max_backoff=self.max_backoff)
+            self.nodes[spec.name] = node
+            added.append(node)
+        return added
+
+    async def enroll(self, count: int | None = None, *, impossible: Iterable[str] = ()) -> list[str]:
+        """Enroll ``count`` new nodes (or every node not enrolled yet). Returns the enrolled names.
+
+        ``impossible`` names nodes (of those created by this call, by name or index) that declare
+        absurd capacity. Refused enrollments are kept with ``enroll_error`` set.
+        """
+        if count is not None:
+            self.add_nodes(count)
+        for name in impossible:
+            self.node(name).impossible = True
+        pending = [n for n in self.nodes.values() if not n.enrolled]
+        client = self._client()
+        semaphore = asyncio.Semaphore(self.concurrency)
+        bar = tqdm(total=len(pending), desc="enrolling", unit="node", disable=not self.progress, leave=True)
+
+        async def one(node: VirtualNode) -> None:
+            async with semaphore:
+                for attempt in range(self.enroll_attempts):
+                    try:
+                        await node.enroll(client)
+                        break
+                    except Unavailable as exc:
+                        node.enroll_error = str(exc)
+                        if attempt + 1 < self.enroll_attempts:
+                            await asyncio.sleep(node.backoff.next_delay())
+                node.backoff.reset()
+            bar.update(1)
+
+        try:
+            await asyncio.gather(*(one(n) for n in pending))
+        finally:
+            bar.close()
+        return [n.name for n in pending if n.enrolled]
+
+    async def start(self) -> None:
+        """Start the heartbeat loop of every enrolled node, staggered over one interval."""
+        client = self._client()
+        for node in self.nodes.values():
+            if node.enrolled and node.name not in self._loops:
+                self._loops[node.name] = asyncio.get_running_loop().create_task(self._run(node, client))
+
+    async def _run(self, node: VirtualNode, client: httpx.AsyncClient) -> None:
+        await asyncio.sleep(node.rng.uniform(0, node.interval))  # spread the fleet's first beats
+        while node.lifecycle != "retired":
+            delay = await node.beat(client)
+            await asyncio.sleep(delay)
+
+    async def beat_all(self) -> None:
+        """One heartbeat from every enrolled node now (the demo and tests step the fleet this way)."""
+        client = self._client()
+        await asyncio.gather(*(n.beat(client) for n in self.nodes.values() if n.enrolled))
+
+    async def stop(self) -> None:
+        """Stop every heartbeat loop and background task, and close the HTTP client."""
+        loops = list(self._loops.values())
+        for task in loops:
+            task.cancel()
+        await asyncio.gather(*loops, return_exceptions=True)
+        self._loops.clear()
+        for node in self.nodes.values():
+            await node.cancel_tasks()
+        if self.client is not None:
+            await self.client.aclose()
+            self.client = None
+
+    # -- faults (plain setters: safe to call between awaits) ----------------------------------
+    def node(self, name_or_index: str | int) -> VirtualNode:
+        if isinstance(name_or_index, int):
+            return list(self.nodes.values())[name_or_index]
+        try:
+            return self.nodes[name_or_index]
+        except KeyError:
+            raise KeyError(f"no simulated node named {name_or_index!r}") from None
+
+    def pick(self, count: int, *, exclude: Iterable[str] = (), enrolled: bool = True) -> list[str]:
+        """``count`` node names drawn from the seed (distinct, skipping ``exclude``)."""
+        skip = set(exclude)
+        names = sorted(n.name for n in self.nodes.values() if n.name not in skip and (n.enrolled or not enrolled))
+        return self.rng.sample(names, min(count, len(names)))
+
+    def partition(self, name: str) -> None:
+        """Silence: the node sends nothing until :meth:`heal`."""
+        self.node(name).partitioned = True
+
+    def heal(self, name: str) -> None:
+        self.node(name).partitioned = False
+
+    def restart(self, name: str) -> None:
+        """Restart the node's agent: incarnation + 1, sequence from 0, its running work lost."""
+        self.node(name).restart()
+
+    def skew_clock(self, name: str, seconds: float) -> None:
+        """The node's clock runs ``seconds`` ahead (negative: behind) in ``observed_at``."""
+        self.node(name).clock_skew = float(seconds)
+
+    def duplicate_heartbeats(self, name: str, count: int = 1) -> None:
+        """The next ``count`` heartbeats are each sent twice with the same sequence."""
+        self.node(name).duplicate_next += count
+
+    def reorder_heartbeats(self, name: str, count: int = 1) -> None:
+        """The next ``count`` pairs of heartbeats arrive out of order (n+1 before n)."""
+        self.node(name).reorder_next += count
+
+    def underperform(self, name: str, factor: float = 0.4) -> None:
+        """Benchmarks answer ``factor`` × the declared capacity: declared but not confirmed."""
+        self.node(name).benchmark_factor = float(factor)
+
+    # -- reading -------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        """Counts across the fleet: nodes, enrollment, lifecycles seen, verdicts, faults, leases."""
+        counters: Counter = Counter()
+        lifecycles: Counter = Counter()
+        for node in self.nodes.values():
+            counters.update(node.counters)
+            lifecycles[node.lifecycle or "unknown"] += 1
+        return {
+            "nodes": len(self.nodes),
+            "enrolled": sum(n.enrolled for n in self.nodes.values()),
+            "enroll_failed": sum(bool(n.enroll_error) and not n.enrolled for n in self.nodes.values()),
+            "running_leases": sum(len(n.leases) for n in self.nodes.values()),
+            "partitioned": sorted(n.name for n in self.nodes.values() if n.partitioned),
+            "lifecycles": dict(lifecycles),
+            "counters": dict(sorted(counters.items())),
+        }
+
+
+class FleetThread:
+    """Drive a :class:`FleetSimulator` from synchronous code (a Django management command).
+
+    The simulator's event loop runs in a daemon thread; every method blocks until the loop
+    has done it. Use as a context manager, or call :meth:`open` and :meth:`close`.
+    """
+
+    def __init__(self, sim: FleetSimulator):
+        self.sim = sim
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="fleet-simulator", daemon=True)
+
+    def open(self) -> FleetThread:
+        self.thread.start()
+        return self
+
+    def __enter__(self) -> FleetThread:
+        return self.open()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _run(self, coro, timeout: float | None = None):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def _call(self, fn, *args):
+        async def call():
+            return fn(*args)
+
+        return self._run(call())
+
+    def enroll(self, count: int | None = None, *, impossible: Iterable[str] = ()) -> list[str]:
+        return self._run(self.sim.enroll(count, impossible=list(impossible)))
+
+    def add_nodes(self, count: int) -> list[str]:
+        return [n.name for n in self._call(self.sim.add_nodes, count)]
+
+    def start(self) -> None:
+        self._run(self.sim.start())
+
+    def beat_all(self) -> None:
+        self._run(self.sim.beat_all())
+
+    def partition(self, name: str) -> None:
+        self._call(self.sim.partition, name)
+
+    def heal(self, name: str) -> None:
+        self._call(self.sim.heal, name)
+
+    def restart(self, name: str) -> None:
+        self._call(self.sim.restart, name)
+
+    def skew_clock(self, name: str, seconds: float) -> None:
+        self._call(self.sim.skew_clock, name, seconds)
+
+    def duplicate_heartbeats(self, name: str, count: int = 1) -> None:
+        self._call(self.sim.duplicate_heartbeats, name, count)
+
+    def reorder_heartbeats(self, name: str, count: int = 1) -> None:
+        self._call(self.sim.reorder_heartbeats, name, count)
+
+    def underperform(self, name: str, factor: float = 0.4) -> None:
+        self._call(self.sim.underperform, name, factor)
+
+    def node(self, name: str) -> dict:
+        return self._call(lambda: self.sim.node(name).summary())
+
+    def stats(self) -> dict:
+        return self._call(self.sim.stats)
+
+    def close(self) -> None:
+        """Stop the fleet and the loop thread."""
+        if self.thread.is_alive():
+            self._run(self.sim.stop(), timeout=30)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(10)
+        self.loop.close()

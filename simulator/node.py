@@ -1,0 +1,385 @@
+"""One virtual node: enrollment, heartbeats, instructions and its faults, over a shared AsyncClient.
+
+Faults are plain attributes that the fleet (or a test) sets at any time; the heartbeat loop
+reads them at each beat:
+
+* ``partitioned`` — silence: no request leaves the node (its leases are not reported);
+* ``restart()`` — a new incarnation, sequence back to 0, running work gone;
+* ``clock_skew`` — seconds added to ``observed_at``;
+* ``duplicate_next`` — the next N heartbeats are sent twice with the same sequence;
+* ``reorder_next`` — the next N pairs of heartbeats are sent later one first;
+* ``impossible`` — declared at enrollment: absurd capacity;
+* ``benchmark_factor`` — benchmarks answer declared × factor (< 1: declared but not confirmed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import httpx
+
+from agent import __version__
+from agent.backoff import Backoff, jittered
+
+from .shapes import NodeSpec
+
+log = logging.getLogger("simulator")
+# Lease event refusals that mean "this lease is not yours any more" (docs/api-contract.md).
+NOT_OURS = {"stale_fencing_token", "lease_superseded", "stale_incarnation", "lease_ended", "not_found"}
+
+
+def rfc3339(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+
+
+def parse_time(value) -> float | None:
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp() if value else None
+    except ValueError:
+        return None
+
+
+@dataclass
+class VirtualLease:
+    lease_id: str
+    fencing_token: int
+    command: list
+    ends_at: float | None  # loop time when a ``sleep N`` command completes; None runs until stopped
+
+
+class Unavailable(Exception):
+    pass
+
+
+class VirtualNode:
+    """A simulated machine. ``spec`` is what it declares; the rest is its session and faults."""
+
+    def __init__(self, spec: NodeSpec, *, rng: random.Random | None = None, max_backoff: float = 60.0):
+        self.spec = spec
+        self.name = spec.name
+        self.rng = rng or random.Random(spec.name)
+        self.node_id = ""
+        self.credential = ""
+        self.credential_issued_at: float | None = None
+        self.credential_expires_at: float | None = None
+        self.incarnation = 0
+        self.sequence = 0
+        self.interval = 10.0
+        self.clock_offset = 0.0
+        self.rotate_requested = False
+        self.backoff = Backoff(base=1.0, cap=max_backoff, rng=self.rng)
+        # Faults.
+        self.partitioned = False
+        self.clock_skew = 0.0
+        self.duplicate_next = 0
+        self.reorder_next = 0
+        self.impossible = False
+        self.benchmark_factor = 1.0
+        # What the control plane said and what the node did.
+        self.lifecycle = ""
+        self.liveness = ""
+        self.leases: dict[str, VirtualLease] = {}
+        self.finished: set[str] = set()
+        self.benchmarks: dict[str, dict] = {}
+        self.counters: Counter = Counter()
+        self.enroll_error = ""
+        self._tasks: set[asyncio.Task] = set()
+
+    @property
+    def enrolled(self) -> bool:
+        return bool(self.node_id)
+
+    # -- HTTP ----------------------------------------------------------------------------------
+    async def _post(self, client: httpx.AsyncClient, path: str, body: dict, *, auth: bool = True) -> httpx.Response:
+        headers = {"Authorization": f"Node {self.credential}"} if auth else {}
+        try:
+            response = await client.post(path, json=body, headers=headers)
+        except httpx.HTTPError as exc:
+            self.counters["transport_error"] += 1
+            raise Unavailable(str(exc)) from exc
+        if response.status_code == 429 or response.status_code >= 500:
+            self.counters[f"http_{response.status_code}"] += 1
+            raise Unavailable(f"HTTP {response.status_code}")
+        return response
+
+    async def enroll(self, client: httpx.AsyncClient) -> bool:
+        """``POST /node-enrollments``. True on success; ``enroll_error`` says why not (4xx).
+
+        Raises:
+            Unavailable: the server did not answer (the fleet retries).
+        """
+        body = {
+            "bootstrap_token": self.spec.bootstrap_token,
+            "hostname": self.spec.name,
+            "display_name": "",
+            "addresses": [self.spec.address],
+            "agent_version": __version__,
+            "labels": self.spec.labels,
+            "capability": self.spec.capability(impossible=self.impossible),
+        }
+        response = await self._post(client, "/node-enrollments", body, auth=False)
+        if response.status_code != 201:
+            self.enroll_error = f"{response.status_code} {_code(response)}"
+            self.counters["enroll_refused"] += 1
+            return False
+        answer = response.json()
+        self.node_id = str(answer["node_id"])
+        self.credential = answer["credential"]
+        self.credential_issued_at = time.time()
+        self.credential_expires_at = parse_time(answer.get("credential_expires_at"))
+        self.incarnation = int(answer.get("incarnation", 1))
+        self.sequence = 0
+        self.interval = float(answer.get("heartbeat_interval") or self.interval)
+        self.lifecycle = answer.get("lifecycle", "")
+        self.enroll_error = ""
+        return True
+
+    # -- faults --------------------------------------------------------------------------------
+    def restart(self) -> None:
+        """The agent restarted: a new incarnation, sequence from 0, its running work died with it."""
+        self.incarnation += 1
+        self.sequence = 0
+        self.leases.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        self.counters["restarts"] += 1
+
+    # -- heartbeats ----------------------------------------------------------------------------
+    def heartbeat_body(self) -> dict:
+        self.sequence += 1
+        ready = not any(c["status"] == "True" for c in self._conditions() if c["type"] != "Ready")
+        return {
+            "incarnation": self.incarnation,
+            "sequence": self.sequence,
+            "observed_at": rfc3339(time.time() + self.clock_skew),
+            "agent_version": __version__,
+            "ready": ready,
+            "ready_reason": "",
+            "conditions": self._conditions(),
+            "usage": {"cpu": int(self.spec.cpu * 1000 * 0.1 * len(self.leases)), "memory": self.spec.memory // 8},
+            "leases": [
+                {"lease_id": lease.lease_id, "fencing_token": lease.fencing_token, "state": "running"}
+                for lease in self.leases.values()
+            ],
+            "benchmark": None,
+        }
+
+    def _conditions(self) -> list[dict]:
+        ok = {"status": "False", "reason": "", "message": "simulated"}
+        return [
+            {"type": "Ready", "status": "True", "reason": "AgentReady", "message": "simulated"},
+            {"type": "MemoryPressure", **ok},
+            {"type": "DiskPressure", **ok},
+            {"type": "PIDPressure", **ok},
+        ]
+
+    async def beat(self, client: httpx.AsyncClient) -> float:
+        """Send one heartbeat (or two, for duplicate/reorder faults) and act on the answers.
+
+        Returns seconds until the next beat (the server's interval with jitter, or a backoff).
+        """
+        if self.partitioned:
+            self.counters["silenced"] += 1
+            return jittered(self.interval, rng=self.rng)
+        try:
+            if self._rotation_due():
+                await self.rotate(client)
+            bodies = [self.heartbeat_body()]
+            if self.reorder_next > 0:
+                self.reorder_next -= 1
+                bodies = [self.heartbeat_body(), bodies[0]]  # sequence n+1 first, then n
+                self.counters["reordered"] += 1
+            elif self.duplicate_next > 0:
+                self.duplicate_next -= 1
+                bodies.append(dict(bodies[0]))
+                self.counters["duplicated"] += 1
+            for body in bodies:
+                response = await self._post(client, f"/nodes/{self.node_id}/heartbeats", body)
+                await self._handle(client, response)
+        except Unavailable:
+            return self.backoff.next_delay()
+        self.backoff.reset()
+        return jittered(self.interval, rng=self.rng)
+
+    async def _handle(self, client: httpx.AsyncClient, response: httpx.Response) -> None:
+        if response.status_code != 200:
+            code = _code(response)
+            self.counters[f"refused_{code}"] += 1
+            if code == "node_retired":
+                self.lifecycle = "retired"
+            raise Unavailable(code)  # back off: a refused node must not hammer the server
+        answer = response.json()
+        self.counters[f"verdict_{answer.get('code', 'applied')}"] += 1
+        server_time = parse_time(answer.get("server_time"))
+        if server_time is not None:
+            self.clock_offset = server_time - time.time()
+        if answer.get("next_heartbeat_in"):
+            self.interval = max(0.01, float(answer["next_heartbeat_in"]))
+        self.lifecycle = answer.get("lifecycle", self.lifecycle)
+        self.liveness = answer.get("liveness", self.liveness)
+        if not answer.get("applied", True):
+            return
+        instructions = answer.get("instructions") or {}
+        for lease_id in instructions.get("stop_leases") or []:
+            await self._end_lease(client, str(lease_id), "failed", "stopped on instruction")
+        for lease_id in instructions.get("checkpoint_leases") or []:
+            lease = self.leases.get(str(lease_id))
+            if lease:
+                await self._event(client, lease, "checkpointed", "simulated checkpoint")
+        if instructions.get("run_benchmark"):
+            self._spawn(self._benchmark(client, instructions["run_benchmark"]))
+        if instructions.get("rotate_credential"):
+            self.rotate_requested = True
+        if "leases" in answer:
+            await self._reconcile(client, answer.get("leases") or [])
+
+    # -- leases --------------------------------------------------------------------------------
+    async def _reconcile(self, client: httpx.AsyncClient, assigned: list[dict]) -> None:
+        loop = asyncio.get_running_loop()
+        ids = {str(entry.get("lease_id")) for entry in assigned}
+        for lease_id in list(self.leases):
+            if lease_id not in ids:
+                self.leases.pop(lease_id)  # not ours any more: stop, nothing to report
+                self.counters["leases_dropped"] += 1
+        for entry in assigned:
+            lease_id = str(entry.get("lease_id"))
+            command = entry.get("command")
+            if not command or lease_id in self.leases or lease_id in self.finished:
+                continue
+            seconds = _sleep_seconds(command)
+            lease = VirtualLease(
+                lease_id,
+                int(entry.get("fencing_token") or 0),
+                list(command),
+                loop.time() + seconds if seconds is not None else None,
+            )
+            self.leases[lease_id] = lease
+            await self._event(client, lease, "running", "simulated")
+            if lease.ends_at is not None:
+                self._spawn(self._finish_later(client, lease))
+
+    async def _finish_later(self, client: httpx.AsyncClient, lease: VirtualLease) -> None:
+        await asyncio.sleep(max(0.0, lease.ends_at - asyncio.get_running_loop().time()))
+        if self.leases.get(lease.lease_id) is lease and not self.partitioned:
+            await self._end_lease(client, lease.lease_id, "succeeded", "exit 0")
+
+    async def _end_lease(self, client: httpx.AsyncClient, lease_id: str, state: str, message: str) -> None:
+        lease = self.leases.pop(lease_id, None)
+        if lease is None:
+            return
+        self.finished.add(lease_id)
+        await self._event(client, lease, state, message)
+
+    async def _event(self, client: httpx.AsyncClient, lease: VirtualLease, state: str, message: str) -> None:
+        body = {
+            "fencing_token": lease.fencing_token,
+            "node_incarnation": self.incarnation,
+            "state": state,
+            "message": message,
+        }
+        try:
+            response = await self._post(client, f"/node-leases/{lease.lease_id}/events", body)
+        except Unavailable:
+            return
+        self.counters[f"lease_{state}_{response.status_code}"] += 1
+        if response.status_code in (404, 410) or (response.status_code == 409 and _code(response) in NOT_OURS):
+            self.leases.pop(lease.lease_id, None)
+
+    # -- benchmark and credential --------------------------------------------------------------
+    async def _benchmark(self, client: httpx.AsyncClient, request: dict) -> None:
+        nonce = str(request.get("nonce", ""))
+        if not nonce or nonce in self.benchmarks:
+            return
+        duration = self.rng.uniform(0.2, 1.0)
+        noise = self.rng.uniform(0.95, 1.0)
+        result = {
+            "cpu_millicores": int(self.spec.cpu * 1000 * noise * self.benchmark_factor),
+            "memory_bytes": int(self.spec.memory * noise * self.benchmark_factor),
+            "duration_seconds": round(duration, 3),
+            "details": {"simulated": True, "factor": self.benchmark_factor},
+        }
+        self.benchmarks[nonce] = result
+        await asyncio.sleep(duration)
+        try:
+            response = await self._post(client, f"/nodes/{self.node_id}/benchmarks/{nonce}", result)
+            self.counters[f"benchmark_{response.status_code}"] += 1
+        except Unavailable:
+            self.counters["benchmark_undelivered"] += 1
+
+    def _rotation_due(self) -> bool:
+        if self.rotate_requested:
+            return True
+        issued, expires = self.credential_issued_at, self.credential_expires_at
+        if issued is None or expires is None or expires <= issued:
+            return False
+        return time.time() + self.clock_offset >= issued + (expires - issued) * 2 / 3
+
+    async def rotate(self, client: httpx.AsyncClient) -> None:
+        response = await self._post(client, f"/nodes/{self.node_id}/credentials/rotate", {})
+        if response.status_code == 201:
+            answer = response.json()
+            self.credential = answer["credential"]
+            self.credential_issued_at = time.time() + self.clock_offset
+            self.credential_expires_at = parse_time(answer.get("expires_at"))
+            self.counters["rotations"] += 1
+        else:
+            self.counters[f"rotation_{response.status_code}"] += 1
+        self.rotate_requested = False
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def cancel_tasks(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def summary(self) -> dict:
+        return {
+            "name": self.name,
+            "node_id": self.node_id,
+            "pool": self.spec.pool,
+            "zone": self.spec.zone,
+            "shape": self.spec.shape,
+            "incarnation": self.incarnation,
+            "sequence": self.sequence,
+            "lifecycle": self.lifecycle,
+            "liveness": self.liveness,
+            "leases": sorted(self.leases),
+            "faults": {
+                k: v
+                for k, v in {
+                    "partitioned": self.partitioned,
+                    "clock_skew": self.clock_skew,
+                    "impossible": self.impossible,
+                    "benchmark_factor": self.benchmark_factor if self.benchmark_factor != 1.0 else None,
+                }.items()
+                if v
+            },
+        }
+
+
+def _code(response: httpx.Response) -> str:
+    try:
+        return str(response.json().get("code") or f"http_{response.status_code}")
+    except ValueError:
+        return f"http_{response.status_code}"
+
+
+def _sleep_seconds(command: list) -> float | None:
+    """A ``["sleep", "N"]`` command completes after N seconds; anything else runs until stopped."""
+    if len(command) == 2 and str(command[0]).rsplit("/", 1)[-1] == "sleep":
+        try:
+            return max(0.0, float(command[1]))
+        except ValueError:
+            return None
+    return None
