@@ -63,15 +63,17 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "nodepool.api.middleware.RequestIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    # Before anything that may read the body (CSRF reads POST forms).
+    "nodepool.api.middleware.BodyLimitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "nodepool.api.middleware.RequestIdMiddleware",
 ]
 
 ROOT_URLCONF = "nodepool.urls"
@@ -143,6 +145,7 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": [
         "nodepool.api.renderers.ProblemAwareJSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",
+        "nodepool.api.renderers.ProblemJSONRenderer",
     ],
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_PAGINATION_CLASS": "nodepool.api.pagination.Pagination",
