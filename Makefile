@@ -32,7 +32,7 @@ migrate: venv
 
 run: migrate  ## web + one Celery worker + beat on the configured (default: embedded) backends
 	$(PY) manage.py collectstatic --noinput -v0
-	$(VENV)/bin/honcho -f Procfile start
+	$(PY) -m nodepool.procfile -f Procfile start
 
 demo: migrate  ## the main job: the whole control plane with this machine and a simulated fleet
 	$(PY) manage.py demo $(ARGS)

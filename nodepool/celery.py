@@ -19,6 +19,8 @@ from typing import Any
 
 from celery import Celery
 
+from . import broker  # noqa: F401  (registers the embedded broker's transport)
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "nodepool.settings")
 
 app = Celery("nodepool")

@@ -192,7 +192,8 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_BROKER_TRANSPORT_OPTIONS = {"polling_interval": 0.2} if CELERY_BROKER_URL.startswith("sqla") else {}
+# The embedded broker's transport (nodepool.broker) polls every 0.1 s unless told otherwise here.
+CELERY_BROKER_TRANSPORT_OPTIONS = env.json("CELERY_BROKER_TRANSPORT_OPTIONS", default={})
 CELERY_BEAT_SCHEDULER = "nodepool.beat:DatabaseScheduler"
 CELERY_TIMEZONE = "UTC"
 CELERY_TASK_TIME_LIMIT = 300
