@@ -13,7 +13,9 @@ Variables (all optional; with none set, nodepool runs on the embedded default):
 
 from __future__ import annotations
 
+import os
 import secrets
+import tempfile
 from pathlib import Path
 
 import environ
@@ -29,13 +31,25 @@ env = environ.Env(
 
 
 def _secret_key() -> str:
-    """The SECRET_KEY from the environment, or one generated once into var/secret_key (0600)."""
+    """The SECRET_KEY from the environment, or one generated once into var/secret_key (0600).
+
+    Several processes start at once (gunicorn workers, Celery worker and beat), so the key file
+    is published atomically: written to a private temporary file, then hard-linked into place,
+    which fails if another process got there first. Every process then reads the one winner.
+    """
     if env.str("SECRET_KEY", default=""):
         return env.str("SECRET_KEY")
     path = VAR_DIR / "secret_key"
     if not path.exists():
-        path.touch(mode=0o600)
-        path.write_text(secrets.token_urlsafe(50))
+        fd, tmp = tempfile.mkstemp(dir=VAR_DIR, prefix=".secret_key.")  # created 0600
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_urlsafe(50))
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
     return path.read_text().strip()
 
 
