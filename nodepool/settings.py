@@ -159,8 +159,8 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": [
         "nodepool.api.renderers.ProblemAwareJSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",
-        "nodepool.api.renderers.ProblemJSONRenderer",
     ],
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "nodepool.api.negotiation.ProblemAwareNegotiation",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_PAGINATION_CLASS": "nodepool.api.pagination.Pagination",
     "PAGE_SIZE": 50,

@@ -197,6 +197,11 @@ def test_a_client_asking_for_problem_json_gets_it(anon_api):
     assert_problem(response, 400, "validation_error")
 
 
+def test_an_accept_header_nothing_can_satisfy_is_406(anon_api):
+    response = post_json(anon_api, "/plumbing/echo", {"name": "ok", "count": 1}, HTTP_ACCEPT="application/xml")
+    assert_problem(response, 406, "not_acceptable")
+
+
 def test_errors_carry_the_request_id(anon_api):
     response = post_json(anon_api, "/plumbing/echo", b"{", HTTP_X_REQUEST_ID="req-123")
     body = assert_problem(response, 400, "malformed_body")

@@ -6,9 +6,3 @@ class ProblemAwareJSONRenderer(JSONRenderer):
     content type (see :mod:`nodepool.api.problems`)."""
 
     media_type = "application/json"
-
-
-class ProblemJSONRenderer(JSONRenderer):
-    """Lets a client that accepts only ``application/problem+json`` still be answered (errors)."""
-
-    media_type = "application/problem+json"
