@@ -3,6 +3,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements.txt requirements-dev.txt | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
+# Two pytest-xdist workers (this kind of machine has 2 cores): each gets its own test database
+# (test_<name>_gw0 on PostgreSQL, var/test-nodepool.sqlite3_gw0 on SQLite). XDIST= runs serially.
+XDIST ?= -n 2
 ARGS ?=
 
 .PHONY: venv test lint format migrate run demo superuser clean
@@ -17,7 +20,8 @@ $(STAMP): requirements.txt requirements-dev.txt
 venv: $(STAMP)
 
 test: venv  ## run the test suite (SQLite + embedded broker, or DATABASE_URL / CELERY_BROKER_URL)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	@# Exit status 5 means "no tests collected" (e.g. a -k that matches nothing): not a failure.
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS) || test $$? -eq 5
 
 lint: venv
 	$(VENV)/bin/ruff check .
@@ -32,7 +36,7 @@ migrate: venv
 
 run: migrate  ## web + one Celery worker + beat on the configured (default: embedded) backends
 	$(PY) manage.py collectstatic --noinput -v0
-	$(VENV)/bin/honcho -f Procfile start
+	$(PY) -m nodepool.procfile -f Procfile start
 
 demo: migrate  ## the main job: the whole control plane with this machine and a simulated fleet
 	$(PY) manage.py demo $(ARGS)

@@ -7,6 +7,7 @@ class NodepoolConfig(AppConfig):
     verbose_name = "nodepool"
 
     def ready(self):
+        from .api import schema  # noqa: F401  (registers the OpenAPI authentication extensions)
         from .roles import ensure_roles
 
         post_migrate.connect(ensure_roles, dispatch_uid="nodepool.ensure_roles")

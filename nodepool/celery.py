@@ -1,14 +1,73 @@
-"""The Celery application. Configuration comes from Django settings (``CELERY_*``)."""
+"""The Celery application. Configuration comes from Django settings (``CELERY_*``).
 
+Periodic jobs are declared next to the code they run, as ``BEAT_SCHEDULE`` dicts in
+``fleet/schedule.py``, ``leases/schedule.py`` and ``maintenance/schedule.py``::
+
+    BEAT_SCHEDULE = {"fleet.sweep-liveness": {"task": "fleet.sweep_liveness", "schedule": 5.0,
+                                              "options": {"expires": 4.0}}}
+
+They are merged into ``app.conf.beat_schedule`` when the app is finalized (worker and beat both
+finalize before they start); beat's scheduler (:mod:`nodepool.beat`) then stores them in the
+database, where operators can edit them in the admin.
+"""
+
+from __future__ import annotations
+
+import importlib
 import os
+from typing import Any
 
 from celery import Celery
+
+from . import broker  # noqa: F401  (registers the embedded broker's transport)
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "nodepool.settings")
 
 app = Celery("nodepool")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+
+SCHEDULE_MODULES = ("fleet.schedule", "leases.schedule", "maintenance.schedule")
+
+
+def collect_beat_schedule(modules: tuple[str, ...] = SCHEDULE_MODULES) -> dict[str, dict[str, Any]]:
+    """Merge the ``BEAT_SCHEDULE`` dicts of ``modules`` (each optional) into one schedule.
+
+    ``options["expires"]`` given in seconds is also copied to ``options["expire_seconds"]``:
+    django-celery-beat stores only ``expire_seconds`` and would silently drop ``expires``, and
+    an entry without expiry piles up duplicate runs behind a stalled worker.
+
+    Raises:
+        ValueError: two modules declare the same entry name.
+    """
+    merged: dict[str, dict[str, Any]] = {}
+    for module_name in modules:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            # Only the schedule module itself may be missing; a broken import inside it must fail loudly.
+            if exc.name is None or not (module_name == exc.name or module_name.startswith(exc.name + ".")):
+                raise
+            continue
+        for name, entry in getattr(module, "BEAT_SCHEDULE", {}).items():
+            if name in merged:
+                raise ValueError(f"beat entry {name!r} is declared twice (again in {module_name})")
+            entry = dict(entry)
+            options = dict(entry.get("options") or {})
+            expires = options.get("expires")
+            if isinstance(expires, int | float) and not isinstance(expires, bool):
+                options.setdefault("expire_seconds", int(expires))
+            entry["options"] = options
+            merged[name] = entry
+    return merged
+
+
+@app.on_after_finalize.connect
+def _install_beat_schedule(sender: Celery, **kwargs) -> None:
+    # After finalize, Django is set up (so schedule modules may import app code), and both
+    # `celery worker` and `celery beat` finalize before they start. Entries set in settings
+    # (CELERY_BEAT_SCHEDULE) win over the modules' defaults.
+    sender.conf.beat_schedule = {**collect_beat_schedule(), **(sender.conf.beat_schedule or {})}
 
 
 @app.task(name="nodepool.ping")

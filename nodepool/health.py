@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from celery import current_app
 from django.conf import settings
 from django.db import connection
 from django.http import JsonResponse
@@ -27,11 +28,17 @@ def _check_database() -> str | None:
 
 
 def _check_broker() -> str | None:
+    """Connect to the broker and declare the default queue (idempotent, and cheap on Redis).
+
+    Connecting alone proves nothing for the embedded broker (kombu's virtual transports connect
+    lazily); declaring the queue makes it open the SQLite file, or ask Redis for the queue length.
+    """
     try:
         with Connection(
             settings.CELERY_BROKER_URL, connect_timeout=2, transport_options=settings.CELERY_BROKER_TRANSPORT_OPTIONS
         ) as conn:
-            conn.ensure_connection(max_retries=1, timeout=2)
+            conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=2)
+            conn.default_channel.queue_declare(queue=current_app.conf.task_default_queue, passive=False)
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     return None

@@ -13,7 +13,9 @@ Variables (all optional; with none set, nodepool runs on the embedded default):
 
 from __future__ import annotations
 
+import os
 import secrets
+import tempfile
 from pathlib import Path
 
 import environ
@@ -29,13 +31,25 @@ env = environ.Env(
 
 
 def _secret_key() -> str:
-    """The SECRET_KEY from the environment, or one generated once into var/secret_key (0600)."""
+    """The SECRET_KEY from the environment, or one generated once into var/secret_key (0600).
+
+    Several processes start at once (gunicorn workers, Celery worker and beat), so the key file
+    is published atomically: written to a private temporary file, then hard-linked into place,
+    which fails if another process got there first. Every process then reads the one winner.
+    """
     if env.str("SECRET_KEY", default=""):
         return env.str("SECRET_KEY")
     path = VAR_DIR / "secret_key"
     if not path.exists():
-        path.touch(mode=0o600)
-        path.write_text(secrets.token_urlsafe(50))
+        fd, tmp = tempfile.mkstemp(dir=VAR_DIR, prefix=".secret_key.")  # created 0600
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_urlsafe(50))
+            os.link(tmp, path)
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
     return path.read_text().strip()
 
 
@@ -63,15 +77,17 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "nodepool.api.middleware.RequestIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    # Before anything that may read the body (CSRF reads POST forms).
+    "nodepool.api.middleware.BodyLimitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "nodepool.api.middleware.RequestIdMiddleware",
 ]
 
 ROOT_URLCONF = "nodepool.urls"
@@ -144,6 +160,7 @@ REST_FRAMEWORK = {
         "nodepool.api.renderers.ProblemAwareJSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",
     ],
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "nodepool.api.negotiation.ProblemAwareNegotiation",
     "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
     "DEFAULT_PAGINATION_CLASS": "nodepool.api.pagination.Pagination",
     "PAGE_SIZE": 50,
@@ -189,8 +206,9 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-CELERY_BROKER_TRANSPORT_OPTIONS = {"polling_interval": 0.2} if CELERY_BROKER_URL.startswith("sqla") else {}
-CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+# The embedded broker's transport (nodepool.broker) polls every 0.1 s unless told otherwise here.
+CELERY_BROKER_TRANSPORT_OPTIONS = env.json("CELERY_BROKER_TRANSPORT_OPTIONS", default={})
+CELERY_BEAT_SCHEDULER = "nodepool.beat:DatabaseScheduler"
 CELERY_TIMEZONE = "UTC"
 CELERY_TASK_TIME_LIMIT = 300
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
+from django.db import DataError, IntegrityError
 from django.http import Http404, JsonResponse
 from django_fsm import ConcurrentTransition, TransitionNotAllowed
 from rest_framework import exceptions, status
@@ -146,7 +147,8 @@ def _flatten_validation(detail: Any, prefix: str = "") -> list[dict[str, str]]:
     out: list[dict[str, str]] = []
     if isinstance(detail, dict):
         for key, value in detail.items():
-            name = f"{prefix}.{key}" if prefix else str(key)
+            # ListField errors are keyed by index; spell them like list items (items[1].tags[0]).
+            name = f"{prefix}[{key}]" if isinstance(key, int) else f"{prefix}.{key}" if prefix else str(key)
             if key == "non_field_errors" and not prefix:
                 name = ""
             out.extend(_flatten_validation(value, name))
@@ -182,6 +184,16 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
         exc = Problem(str(exc) or "Suspicious request.", "suspicious_request")
     elif isinstance(exc, RecursionError):
         exc = Unprocessable("The JSON document is nested too deeply.", "json_too_deep")
+    elif isinstance(exc, DataError | OverflowError):
+        # A number or string the serializer let through but the column cannot hold (PostgreSQL
+        # DataError, SQLite OverflowError). The transaction was rolled back; nothing changed.
+        logger.warning("value out of range for storage: %s", exc)
+        exc = Problem("A value in the request is out of range for this field.", "value_out_of_range")
+    elif isinstance(exc, IntegrityError):
+        # A uniqueness or check constraint caught what validation did not (often a race between
+        # two creates). The change was rolled back; the client may read and retry.
+        logger.warning("integrity error turned into 409: %s", exc)
+        exc = Conflict("The request conflicts with stored data (a uniqueness or consistency rule).", "integrity_error")
 
     if not isinstance(exc, exceptions.APIException):
         return None

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import re
 
-from .problems import PreconditionFailed, PreconditionRequired, Problem
+from django.db import router, transaction
+from django.db.transaction import TransactionManagementError
 
-_ETAG = re.compile(r'^\s*(?:W/)?"?(\d{1,18})"?\s*$')
+from .problems import NotFound, PreconditionFailed, PreconditionRequired, Problem
+
+# A strong or weak ETag ("3", W/"3"); a bare 3 is tolerated for hand-written curl commands.
+_ETAG = re.compile(r'^\s*(?:W/)?(?:"(\d{1,18})"|(\d{1,18}))\s*$')
 
 
 def etag_for(version: int) -> str:
@@ -35,7 +39,7 @@ def expected_version(request) -> int:
         match = _ETAG.match(header)
         if not match:
             raise Problem(f"If-Match must be an ETag such as '\"3\"', not {header!r}.", "invalid_version")
-        return int(match.group(1))
+        return int(match.group(1) or match.group(2))
     data = request.data if isinstance(getattr(request, "data", None), dict) else {}
     value = data.get("expected_version")
     if value is None:
@@ -63,3 +67,31 @@ class ETagMixin:
         if 200 <= response.status_code < 300 and isinstance(data, dict) and isinstance(data.get("version"), int):
             response["ETag"] = etag_for(data["version"])
         return response
+
+
+def lock_for_action(queryset, *, expected: int, **lookup):
+    """Lock the one row of ``queryset`` matching ``lookup`` and check its version.
+
+    Call inside ``transaction.atomic()``: on PostgreSQL the row stays locked (``SELECT ... FOR
+    UPDATE``) until the transaction ends, and on SQLite the IMMEDIATE transaction already holds
+    the database write lock, so of two requests acting on the same version exactly one passes.
+    The caller then changes the object, increments ``version`` and saves.
+
+    Args:
+        queryset: a queryset or manager of a model with an integer ``version`` field.
+        expected: the version the client read (from :func:`expected_version`).
+        **lookup: filter that identifies the row, e.g. ``pk=...``.
+
+    Raises:
+        NotFound: no such row (404, ``not_found``).
+        PreconditionFailed: the row is at another version (412, ``version_mismatch``).
+        TransactionManagementError: called outside a transaction.
+    """
+    queryset = queryset.all()
+    if not transaction.get_connection(router.db_for_write(queryset.model)).in_atomic_block:
+        raise TransactionManagementError("lock_for_action() must run inside transaction.atomic()")
+    obj = queryset.select_for_update().filter(**lookup).first()
+    if obj is None:
+        raise NotFound(f"No {queryset.model._meta.verbose_name} matches the given query.")
+    check_version(obj.version, expected)
+    return obj

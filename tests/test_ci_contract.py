@@ -1,0 +1,50 @@
+"""The README's test command and CI: ``make test`` fails on any failure, never on "no tests collected"."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from tests.processes import ROOT
+
+pytestmark = pytest.mark.slow
+
+
+def make_test(tmp_path, body: str) -> int:
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    (tmp_path / "test_sample.py").write_text(body)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    args = f"-p no:django -p no:cacheprovider -c {tmp_path / 'pytest.ini'} --rootdir {tmp_path} {tmp_path}"
+    result = subprocess.run(
+        ["make", "-s", "-o", "venv", "test", "XDIST=", f"PYTEST_ARGS={args}"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    return result.returncode
+
+
+@pytest.mark.parametrize(
+    ("body", "passes"),
+    [
+        ("def test_ok():\n    assert True\n", True),
+        ("def test_broken():\n    assert False\n", False),
+        ("import no_such_module_xyz\n", False),
+        ("# no tests here\n", True),
+    ],
+    ids=["passing", "failing", "collection-error", "no-tests-collected"],
+)
+def test_make_test_exit_status(tmp_path, body, passes):
+    assert (make_test(tmp_path, body) == 0) is passes
+
+
+def test_ci_script_is_strict_bash_and_runs_both_stacks():
+    script = (ROOT / ".ci" / "run").read_text()
+    assert subprocess.run(["bash", "-n", str(ROOT / ".ci" / "run")]).returncode == 0
+    assert "set -euo pipefail" in script
+    for needed in ("ruff check", "ruff format --check", "pg_isready", "redis-cli", "make test"):
+        assert needed in script
+    assert script.index('DATABASE_URL="$PG_URL"') < script.index("env -u DATABASE_URL -u CELERY_BROKER_URL -u")

@@ -1,0 +1,97 @@
+"""docker-compose.yml and the Dockerfile describe the production shape and stay consistent.
+
+``docker compose config`` validates the file where the compose plugin exists; this machine has
+no container engine, so the structure is also checked here by parsing the YAML.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from tests.processes import ROOT
+
+COMPOSE = ROOT / "docker-compose.yml"
+SERVICES = {"postgres", "redis", "migrate", "web", "worker", "beat"}
+APP_SERVICES = {"migrate", "web", "worker", "beat"}
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def compose_plugin_available() -> bool:
+    if not shutil.which("docker"):
+        return False
+    return subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not compose_plugin_available(), reason="no docker compose plugin on this machine")
+def test_docker_compose_config_accepts_the_file():
+    result = subprocess.run(
+        ["docker", "compose", "-f", str(COMPOSE), "config", "-q"],
+        capture_output=True,
+        text=True,
+        env={"SECRET_KEY": "x", "PATH": "/usr/local/bin:/usr/bin:/bin"},
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_every_service_of_the_production_shape_is_there(compose):
+    assert set(compose["services"]) == SERVICES
+
+
+def test_every_service_has_a_healthcheck_or_says_why_not(compose):
+    for name, service in compose["services"].items():
+        check = service.get("healthcheck")
+        if check is None:
+            assert service.get("x-healthcheck-reason"), f"{name} has neither a healthcheck nor a reason"
+            continue
+        assert check["test"][0] in ("CMD", "CMD-SHELL"), name
+        assert {"interval", "timeout", "retries"} <= set(check), name
+
+
+def test_web_is_healthy_only_when_readyz_says_so(compose):
+    assert "/readyz" in " ".join(compose["services"]["web"]["healthcheck"]["test"])
+
+
+def test_app_services_start_after_migrate_and_healthy_backends(compose):
+    services = compose["services"]
+    assert services["migrate"]["depends_on"] == {"postgres": {"condition": "service_healthy"}}
+    assert services["migrate"]["restart"] == "no"
+    for name in ("web", "worker", "beat"):
+        depends = services[name]["depends_on"]
+        assert depends["migrate"] == {"condition": "service_completed_successfully"}, name
+        assert depends["postgres"] == {"condition": "service_healthy"}, name
+        assert depends["redis"] == {"condition": "service_healthy"}, name
+
+
+def test_app_services_use_postgres_and_redis_and_commit_no_secret(compose):
+    for name in APP_SERVICES:
+        env = compose["services"][name]["environment"]
+        assert env["DATABASE_URL"].startswith("postgres://"), name
+        assert env["CELERY_BROKER_URL"].startswith("redis://"), name
+        assert re.fullmatch(r"\$\{SECRET_KEY:\?[^}]+\}", env["SECRET_KEY"]), "SECRET_KEY must come from outside"
+        assert env["DEBUG"] == "false"
+
+
+def test_worker_and_beat_commands_name_things_that_exist(compose):
+    beat = compose["services"]["beat"]["command"]
+    scheduler = beat[beat.index("--scheduler") + 1]
+    module, _, cls = scheduler.partition(":")
+    assert getattr(__import__(module, fromlist=[cls]), cls)
+    assert compose["services"]["worker"]["command"][:4] == ["celery", "-A", "nodepool", "worker"]
+
+
+def test_the_dockerfile_installs_pinned_requirements_and_serves_static_files():
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "pip install --no-cache-dir -r requirements.txt" in dockerfile
+    assert "collectstatic" in dockerfile
+    assert "USER nodepool" in dockerfile
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert {".git", ".venv", "var"} <= set(ignored)
