@@ -1,3 +1,8 @@
-from django.urls import path  # noqa: F401
+from django.urls import path
 
-urlpatterns: list = []
+from .heartbeat_views import HeartbeatView, NodeMetricsView
+
+urlpatterns: list = [
+    path("nodes/<uuid:pk>/heartbeats", HeartbeatView.as_view(), name="node-heartbeats"),
+    path("nodes/<uuid:pk>/metrics", NodeMetricsView.as_view(), name="node-metrics"),
+]
