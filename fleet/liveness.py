@@ -161,10 +161,11 @@ def _next_check_sql(offset: float | None, reference: datetime | None) -> tuple[s
         if reference is not None:
             ref_sql, ref_params = "GREATEST(last_heartbeat_at, %s)", [reference]
         return f"{ref_sql} + %s * INTERVAL '1 second'", [*ref_params, offset]
-    # SQLite keeps datetimes as ISO text; strftime keeps them in the same sortable format.
+    # SQLite keeps datetimes as text in str(datetime) form; Django's own date-arithmetic function
+    # (registered on every SQLite connection) writes that same form, so comparisons stay exact.
     if reference is not None:
         ref_sql, ref_params = "MAX(last_heartbeat_at, %s)", [_db_time(reference)]
-    return f"strftime('%%Y-%%m-%%d %%H:%%M:%%f', {ref_sql}, %s)", [*ref_params, f"+{offset:.6f} seconds"]
+    return f"django_format_dtdelta('+', {ref_sql}, %s)", [*ref_params, round(offset * 1_000_000)]
 
 
 def _move(

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Count, Q, Value
+from django.db.models import CharField, Count, Q, Value
 from django.db.models.fields.json import KT
 from django.db.models.functions import Coalesce
 
@@ -114,7 +114,7 @@ def evaluate_pool(*, pool, now: datetime, unreachable_cutoff: datetime, trust_no
     rows = (
         _tracked()
         .filter(pool=pool)
-        .annotate(zone=Coalesce(*zone_sources, Value("")))
+        .annotate(zone=Coalesce(*zone_sources, Value(""), output_field=CharField()))
         .values("zone")
         .annotate(total=Count("id"), silent=Count("id", filter=silent_q))
     )
