@@ -16,12 +16,14 @@ Times: ``received_at`` is the server's clock. Liveness deadlines come only from 
 look alive longer and one in the past never makes a fresh heartbeat look stale.
 
 The accepted path costs a fixed number of statements: the credential lookup (authentication,
-which also loads the node and its pool), this UPDATE, a benchmark lookup and, only when something
-changed, one INSERT of events (tests/test_heartbeats_api.py asserts it).
+which also loads the node and its pool) and this UPDATE; plus, only when something changed, one
+INSERT of events inside a transaction, and only for a node being admitted, a benchmark lookup
+(tests/test_heartbeats_api.py asserts the counts).
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -62,6 +64,9 @@ ROTATE_WHEN_REMAINING = 0.25
 # ClockSkew clears only below this fraction of the threshold, so a skew near it does not flap.
 SKEW_CLEAR_RATIO = 0.8
 MAX_ATTEMPTS = 5
+# Benchmarks are part of admission (issue 3): only a node being admitted is asked to run one, so
+# a ready node's heartbeat does not pay for the lookup.
+BENCHMARK_LIFECYCLES = (Lifecycle.PENDING, Lifecycle.ADMITTING)
 
 # Where the control plane wants a node in each lifecycle to end up (told to the agent).
 _DESIRED = {Lifecycle.ADMITTING: Lifecycle.READY, Lifecycle.DRAINING: Lifecycle.MAINTENANCE}
@@ -262,19 +267,16 @@ def _try_apply(
 
     events = _events(node=node, report=report, conditions=conditions, health_value=node_health, skew=skew, actor=actor)
     newer = Q(incarnation__lt=report.incarnation) | Q(incarnation=report.incarnation, sequence__lt=report.sequence)
-    with transaction.atomic():
-        won = (
-            Node.objects.filter(
-                newer,
-                pk=node.pk,
-                incarnation=node.incarnation,
-                sequence=node.sequence,
-                liveness=node.liveness,
-            )
-            .exclude(lifecycle=Lifecycle.RETIRED)
-            .update(**values)
-        )
-        if not won:
+    claim = Node.objects.filter(
+        newer, pk=node.pk, incarnation=node.incarnation, sequence=node.sequence, liveness=node.liveness
+    ).exclude(lifecycle=Lifecycle.RETIRED)
+    # With events to append (a restart among them), the UPDATE, the events and the lease
+    # reconciliation share one transaction. An unchanged heartbeat, the common case, is the single
+    # conditional UPDATE in autocommit (atomic by itself): no BEGIN/COMMIT round trips; its
+    # reconciliation then runs in its own transaction, and, being recomputed from every heartbeat,
+    # a crash between the two is repaired by the next one.
+    with transaction.atomic() if events else nullcontext():
+        if not claim.update(**values):
             return None
         if restarted:
             values["restart_count"] = node.restart_count + 1
@@ -282,8 +284,9 @@ def _try_apply(
             setattr(node, name, value)
         if events:
             NodeEvent.objects.bulk_create(events)
-        return _after_apply(node=node, report=report, actor=actor, received_at=received_at, timings=timings,
-                            restarted=restarted, events=len(events))  # fmt: skip
+        with transaction.atomic():
+            return _after_apply(node=node, report=report, actor=actor, received_at=received_at, timings=timings,
+                                restarted=restarted, events=len(events))  # fmt: skip
 
 
 def _after_apply(*, node, report, actor, received_at, timings, restarted, events) -> HeartbeatOutcome:
@@ -298,12 +301,14 @@ def _after_apply(*, node, report, actor, received_at, timings, restarted, events
         or {}
     )
     evaluate_heartbeat(node, usage=report.usage, agent_version=report.agent_version, actor=actor)
-    benchmark = (
-        Benchmark.objects.filter(node_id=node.pk, status=BenchmarkStatus.REQUESTED, deadline__gt=received_at)
-        .order_by("-requested_at")
-        .values_list("nonce", "deadline")
-        .first()
-    )
+    benchmark = None
+    if node.lifecycle in BENCHMARK_LIFECYCLES:
+        benchmark = (
+            Benchmark.objects.filter(node_id=node.pk, status=BenchmarkStatus.REQUESTED, deadline__gt=received_at)
+            .order_by("-requested_at")
+            .values_list("nonce", "deadline")
+            .first()
+        )
     return HeartbeatOutcome(
         applied=True,
         code=APPLIED,

@@ -376,24 +376,35 @@ def test_usage_accepts_quantity_strings(node_secret):
     assert node.usage == {"cpu": 1500, "memory": 2 * 2**30}
 
 
+def statements(captured):
+    return [q["sql"] for q in captured.captured_queries if "SAVEPOINT" not in q["sql"]]
+
+
 def test_an_accepted_heartbeat_uses_a_small_fixed_number_of_queries(node_secret, time_machine):
     node, secret = node_secret
     api = node_api(secret)
     post_beat(api, node, sequence=1)  # warm the fleet-size cache
-    # credential+node+pool, the conditional UPDATE, the benchmark lookup (+ savepoints in tests).
+    # An unchanged heartbeat: the credential lookup (with node and pool) and the conditional UPDATE.
     for sequence in (2, 3):
         time_machine.shift(10)
         with CaptureQueriesContext(connection) as unchanged:
             assert post_beat(api, node, sequence=sequence).json()["applied"] is True
-        assert len([q for q in unchanged.captured_queries if "SAVEPOINT" not in q["sql"]]) == 3
+        assert len(statements(unchanged)) == 2
+    # ...plus one INSERT for all the events, however many there are.
     with CaptureQueriesContext(connection) as changed:
         post_beat(api, node, sequence=4, ready=False, observed_at=T0 + timedelta(hours=1))
-    # ...plus one INSERT for all the events, however many there are.
-    assert len([q for q in changed.captured_queries if "SAVEPOINT" not in q["sql"]]) == 4
+    assert len(statements(changed)) == 3
+    assert NodeEvent.objects.filter(node=node, created_at=T0 + seconds(20)).count() == 3  # ready, skew, health
+    # A node being admitted also looks up a requested benchmark.
+    set_lifecycle(node, Lifecycle.ADMITTING)
+    with CaptureQueriesContext(connection) as admitting:
+        post_beat(api, node, sequence=5, ready=False, observed_at=T0 + timedelta(hours=1))
+    assert len(statements(admitting)) == 3
 
 
 def test_a_requested_benchmark_is_in_the_instructions(node_secret):
     node, secret = node_secret
+    set_lifecycle(node, Lifecycle.ADMITTING)
     Benchmark.objects.create(node=node, nonce="n-1", requested_at=T0, deadline=T0 + seconds(300))
     body = post_beat(node_api(secret), node).json()
     assert body["instructions"]["run_benchmark"]["nonce"] == "n-1"
