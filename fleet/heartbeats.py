@@ -284,7 +284,7 @@ def _try_apply(
             setattr(node, name, value)
         if events:
             NodeEvent.objects.bulk_create(events)
-        with transaction.atomic():
+        with transaction.atomic(savepoint=False):
             return _after_apply(node=node, report=report, actor=actor, received_at=received_at, timings=timings,
                                 restarted=restarted, events=len(events))  # fmt: skip
 
