@@ -14,6 +14,7 @@ Ends with one JSON line.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
@@ -25,6 +26,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import DEFAULT_DATABASE_URL, WRK_LUA_LIB, Gunicorn, django_setup, emit, prepare_database, wrk
 
+# What a healthy node reports every time; the seeded nodes already hold it, so each benchmarked
+# heartbeat is the steady-state one (applied, nothing but counters changed, no events).
+CONDITIONS = [
+    {"type": "Ready", "status": "True", "reason": "AgentReady", "message": "agent is posting ready status"},
+    {"type": "MemoryPressure", "status": "False", "reason": "SufficientMemory", "message": ""},
+    {"type": "DiskPressure", "status": "False", "reason": "NoDiskPressure", "message": ""},
+    {"type": "PIDPressure", "status": "False", "reason": "SufficientPID", "message": ""},
+    {"type": "NetworkUnavailable", "status": "False", "reason": "RouteCreated", "message": ""},
+]
+
 LUA = (
     r"""
 local nodes, mine, idx = {}, {}, 0
@@ -32,12 +43,7 @@ local base = tonumber(os.getenv("BENCH_SEQ_BASE"))
 local mode = os.getenv("BENCH_MODE")
 local nthreads = tonumber(os.getenv("BENCH_THREADS"))
 local BODY = '{"incarnation": 1, "sequence": %d, "observed_at": "%s", "agent_version": "1.4.2", '
-  .. '"ready": true, "ready_reason": "", "conditions": ['
-  .. '{"type": "Ready", "status": "True", "reason": "AgentReady", "message": "agent is posting ready status"}, '
-  .. '{"type": "MemoryPressure", "status": "False", "reason": "SufficientMemory", "message": ""}, '
-  .. '{"type": "DiskPressure", "status": "False", "reason": "NoDiskPressure", "message": ""}, '
-  .. '{"type": "PIDPressure", "status": "False", "reason": "SufficientPID", "message": ""}, '
-  .. '{"type": "NetworkUnavailable", "status": "False", "reason": "RouteCreated", "message": ""}], '
+  .. '"ready": true, "ready_reason": "", "conditions": CONDITIONS, '
   .. '"usage": {"cpu": %d, "memory": 17179869184, "ephemeral-storage": 21474836480}, '
   .. '"leases": [{"lease_id": "6f1c2a7e-8a55-4a43-9d3e-0c1f2b3a4d5e", "fencing_token": 3, "state": "running"}, '
   .. '{"lease_id": "0b9d8c7e-6f5a-4b3c-8d2e-1f0a9b8c7d6e", "fencing_token": 12, "state": "running"}], '
@@ -64,11 +70,12 @@ end
 function response(status, headers, body)
   local key = tostring(status)
   if status == 200 then
-    if body:find('"applied":true', 1, true) then key = "applied" else key = "ok_not_applied" end
+    if mode == "baseline" then key = "ok"
+    elseif body:find('"applied":true', 1, true) then key = "applied" else key = "ok_not_applied" end
   end
   counters[key] = (counters[key] or 0) + 1
 end
-"""
+""".replace("CONDITIONS", json.dumps(CONDITIONS))
     + WRK_LUA_LIB
 )
 
@@ -94,6 +101,8 @@ def seed(count: int) -> list[tuple[str, str]]:
             liveness="alive",
             ready=True,
             health="healthy",
+            agent_version="1.4.2",
+            conditions=[{**c, "last_transition_time": now.isoformat()} for c in CONDITIONS],
             last_heartbeat_at=now,
             declared={"resources": {"cpu": 32000, "memory": 128 * 2**30}},
         )
