@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.utils import timezone
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
 from rest_framework.response import Response
 from rest_framework.throttling import SimpleRateThrottle
 from rest_framework.views import APIView
@@ -20,6 +23,17 @@ from ..choices import Lifecycle
 from ..events import Actor
 from ..models import NodeMetrics
 from .heartbeat_serializers import parse_heartbeat, parse_metrics
+
+
+class NodeCredentialScheme(OpenApiAuthenticationExtension):
+    """OpenAPI: ``Authorization: Node npn_<prefix>.<secret>`` (for every node-credential view)."""
+
+    target_class = "fleet.authentication.NodeCredentialAuthentication"
+    name = "nodeCredential"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "apiKey", "in": "header", "name": "Authorization",
+                "description": "Node credential: `Node npn_<prefix>.<secret>`"}  # fmt: skip
 
 
 class HeartbeatAuthentication(NodeCredentialAuthentication):
@@ -85,6 +99,13 @@ class HeartbeatView(APIView):
     throttle_classes: list = []
     max_body_bytes = hb.MAX_BODY_BYTES
 
+    @extend_schema(
+        request=OpenApiTypes.OBJECT,
+        responses={200: OpenApiTypes.OBJECT},
+        summary="Send a heartbeat (node credential)",
+        auth=[{"nodeCredential": []}],
+        description="Body and response: docs/api-contract.md and docs/heartbeats.md.",
+    )
     def post(self, request, pk):
         report = parse_heartbeat(request.data)
         node = node_from_request(request)
@@ -144,6 +165,11 @@ class NodeMetricsView(APIView):
     def max_body_bytes(self):
         return settings.NODEPOOL.get("METRICS_MAX_BODY_BYTES", 128 * 1024)
 
+    @extend_schema(
+        request=OpenApiTypes.OBJECT,
+        responses={202: OpenApiTypes.OBJECT},
+        summary="Report detailed metrics (node credential)",
+    )
     def post(self, request, pk):
         node = node_from_request(request)
         if node.lifecycle == Lifecycle.RETIRED:
