@@ -26,11 +26,11 @@ from __future__ import annotations
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import F, Q
+from django.db import connection, transaction
 from django.utils import timezone
 
 from nodepool.api.problems import Conflict, Gone
@@ -263,20 +263,17 @@ def _try_apply(
     if node.liveness != Liveness.ALIVE:
         values["liveness_changed_at"] = received_at
     if restarted:
-        values["restart_count"] = F("restart_count") + 1
+        values["restart_count"] = None  # incremented in SQL
 
     events = _events(node=node, report=report, conditions=conditions, health_value=node_health, skew=skew, actor=actor)
-    newer = Q(incarnation__lt=report.incarnation) | Q(incarnation=report.incarnation, sequence__lt=report.sequence)
-    claim = Node.objects.filter(
-        newer, pk=node.pk, incarnation=node.incarnation, sequence=node.sequence, liveness=node.liveness
-    ).exclude(lifecycle=Lifecycle.RETIRED)
+    claim = partial(_conditional_update, node=node, report=report, values=values)
     # With events to append (a restart among them), the UPDATE, the events and the lease
     # reconciliation share one transaction. An unchanged heartbeat, the common case, is the single
     # conditional UPDATE in autocommit (atomic by itself): no BEGIN/COMMIT round trips; its
     # reconciliation then runs in its own transaction, and, being recomputed from every heartbeat,
     # a crash between the two is repaired by the next one.
     with transaction.atomic() if events else nullcontext():
-        if not claim.update(**values):
+        if not claim():
             return None
         if restarted:
             values["restart_count"] = node.restart_count + 1
@@ -287,6 +284,45 @@ def _try_apply(
         with transaction.atomic(savepoint=False):
             return _after_apply(node=node, report=report, actor=actor, received_at=received_at, timings=timings,
                                 restarted=restarted, events=len(events))  # fmt: skip
+
+
+def _conditional_update(*, node: Node, report: HeartbeatReport, values: dict[str, Any]) -> bool:
+    """The one conditional statement that applies a heartbeat; True when this request won.
+
+    ``UPDATE … WHERE id = :id AND (incarnation < :inc OR (incarnation = :inc AND sequence < :seq))``
+    plus the incarnation, sequence and liveness this request read (its compare-and-swap) and
+    ``lifecycle <> 'retired'``. Written as SQL rather than a queryset ``update()`` because
+    compiling that queryset cost a third of the heartbeat's own CPU time; values still go
+    through each field's ``get_db_prep_save``, so SQLite and PostgreSQL get what the ORM would send.
+    """
+    quote = connection.ops.quote_name
+    assignments, params = [], []
+    for name, value in values.items():
+        field = Node._meta.get_field(name)
+        column = quote(field.column)
+        if name == "restart_count":  # counted in SQL: no lost update even if two restarts raced
+            assignments.append(f"{column} = {column} + 1")
+            continue
+        assignments.append(f"{column} = %s")
+        params.append(field.get_db_prep_save(value, connection))
+    params += [
+        Node._meta.pk.get_db_prep_value(node.pk, connection),
+        node.incarnation,
+        node.sequence,
+        node.liveness,
+        Lifecycle.RETIRED,
+        report.incarnation,
+        report.incarnation,
+        report.sequence,
+    ]
+    sql = (
+        f"UPDATE {quote(Node._meta.db_table)} SET {', '.join(assignments)} "  # noqa: S608 -- columns from the model
+        "WHERE id = %s AND incarnation = %s AND sequence = %s AND liveness = %s AND lifecycle <> %s "
+        "AND (incarnation < %s OR (incarnation = %s AND sequence < %s))"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount == 1
 
 
 def _after_apply(*, node, report, actor, received_at, timings, restarted, events) -> HeartbeatOutcome:
