@@ -180,6 +180,7 @@ def _move(
     ids: list | None,
     actor: Actor,
     reason: str,
+    keep_deadline: bool = False,
 ) -> list[uuid.UUID]:
     """Move due nodes of one pool from ``from_state`` to ``to_state`` in one statement.
 
@@ -187,6 +188,10 @@ def _move(
     so a concurrent sweep or a heartbeat that got there first leaves the row out. Returns the ids
     this call moved; their events are written in the same transaction (on PostgreSQL in the same
     statement, a data-modifying CTE, so 100,000 transitions cost one round trip).
+
+    ``next_offset`` sets the next deadline (seconds after the last heartbeat, or after the recovery);
+    None clears it (``lost`` is final until a heartbeat). ``keep_deadline`` leaves the passed
+    deadline as it is, so the row stays due and is looked at again by the next sweep.
     """
     table = connection.ops.quote_name(Node._meta.db_table)
     next_sql, next_params = _next_check_sql(next_offset, reference)
@@ -207,11 +212,12 @@ def _move(
         where.append("id IN (" + ", ".join(["%s"] * len(ids)) + ")")
         params.extend(_db_id(i) for i in ids)
     # Identifiers come from the model, every value is a bound parameter.
+    deadline = "" if keep_deadline else f", next_liveness_check_at = {next_sql}"
     update = (
-        f"UPDATE {table} SET liveness = %s, liveness_changed_at = %s, next_liveness_check_at = {next_sql} "  # noqa: S608
+        f"UPDATE {table} SET liveness = %s, liveness_changed_at = %s{deadline} "  # noqa: S608
         f"WHERE {' AND '.join(where)} RETURNING id"
     )
-    update_params = [to_state, _db_time(now), *next_params, *params]
+    update_params = [to_state, _db_time(now), *([] if keep_deadline else next_params), *params]
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             events = connection.ops.quote_name(NodeEvent._meta.db_table)
@@ -327,17 +333,21 @@ def _sweep_pool(*, pool: Pool, timings: Timings, now: datetime, since: datetime 
             record(from_state, Liveness.UNREACHABLE, moved)
     if allowed(timings.stale_after):
         # An alive node's deadline was set by its last heartbeat (two told intervals), so no cutoff.
+        # A stale node keeps its passed deadline: ``stale`` lasts one grace at most, and not writing
+        # the indexed column keeps a mass transition from rewriting every index of every row (the
+        # unreachable step above selects stale rows by their last heartbeat anyway).
         moved = _move(
             pool_id=pool.pk,
             from_state=Liveness.ALIVE,
             to_state=Liveness.STALE,
             now=now,
             cutoff=None,
-            next_offset=timings.unreachable_after,
+            next_offset=None,
             reference=since,
             ids=None,
             actor=actor,
             reason=f"missed heartbeats for {timings.stale_after:.0f}s",
+            keep_deadline=True,
         )
         record(Liveness.ALIVE, Liveness.STALE, moved)
     return result
