@@ -26,7 +26,6 @@ from __future__ import annotations
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from functools import partial
 from typing import Any
 
 from django.conf import settings
@@ -266,14 +265,13 @@ def _try_apply(
         values["restart_count"] = None  # incremented in SQL
 
     events = _events(node=node, report=report, conditions=conditions, health_value=node_health, skew=skew, actor=actor)
-    claim = partial(_conditional_update, node=node, report=report, values=values)
     # With events to append (a restart among them), the UPDATE, the events and the lease
     # reconciliation share one transaction. An unchanged heartbeat, the common case, is the single
     # conditional UPDATE in autocommit (atomic by itself): no BEGIN/COMMIT round trips; its
     # reconciliation then runs in its own transaction, and, being recomputed from every heartbeat,
     # a crash between the two is repaired by the next one.
     with transaction.atomic() if events else nullcontext():
-        if not claim():
+        if not _conditional_update(node=node, report=report, values=values):
             return None
         if restarted:
             values["restart_count"] = node.restart_count + 1

@@ -436,3 +436,29 @@ def test_next_heartbeat_in_is_jittered_and_never_below_the_pool_interval(node_se
     api = node_api(secret)
     values = {post_beat(api, node, sequence=i).json()["next_heartbeat_in"] for i in range(20)}
     assert len(values) > 1 and min(values) >= 10 and max(values) <= 11
+
+
+def test_the_heartbeat_credential_lookup_loads_what_the_orm_loads(node_secret):
+    from fleet.api.heartbeat_views import HeartbeatAuthentication
+    from fleet.models import NodeCredential
+
+    node, secret = node_secret
+    node.refresh_from_db()
+    prefix = secret.split("_", 1)[1].split(".", 1)[0]
+    fast = HeartbeatAuthentication().find_credential(prefix)
+    slow = NodeCredential.objects.select_related("node", "node__pool").get(prefix=prefix)
+    for name in ("id", "secret_hash", "issued_at", "expires_at", "revoked_at"):
+        assert getattr(fast, name) == getattr(slow, name)
+    for name in ("lifecycle", "liveness", "last_heartbeat_at", "conditions", "usage", "incarnation", "sequence"):
+        assert getattr(fast.node, name) == getattr(slow.node, name)
+    assert fast.node.pool.heartbeat_grace == 40 and fast.node.pool.name == "general"
+    assert fast.node.declared == slow.node.declared  # a deferred field, loaded on access
+    assert HeartbeatAuthentication().find_credential("000000000000") is None
+
+
+def test_an_unknown_or_expired_credential_is_refused_with_401(node_secret, time_machine):
+    node, secret = node_secret
+    assert post_beat(node_api(secret[:-4] + "abcd"), node).status_code == 401
+    assert post_beat(node_api("npn_nonsense"), node).status_code == 401
+    time_machine.shift(2 * 86400)
+    assert post_beat(node_api(secret), node).json()["code"] == "authentication_failed"
