@@ -391,9 +391,13 @@ def sweep_liveness(*, now: datetime | None = None, actor: Actor | None = None) -
         lost_ids: list = []
         for pool in due_pools:
             timings = pool_timings[pool.pk]
+            # The recovery matters for one loss threshold after it; later every node is judged
+            # by its own last heartbeat again (the result would be the same, the summary clearer).
             since = (
                 state.recovered_at
-                if state.recovered_at is not None and state.gap_seconds > timings.unreachable_after
+                if state.recovered_at is not None
+                and state.gap_seconds > timings.unreachable_after
+                and (now - state.recovered_at).total_seconds() <= timings.lost_after
                 else None
             )
             summary["recovering"] = summary.get("recovering", False) or since is not None
