@@ -406,3 +406,36 @@ class Benchmark(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node_id}/{self.nonce}: {self.status}"
+
+
+class LivenessSweepState(models.Model):
+    """The liveness sweep's own memory: one row (``pk=1``), locked by each sweep run.
+
+    ``last_run_at`` detects the control plane's own outage or a jump of its clock: when the gap
+    since the previous run exceeds a pool's grace, ``recovered_at`` is set to the run that noticed
+    it and every liveness threshold counts from there (fleet.liveness). ``guarded_groups`` holds the
+    pools/zones where lease loss is withheld because too much of them went silent at once.
+    """
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1, editable=False)
+    last_run_at = models.DateTimeField(null=True, blank=True)
+    recovered_at = models.DateTimeField(null=True, blank=True)
+    gap_seconds = models.FloatField(default=0.0)
+    guarded_groups = models.JSONField(default=dict, blank=True)
+    last_result = models.JSONField(default=dict, blank=True)
+
+    def __str__(self) -> str:
+        return f"liveness sweep (last run {self.last_run_at})"
+
+
+class NodeMetrics(models.Model):
+    """The latest detailed metrics a node sent (``POST /nodes/{id}/metrics``), kept apart from
+    heartbeats so that heartbeats stay small. One row per node, overwritten on each report."""
+
+    node = models.OneToOneField(Node, on_delete=models.CASCADE, primary_key=True, related_name="metrics")
+    received_at = models.DateTimeField()
+    observed_at = models.DateTimeField(null=True, blank=True)
+    metrics = models.JSONField(default=dict)
+
+    def __str__(self) -> str:
+        return f"metrics of {self.node_id} at {self.received_at}"

@@ -1,4 +1,4 @@
-"""Fleet Celery tasks: thin wrappers over :mod:`fleet.admission` (dispatched with ``on_commit``)."""
+"""Fleet Celery tasks: thin wrappers over services (dispatched with ``on_commit``)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from celery import shared_task
 from django.db import OperationalError
 
 from .events import Actor
+from .liveness import sweep_liveness
 
 
 @shared_task(
@@ -37,3 +38,13 @@ def resume_stalled_admissions() -> int:
     from .admission import admissions_resume
 
     return admissions_resume()
+
+
+@shared_task(name="fleet.sweep_liveness", ignore_result=True)
+def sweep_liveness_task() -> dict:
+    """Run one liveness sweep (safe to run twice at once; beat entry in fleet/schedule.py)."""
+    from celery import current_task
+
+    task_id = getattr(getattr(current_task, "request", None), "id", "") or ""
+    summary = sweep_liveness(actor=Actor.system("fleet.sweep_liveness", task_id=task_id))
+    return {k: v for k, v in summary.items() if k != "now"}

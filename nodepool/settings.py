@@ -222,6 +222,13 @@ NODEPOOL = {
     "CLOCK_SKEW_THRESHOLD": env.float("NODEPOOL_CLOCK_SKEW_THRESHOLD", default=30.0),
     # Kubernetes' unhealthy-zone threshold: above this fraction silent, stop declaring leases lost.
     "UNHEALTHY_ZONE_FRACTION": env.float("NODEPOOL_UNHEALTHY_ZONE_FRACTION", default=0.55),
+    # ...but only once at least this many nodes of the group are silent (a lone node's pool may lose it).
+    "UNHEALTHY_ZONE_MIN_NODES": env.int("NODEPOOL_UNHEALTHY_ZONE_MIN_NODES", default=3),
+    # How often the liveness sweep runs (seconds); its beat entry expires sooner.
+    "LIVENESS_SWEEP_INTERVAL": env.float("NODEPOOL_LIVENESS_SWEEP_INTERVAL", default=5.0),
+    # Detailed metrics (POST /nodes/{id}/metrics): per-node rate and size limits.
+    "METRICS_RATE": env.str("NODEPOOL_METRICS_RATE", default="12/min"),
+    "METRICS_MAX_BODY_BYTES": env.int("NODEPOOL_METRICS_MAX_BODY_BYTES", default=128 * 1024),
 }
 
 LOGGING = {
@@ -232,3 +239,6 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
+
+# Benchmarks only: a bare one-UPDATE view to compare heartbeats with (bench/common.py sets this).
+NODEPOOL_BENCH = env.bool("NODEPOOL_BENCH", default=False)

@@ -1,3 +1,4 @@
+from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
@@ -26,3 +27,8 @@ urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
 ]
+
+if settings.NODEPOOL_BENCH:  # benchmarks only: the baseline view bench/heartbeats.py compares with
+    from .bench_views import one_update
+
+    urlpatterns.append(path("bench/one-update/<uuid:pk>", one_update, name="bench-one-update"))

@@ -3,6 +3,7 @@
 from django.urls import path
 
 from . import views
+from .heartbeat_views import HeartbeatView, NodeMetricsView
 
 pool_list = views.PoolViewSet.as_view({"get": "list", "post": "create"})
 pool_detail = views.PoolViewSet.as_view(
@@ -33,4 +34,7 @@ urlpatterns = [
     path("nodes/<uuid:pk>/credentials", views.NodeCredentialIssueView.as_view(), name="node-credential-issue"),
     path("nodes/<uuid:pk>/credentials/revoke", views.NodeCredentialRevokeView.as_view(), name="node-credential-revoke"),
     path("nodes/<uuid:pk>/credentials/rotate", views.NodeCredentialRotateView.as_view(), name="node-credential-rotate"),
+    # Heartbeats and detailed metrics (the node itself).
+    path("nodes/<uuid:pk>/heartbeats", HeartbeatView.as_view(), name="node-heartbeats"),
+    path("nodes/<uuid:pk>/metrics", NodeMetricsView.as_view(), name="node-metrics"),
 ]

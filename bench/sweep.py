@@ -1,0 +1,166 @@
+"""The liveness sweep over 100,000 nodes on PostgreSQL, next to the raw SQL UPDATE it compares with.
+
+    .venv/bin/python bench/sweep.py [--nodes 100000] [--repeat 3]
+
+Two scenarios, each timed ``--repeat`` times from the same starting state (median reported):
+
+* ``all_due``: every node missed its deadline at once, so the sweep moves all of them
+  alive → stale and appends one event each (the worst case: 100,000 transitions in one run);
+* ``one_percent_due``: the steady state, 1 % of the fleet due (what a 5 s sweep sees when nodes
+  heartbeat every few minutes at this fleet size).
+
+The baseline is the bare statement ``UPDATE fleet_node SET liveness = 'stale' ... WHERE
+next_liveness_check_at <= now AND liveness = 'alive'`` on the same rows: no events, no guards.
+Goal: the sweep under 1 s for 100,000 nodes. Ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import DEFAULT_DATABASE_URL, django_setup, emit, prepare_database
+
+
+def seed(count: int):
+    """``count`` ready, alive nodes in one pool, inserted with one INSERT … SELECT generate_series."""
+    from django.db import connection
+    from django.utils import timezone
+
+    from fleet.models import Node, Pool
+
+    with connection.cursor() as cursor:
+        cursor.execute("TRUNCATE fleet_node, fleet_pool, fleet_livenesssweepstate CASCADE")
+    pool = Pool.objects.create(name="sweep-bench")
+    now = timezone.now()
+    template = Node(pool=pool, lifecycle="ready", liveness="alive", ready=True, health="healthy",
+                    last_heartbeat_at=now, next_liveness_check_at=now + timedelta(hours=1),
+                    created_at=now, updated_at=now)  # fmt: skip
+    columns, values, params = [], [], []
+    for field in Node._meta.concrete_fields:
+        columns.append(connection.ops.quote_name(field.column))
+        if field.name == "id":
+            values.append("gen_random_uuid()")
+        elif field.name == "hostname":
+            values.append("'bench-' || g")
+        elif field.name == "labels":
+            values.append("jsonb_build_object('zone', 'z' || mod(g, 3))")
+        else:
+            values.append("%s")
+            params.append(field.get_db_prep_save(getattr(template, field.attname), connection))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO fleet_node ({', '.join(columns)}) SELECT {', '.join(values)} "
+            f"FROM generate_series(1, {int(count)}) AS g",
+            params,
+        )
+    return pool
+
+
+def reset(*, now, due_fraction: float, stale_after: float) -> int:
+    """Every node alive; ``due_fraction`` of them silent past their stale deadline. Returns how many are due."""
+    from django.core.cache import cache
+    from django.db import connection
+
+    cache.clear()
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM fleet_nodeevent")
+        cursor.execute("DELETE FROM fleet_livenesssweepstate")
+        cursor.execute(
+            "UPDATE fleet_node SET liveness = 'alive', liveness_changed_at = NULL, "
+            "last_heartbeat_at = CASE WHEN random() < %s THEN %s ELSE %s END",
+            [due_fraction, now - timedelta(seconds=stale_after + 1), now - timedelta(seconds=1)],
+        )
+        cursor.execute(
+            "UPDATE fleet_node SET next_liveness_check_at = last_heartbeat_at + %s * INTERVAL '1 second'",
+            [stale_after],
+        )
+        cursor.execute("SELECT count(*) FROM fleet_node WHERE next_liveness_check_at <= %s", [now])
+        due = cursor.fetchone()[0]
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM ANALYZE fleet_node")
+        cursor.execute("VACUUM ANALYZE fleet_nodeevent")
+    return due
+
+
+def raw_update(now) -> tuple[float, int]:
+    from django.db import connection, transaction
+
+    started = time.perf_counter()
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE fleet_node SET liveness = 'stale', liveness_changed_at = %s "
+            "WHERE next_liveness_check_at <= %s AND liveness = 'alive'",
+            [now, now],
+        )
+        moved = cursor.rowcount
+    return time.perf_counter() - started, moved
+
+
+def run_sweep(now) -> tuple[float, int]:
+    from fleet.liveness import sweep_liveness
+
+    started = time.perf_counter()
+    summary = sweep_liveness(now=now)
+    return time.perf_counter() - started, sum(summary["moved"].values())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    default_url = DEFAULT_DATABASE_URL.replace("_bench", "_sweep_bench")  # apart from bench/heartbeats.py
+    parser.add_argument("--database-url", default=os.environ.get("BENCH_SWEEP_DATABASE_URL", default_url))
+    parser.add_argument("--nodes", type=int, default=100_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+
+    prepare_database(args.database_url)
+    django_setup(args.database_url)
+    from django.utils import timezone
+
+    from fleet.liveness import timings_for
+    from fleet.models import NodeEvent
+
+    started = time.monotonic()
+    pool = seed(args.nodes)
+    print(f"seeded {args.nodes} nodes in {time.monotonic() - started:.1f}s", flush=True)
+    timings = timings_for(pool, args.nodes)
+    print(f"fleet of {args.nodes}: interval {timings.interval:.0f}s, stale after {timings.stale_after:.0f}s")
+
+    figures: dict = {"bench": "liveness_sweep", "nodes": args.nodes, "database": "postgresql"}
+    for scenario, fraction in (("all_due", 1.0), ("one_percent_due", 0.01)):
+        sweep_times, raw_times = [], []
+        for _ in range(args.repeat):
+            now = timezone.now()
+            due = reset(now=now, due_fraction=fraction, stale_after=timings.stale_after)
+            seconds, moved = raw_update(now)
+            assert moved == due, (moved, due)
+            raw_times.append(seconds)
+            due = reset(now=now, due_fraction=fraction, stale_after=timings.stale_after)
+            seconds, moved = run_sweep(now)
+            assert moved == due, (moved, due)
+            assert NodeEvent.objects.count() == due
+            sweep_times.append(seconds)
+        sweep_s, raw_s = statistics.median(sweep_times), statistics.median(raw_times)
+        print(f"{scenario:16s} {due:7d} due: sweep {sweep_s * 1000:8.1f} ms (with {due} events)   "
+              f"raw UPDATE {raw_s * 1000:8.1f} ms   ratio {sweep_s / raw_s:.2f}", flush=True)  # fmt: skip
+        figures[scenario] = {
+            "due": due,
+            "sweep_ms": round(sweep_s * 1000, 1),
+            "raw_update_ms": round(raw_s * 1000, 1),
+            "sweep_over_raw": round(sweep_s / raw_s, 2),
+            "sweep_runs_ms": [round(s * 1000, 1) for s in sweep_times],
+        }
+    figures["goal_ms"] = 1000
+    figures["all_due_under_goal"] = figures["all_due"]["sweep_ms"] < 1000
+    emit(figures)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,211 @@
+"""``POST /api/v1/nodes/{id}/heartbeats`` and ``POST /api/v1/nodes/{id}/metrics`` (node credential only).
+
+Thin views: authenticate (``fleet.authentication``: the credential lookup also loads the node
+and its pool), validate (heartbeat_serializers), call one service, shape the response.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import connections, router
+from django.utils import timezone
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
+from rest_framework.response import Response
+from rest_framework.throttling import SimpleRateThrottle
+from rest_framework.views import APIView
+
+from nodepool.api.problems import Gone
+
+from .. import heartbeats as hb
+from ..authentication import IsNodeSelf, NodeCredentialAuthentication, node_from_request
+from ..choices import Lifecycle
+from ..events import Actor
+from ..models import Node, NodeCredential, NodeMetrics, Pool
+from .heartbeat_serializers import parse_heartbeat, parse_metrics
+
+
+class NodeCredentialScheme(OpenApiAuthenticationExtension):
+    """OpenAPI: ``Authorization: Node npn_<prefix>.<secret>`` (for every node-credential view)."""
+
+    target_class = "fleet.authentication.NodeCredentialAuthentication"
+    name = "nodeCredential"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "apiKey", "in": "header", "name": "Authorization",
+                "description": "Node credential: `Node npn_<prefix>.<secret>`"}  # fmt: skip
+
+
+class HeartbeatAuthentication(NodeCredentialAuthentication):
+    """The node credential check of :class:`NodeCredentialAuthentication`, with a cheaper lookup.
+
+    The heartbeat is the hottest path of the control plane, and the ORM lookup of the credential
+    with its node and pool (~100 columns, a dozen JSON) cost more CPU than the rest of the
+    heartbeat together, most of it compiling the same query again on every request. This loads
+    only the columns a heartbeat reads with one fixed SQL statement and builds the instances as
+    the ORM does (``Model.from_db`` after the fields' and the backend's converters). Every other
+    field is deferred: Django loads it with one query on access, so callees stay correct. The
+    checks (secret digest, revocation, expiry) are the base class's, unchanged.
+    """
+
+    CREDENTIAL_FIELDS = ("id", "node", "prefix", "secret_hash", "issued_at", "expires_at", "revoked_at")
+    NODE_FIELDS = (
+        "id", "pool", "lifecycle", "liveness", "liveness_changed_at", "last_heartbeat_at", "next_liveness_check_at",
+        "ready", "ready_reason", "conditions", "health", "health_reasons", "incarnation", "sequence",
+        "restart_count", "agent_version", "usage", "version",
+    )  # fmt: skip
+    POOL_FIELDS = (
+        "id", "name", "heartbeat_interval", "heartbeat_grace", "loss_threshold", "unhealthy_conditions",
+        "degraded_conditions", "trust_node_labels",
+    )  # fmt: skip
+    _statements: dict = {}
+
+    @classmethod
+    def _statement(cls, alias: str):
+        """``(sql, [(model, attnames, [(column, converters)])])`` for a database alias, built once."""
+        if alias not in cls._statements:
+            conn = connections[alias]
+            quote = conn.ops.quote_name
+            parts, columns = [], []
+            for table, model, names in (
+                ("c", NodeCredential, cls.CREDENTIAL_FIELDS),
+                ("n", Node, cls.NODE_FIELDS),
+                ("p", Pool, cls.POOL_FIELDS),
+            ):
+                # In the model's own field order: Model.from_db() fills the given values in that order.
+                wanted = {model._meta.get_field(name).attname for name in names}
+                fields = [field for field in model._meta.concrete_fields if field.attname in wanted]
+                columns += [f"{table}.{quote(field.column)}" for field in fields]
+                converted = [
+                    (field.get_col(table), [*conn.ops.get_db_converters(field.get_col(table)),
+                                            *field.get_db_converters(conn)])
+                    for field in fields
+                ]  # fmt: skip
+                parts.append((model, [field.attname for field in fields], converted))
+            sql = (
+                f"SELECT {', '.join(columns)} FROM {quote(NodeCredential._meta.db_table)} c "  # noqa: S608
+                f"JOIN {quote(Node._meta.db_table)} n ON n.{quote('id')} = c.{quote('node_id')} "
+                f"JOIN {quote(Pool._meta.db_table)} p ON p.{quote('id')} = n.{quote('pool_id')} "
+                f"WHERE c.{quote('prefix')} = %s"
+            )
+            cls._statements[alias] = (sql, parts)
+        return cls._statements[alias]
+
+    def find_credential(self, prefix: str) -> NodeCredential | None:
+        alias = router.db_for_read(NodeCredential)
+        sql, parts = self._statement(alias)
+        with connections[alias].cursor() as cursor:
+            cursor.execute(sql, [prefix])
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        instances, offset = [], 0
+        for model, attnames, converted in parts:
+            values = []
+            for (column, converters), value in zip(converted, row[offset : offset + len(attnames)], strict=True):
+                for converter in converters:
+                    value = converter(value, column, connections[alias])
+                values.append(value)
+            instances.append(model.from_db(alias, attnames, values))
+            offset += len(attnames)
+        credential, node, pool = instances
+        Node._meta.get_field("pool").set_cached_value(node, pool)
+        NodeCredential._meta.get_field("node").set_cached_value(credential, node)
+        return credential
+
+
+class HeartbeatView(APIView):
+    """Apply a heartbeat; 200 whether applied or not (``applied`` and ``code`` say which).
+
+    Limits: body ≤ 64 KiB (413), ≤ 32 conditions, ≤ 256 leases, ≤ 32 usage entries, bounded strings
+    (422). No throttle: ordering makes floods harmless to state, and the interval the response
+    gives keeps the fleet under ``NODEPOOL["MAX_HEARTBEATS_PER_SECOND"]``.
+    """
+
+    authentication_classes = [HeartbeatAuthentication]
+    permission_classes = [IsNodeSelf]
+    throttle_classes: list = []
+    max_body_bytes = hb.MAX_BODY_BYTES
+
+    @extend_schema(
+        request=OpenApiTypes.OBJECT,
+        responses={200: OpenApiTypes.OBJECT},
+        summary="Send a heartbeat (node credential)",
+        auth=[{"nodeCredential": []}],
+        description="Body and response: docs/api-contract.md and docs/heartbeats.md.",
+    )
+    def post(self, request, pk):
+        report = parse_heartbeat(request.data)
+        node = node_from_request(request)
+        outcome = hb.apply_heartbeat(
+            node=node,
+            report=report,
+            actor=Actor.for_node(node, request_id=getattr(request._request, "request_id", "")),
+            credential=getattr(request._request, "node_credential", None),
+        )
+        return Response(heartbeat_response(outcome))
+
+
+def heartbeat_response(outcome: hb.HeartbeatOutcome) -> dict:
+    """The heartbeat response body of docs/api-contract.md."""
+    node = outcome.node
+    return {
+        "applied": outcome.applied,
+        "code": outcome.code,
+        "server_time": outcome.received_at,
+        "next_heartbeat_in": outcome.next_heartbeat_in,
+        "incarnation": node.incarnation,
+        "sequence": node.sequence,
+        "liveness": node.liveness,
+        "lifecycle": node.lifecycle,
+        "desired_lifecycle": outcome.desired_lifecycle,
+        "instructions": {
+            "stop_leases": outcome.stop_leases,
+            "checkpoint_leases": outcome.checkpoint_leases,
+            "run_benchmark": outcome.run_benchmark,
+            "rotate_credential": outcome.rotate_credential,
+        },
+    }
+
+
+class NodeMetricsThrottle(SimpleRateThrottle):
+    """Per-node rate for detailed metrics: ``NODEPOOL["METRICS_RATE"]`` (default 12/min)."""
+
+    scope = "node_metrics"
+
+    def get_rate(self):
+        return settings.NODEPOOL.get("METRICS_RATE", "12/min")
+
+    def get_cache_key(self, request, view):
+        node = node_from_request(request)
+        return self.cache_format % {"scope": self.scope, "ident": node.pk} if node else None
+
+
+class NodeMetricsView(APIView):
+    """Store the node's latest detailed metrics (202). Its own limits: body ≤ 128 KiB (413),
+    ≤ 512 series (422), ``NODEPOOL["METRICS_RATE"]`` per node (429)."""
+
+    authentication_classes = [NodeCredentialAuthentication]
+    permission_classes = [IsNodeSelf]
+    throttle_classes = [NodeMetricsThrottle]
+
+    @property
+    def max_body_bytes(self):
+        return settings.NODEPOOL.get("METRICS_MAX_BODY_BYTES", 128 * 1024)
+
+    @extend_schema(
+        request=OpenApiTypes.OBJECT,
+        responses={202: OpenApiTypes.OBJECT},
+        summary="Report detailed metrics (node credential)",
+    )
+    def post(self, request, pk):
+        node = node_from_request(request)
+        if node.lifecycle == Lifecycle.RETIRED:
+            raise Gone("This node is retired.", "node_retired")
+        observed_at, metrics = parse_metrics(request.data)
+        now = timezone.now()
+        NodeMetrics.objects.update_or_create(
+            node_id=node.pk, defaults={"received_at": now, "observed_at": observed_at, "metrics": metrics}
+        )
+        return Response({"accepted": True, "series": len(metrics), "received_at": now}, status=202)

@@ -1,0 +1,83 @@
+"""Health: the control plane's judgement of a node's reported conditions under its pool's policy.
+
+A node reports observations (conditions, each ``{"type", "status", "reason", "message"}`` with
+status ``"True" | "False" | "Unknown"``, as Kubernetes' NodeCondition). The pool says which
+condition types make a node *unhealthy* (``Pool.unhealthy_conditions``, by default
+:data:`fleet.models.DEFAULT_UNHEALTHY_CONDITIONS`) and which only *degrade* it
+(``Pool.degraded_conditions``, by default ``["ClockSkew"]``). Everything here is pure: no queries.
+
+Polarity follows Kubernetes: ``Ready`` (and any type ending in ``Ready`` or ``Available``) is a
+*positive* condition, bad when ``"False"``; pressure-style conditions (``MemoryPressure``,
+``NetworkUnavailable``, ``ClockSkew``…) are bad when ``"True"``. ``Ready=False`` is always
+unhealthy, whatever the policy lists. An ``"Unknown"`` status of a listed condition degrades.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from .choices import Health
+from .models import DEFAULT_DEGRADED_CONDITIONS, DEFAULT_UNHEALTHY_CONDITIONS
+
+READY = "Ready"
+CLOCK_SKEW = "ClockSkew"
+TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
+CONDITION_STATUSES = (TRUE, FALSE, UNKNOWN)
+
+
+def is_positive(condition_type: str) -> bool:
+    """True for conditions that are good when ``"True"`` (``Ready``, ``GPUReady``, ``RuntimeAvailable``)."""
+    return condition_type.endswith("Ready") or condition_type.endswith("Available")
+
+
+def is_bad(condition: dict) -> bool:
+    """Whether the condition's status is its bad status (``False`` for positive types, else ``True``)."""
+    bad = FALSE if is_positive(condition["type"]) else TRUE
+    return condition.get("status") == bad
+
+
+def pool_policy(pool) -> tuple[list[str], list[str]]:
+    """``(unhealthy types, degraded types)`` of ``pool``; an empty list means the default."""
+    unhealthy = list(getattr(pool, "unhealthy_conditions", None) or DEFAULT_UNHEALTHY_CONDITIONS)
+    degraded = list(getattr(pool, "degraded_conditions", None) or DEFAULT_DEGRADED_CONDITIONS)
+    return unhealthy, degraded
+
+
+def evaluate(conditions: Iterable[dict], *, unhealthy: Iterable[str], degraded: Iterable[str]) -> tuple[str, list[str]]:
+    """Summarise ``conditions`` into ``(health, reasons)``.
+
+    Args:
+        conditions: ``[{"type", "status", "reason"?, ...}]``.
+        unhealthy: condition types whose bad status makes the node ``unhealthy``.
+        degraded: condition types whose bad status makes the node ``degraded``.
+
+    Returns:
+        ``(Health value, ["MemoryPressure=True (KubeletHasInsufficientMemory)", ...])``; the
+        reasons list the conditions that set the verdict, worst first. No conditions at all is
+        ``healthy``: a node that reports nothing wrong is judged on what it reports.
+    """
+    unhealthy_types, degraded_types = set(unhealthy) | {READY}, set(degraded)
+    bad_unhealthy: list[str] = []
+    bad_degraded: list[str] = []
+    for condition in conditions:
+        kind = condition["type"]
+        status = condition.get("status")
+        label = f"{kind}={status}" + (f" ({condition['reason']})" if condition.get("reason") else "")
+        if kind in unhealthy_types:
+            if is_bad(condition):
+                bad_unhealthy.append(label)
+            elif status == UNKNOWN:
+                bad_degraded.append(label)
+        elif kind in degraded_types and (is_bad(condition) or status == UNKNOWN):
+            bad_degraded.append(label)
+    if bad_unhealthy:
+        return Health.UNHEALTHY, bad_unhealthy + bad_degraded
+    if bad_degraded:
+        return Health.DEGRADED, bad_degraded
+    return Health.HEALTHY, []
+
+
+def evaluate_for_pool(conditions: Iterable[dict], pool) -> tuple[str, list[str]]:
+    """:func:`evaluate` under ``pool``'s policy."""
+    unhealthy, degraded = pool_policy(pool)
+    return evaluate(conditions, unhealthy=unhealthy, degraded=degraded)

@@ -1,0 +1,410 @@
+"""Applying a node's heartbeat: ordering, restarts, conditions, clock skew, instructions.
+
+A heartbeat is applied only when its ``(incarnation, sequence)`` is newer than the stored one:
+a higher incarnation, or the same incarnation with a higher sequence. The check and the write
+are one conditional UPDATE, so of two racing requests at most one can win; a duplicate, an
+older sequence or an older incarnation changes nothing and says so with a stable code.
+
+The UPDATE also carries the values this request read (incarnation, sequence, liveness) in its
+WHERE clause, a compare-and-swap: the events it writes (restart, liveness, readiness, condition,
+health changes) are derived from exactly the state it replaced. When another heartbeat or the
+liveness sweep got there first, the service re-reads the row and tries again.
+
+Times: ``received_at`` is the server's clock. Liveness deadlines come only from it; the node's
+``observed_at`` is used only to measure clock skew (a ``ClockSkew`` condition beyond
+``NODEPOOL["CLOCK_SKEW_THRESHOLD"]`` seconds), so a node clock in the future never makes a node
+look alive longer and one in the past never makes a fresh heartbeat look stale.
+
+The accepted path costs a fixed number of statements: the credential lookup (authentication,
+which also loads the node and its pool) and this UPDATE; plus, only when something changed, one
+INSERT of events inside a transaction, and only for a node being admitted, a benchmark lookup
+(tests/test_heartbeats_api.py asserts the counts).
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from nodepool.api.problems import Conflict, Gone
+
+from . import health, liveness
+from .choices import BenchmarkStatus, Lifecycle, Liveness, NodeEventType
+from .events import Actor, event_row
+from .models import Benchmark, Node, NodeCredential, NodeEvent
+
+# --- limits (documented in docs/heartbeats.md; beyond them: 413 or 422 and nothing applied) -------
+MAX_BODY_BYTES = 64 * 1024
+MAX_CONDITIONS = 32
+MAX_LEASES = 256
+MAX_USAGE_ENTRIES = 32
+MAX_CONDITION_TYPE = 63
+MAX_REASON = 128
+MAX_MESSAGE = 1024
+MAX_AGENT_VERSION = 64
+MAX_READY_REASON = 200
+MAX_LEASE_STATE = 32
+MAX_COUNTER = 2**53  # incarnation and sequence stay exact in every JSON client
+
+# Stable codes of the response.
+APPLIED = "applied"
+DUPLICATE_SEQUENCE = "duplicate_sequence"
+STALE_SEQUENCE = "stale_sequence"
+STALE_INCARNATION = "stale_incarnation"
+
+# Rotate the credential once less than this fraction of its lifetime is left.
+ROTATE_WHEN_REMAINING = 0.25
+# ClockSkew clears only below this fraction of the threshold, so a skew near it does not flap.
+SKEW_CLEAR_RATIO = 0.8
+MAX_ATTEMPTS = 5
+# Benchmarks are part of admission (issue 3): only a node being admitted is asked to run one, so
+# a ready node's heartbeat does not pay for the lookup.
+BENCHMARK_LIFECYCLES = (Lifecycle.PENDING, Lifecycle.ADMITTING)
+
+# Where the control plane wants a node in each lifecycle to end up (told to the agent).
+_DESIRED = {Lifecycle.ADMITTING: Lifecycle.READY, Lifecycle.DRAINING: Lifecycle.MAINTENANCE}
+
+
+@dataclass(frozen=True)
+class HeartbeatReport:
+    """A validated heartbeat body (fleet.api.heartbeat_serializers builds it).
+
+    ``conditions``: ``[{"type", "status", "reason", "message"}]``; ``usage``: ``{resource: int}``
+    in canonical units; ``leases``: ``[{"lease_id": str, "fencing_token": int, "state": str}]``.
+    """
+
+    incarnation: int
+    sequence: int
+    observed_at: datetime
+    agent_version: str = ""
+    ready: bool = False
+    ready_reason: str = ""
+    conditions: list[dict] = field(default_factory=list)
+    usage: dict[str, int] = field(default_factory=dict)
+    leases: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class HeartbeatOutcome:
+    """What happened to one heartbeat; the view turns it into the response body."""
+
+    applied: bool
+    code: str
+    node: Node
+    received_at: datetime
+    next_heartbeat_in: float
+    restarted: bool = False
+    stop_leases: list[str] = field(default_factory=list)
+    checkpoint_leases: list[str] = field(default_factory=list)
+    run_benchmark: dict | None = None
+    rotate_credential: bool = False
+    events: int = 0
+
+    @property
+    def desired_lifecycle(self) -> str:
+        return _DESIRED.get(self.node.lifecycle, self.node.lifecycle)
+
+
+def ordering_code(*, stored_incarnation: int, stored_sequence: int, incarnation: int, sequence: int) -> str:
+    """``applied`` when ``(incarnation, sequence)`` is newer than the stored pair, else why not."""
+    if incarnation < stored_incarnation:
+        return STALE_INCARNATION
+    if incarnation > stored_incarnation:
+        return APPLIED
+    if sequence == stored_sequence:
+        return DUPLICATE_SEQUENCE
+    return APPLIED if sequence > stored_sequence else STALE_SEQUENCE
+
+
+def rotate_hint(credential: NodeCredential | None, now: datetime) -> bool:
+    """True when less than a quarter of the credential's lifetime is left (rotate before it expires)."""
+    if credential is None:
+        return False
+    lifetime = (credential.expires_at - credential.issued_at).total_seconds()
+    return (credential.expires_at - now).total_seconds() <= ROTATE_WHEN_REMAINING * max(lifetime, 0.0)
+
+
+def skew_condition(previous: dict | None, skew: float, received_at: datetime) -> dict | None:
+    """The server-owned ``ClockSkew`` condition for a measured skew (node clock minus server clock).
+
+    Absent until a skew first crosses the threshold; then kept, ``False`` once it falls back below
+    80 % of the threshold (hysteresis). Returns None while it has never been needed.
+    """
+    threshold = float(settings.NODEPOOL.get("CLOCK_SKEW_THRESHOLD", 30.0))
+    was_true = bool(previous and previous.get("status") == health.TRUE)
+    limit = threshold * SKEW_CLEAR_RATIO if was_true else threshold
+    if abs(skew) > limit:
+        status = health.TRUE
+        reason = "NodeClockAhead" if skew > 0 else "NodeClockBehind"
+        message = f"the node's clock differs from the control plane's by more than {threshold:g}s"
+    elif previous is None:
+        return None
+    else:
+        status, reason, message = health.FALSE, "ClockInSync", ""
+    return {"type": health.CLOCK_SKEW, "status": status, "reason": reason, "message": message}
+
+
+def merge_conditions(stored: list[dict], reported: list[dict], skew: dict | None, now: datetime) -> list[dict]:
+    """The node's new condition list: what it reported (its own ``ClockSkew`` ignored) plus the
+    server's ``ClockSkew``. ``last_transition_time`` is kept while a condition's status holds."""
+    previous = {c.get("type"): c for c in stored or []}
+    stamp = now.isoformat()
+    merged = []
+    for condition in [*(c for c in reported if c["type"] != health.CLOCK_SKEW), *([skew] if skew else [])]:
+        before = previous.get(condition["type"])
+        same = before is not None and before.get("status") == condition["status"]
+        merged.append({**condition, "last_transition_time": before.get("last_transition_time") if same else stamp})
+    return merged
+
+
+def condition_changes(stored: list[dict], merged: list[dict]) -> list[tuple[str, str, str, dict | None]]:
+    """``[(type, old status, new status, new condition)]`` for every condition whose status or
+    reason changed, appeared or disappeared (message-only changes are not events)."""
+    before = {c.get("type"): c for c in stored or []}
+    after = {c["type"]: c for c in merged}
+    changes = []
+    for kind in [*after, *(k for k in before if k not in after)]:
+        old, new = before.get(kind), after.get(kind)
+        old_key = (old.get("status"), old.get("reason", "")) if old else None
+        new_key = (new["status"], new.get("reason", "")) if new else None
+        if old_key != new_key:
+            changes.append((kind, old["status"] if old else "", new["status"] if new else "", new))
+    return changes
+
+
+def apply_heartbeat(
+    *,
+    node: Node,
+    report: HeartbeatReport,
+    actor: Actor,
+    credential: NodeCredential | None = None,
+    now: datetime | None = None,
+) -> HeartbeatOutcome:
+    """Apply ``report`` to ``node`` if it is newer than the stored heartbeat.
+
+    Args:
+        node: the authenticated node, with its pool loaded (the snapshot the UPDATE compares with).
+        report: the validated body.
+        actor: the node, as fleet.events.Actor.
+        credential: the credential used (for the rotation hint).
+        now: the server's receipt time (default: now).
+
+    Returns:
+        HeartbeatOutcome: ``applied`` with code ``applied``, or not applied with
+        ``duplicate_sequence`` / ``stale_sequence`` / ``stale_incarnation`` (nothing changed).
+
+    Raises:
+        Gone: the node is retired (410 ``node_retired``); nothing is recreated.
+        Conflict: the row kept changing under the request (409 ``concurrent_heartbeat``).
+    """
+    received_at = now or timezone.now()
+    timings = liveness.timings_for(node.pool, liveness.heartbeat_population())
+    for _attempt in range(MAX_ATTEMPTS):
+        if node.lifecycle == Lifecycle.RETIRED:
+            raise Gone("This node is retired; it can no longer send heartbeats.", "node_retired")
+        code = ordering_code(
+            stored_incarnation=node.incarnation,
+            stored_sequence=node.sequence,
+            incarnation=report.incarnation,
+            sequence=report.sequence,
+        )
+        if code != APPLIED:
+            return HeartbeatOutcome(
+                applied=False,
+                code=code,
+                node=node,
+                received_at=received_at,
+                next_heartbeat_in=liveness.next_heartbeat_in(timings),
+                rotate_credential=rotate_hint(credential, received_at),
+            )
+        outcome = _try_apply(node=node, report=report, actor=actor, received_at=received_at, timings=timings)
+        if outcome is not None:
+            outcome.rotate_credential = rotate_hint(credential, received_at)
+            return outcome
+        # Someone changed the row since we read it (a racing heartbeat, the sweep, a retirement).
+        node = Node.objects.select_related("pool").get(pk=node.pk)
+    raise Conflict("The node changed during this heartbeat; send it again.", "concurrent_heartbeat")
+
+
+def _try_apply(
+    *, node: Node, report: HeartbeatReport, actor: Actor, received_at: datetime, timings: liveness.Timings
+) -> HeartbeatOutcome | None:
+    """One compare-and-swap attempt; None when the row was not the one ``node`` describes."""
+    restarted = report.incarnation > node.incarnation
+    skew = (report.observed_at - received_at).total_seconds()
+    previous_skew = next((c for c in node.conditions or [] if c.get("type") == health.CLOCK_SKEW), None)
+    conditions = merge_conditions(
+        node.conditions or [], report.conditions, skew_condition(previous_skew, skew, received_at), received_at
+    )
+    node_health, health_reasons = health.evaluate_for_pool(conditions, node.pool)
+    values: dict[str, Any] = {
+        "incarnation": report.incarnation,
+        "sequence": report.sequence,
+        "last_heartbeat_at": received_at,
+        "liveness": Liveness.ALIVE,
+        # The stale deadline: two told intervals of silence (jitter adds at most 10 % of one).
+        "next_liveness_check_at": received_at + timedelta(seconds=timings.stale_after),
+        "clock_skew_seconds": round(skew, 3),
+    }
+    for name in ("agent_version", "ready", "ready_reason", "usage"):
+        if getattr(node, name) != getattr(report, name):
+            values[name] = getattr(report, name)
+    if conditions != (node.conditions or []):
+        values["conditions"] = conditions
+    if node_health != node.health or health_reasons != (node.health_reasons or []):
+        values["health"], values["health_reasons"] = node_health, health_reasons
+    if node.liveness != Liveness.ALIVE:
+        values["liveness_changed_at"] = received_at
+    if restarted:
+        values["restart_count"] = None  # incremented in SQL
+
+    events = _events(node=node, report=report, conditions=conditions, health_value=node_health, skew=skew, actor=actor)
+    # With events to append (a restart among them), the UPDATE, the events and the lease
+    # reconciliation share one transaction. An unchanged heartbeat, the common case, is the single
+    # conditional UPDATE in autocommit (atomic by itself): no BEGIN/COMMIT round trips; its
+    # reconciliation then runs in its own transaction, and, being recomputed from every heartbeat,
+    # a crash between the two is repaired by the next one.
+    with transaction.atomic() if events else nullcontext():
+        if not _conditional_update(node=node, report=report, values=values):
+            return None
+        if restarted:
+            values["restart_count"] = node.restart_count + 1
+        for name, value in values.items():
+            setattr(node, name, value)
+        if events:
+            NodeEvent.objects.bulk_create(events)
+        with transaction.atomic(savepoint=False):
+            return _after_apply(node=node, report=report, actor=actor, received_at=received_at, timings=timings,
+                                restarted=restarted, events=len(events))  # fmt: skip
+
+
+def _conditional_update(*, node: Node, report: HeartbeatReport, values: dict[str, Any]) -> bool:
+    """The one conditional statement that applies a heartbeat; True when this request won.
+
+    ``UPDATE … WHERE id = :id AND (incarnation < :inc OR (incarnation = :inc AND sequence < :seq))``
+    plus the incarnation, sequence and liveness this request read (its compare-and-swap) and
+    ``lifecycle <> 'retired'``. Written as SQL rather than a queryset ``update()`` because
+    compiling that queryset cost a third of the heartbeat's own CPU time; values still go
+    through each field's ``get_db_prep_save``, so SQLite and PostgreSQL get what the ORM would send.
+    """
+    quote = connection.ops.quote_name
+    assignments, params = [], []
+    for name, value in values.items():
+        field = Node._meta.get_field(name)
+        column = quote(field.column)
+        if name == "restart_count":  # counted in SQL: no lost update even if two restarts raced
+            assignments.append(f"{column} = {column} + 1")
+            continue
+        assignments.append(f"{column} = %s")
+        params.append(field.get_db_prep_save(value, connection))
+    params += [
+        Node._meta.pk.get_db_prep_value(node.pk, connection),
+        node.incarnation,
+        node.sequence,
+        node.liveness,
+        Lifecycle.RETIRED,
+        report.incarnation,
+        report.incarnation,
+        report.sequence,
+    ]
+    sql = (
+        f"UPDATE {quote(Node._meta.db_table)} SET {', '.join(assignments)} "  # noqa: S608 -- columns from the model
+        "WHERE id = %s AND incarnation = %s AND sequence = %s AND liveness = %s AND lifecycle <> %s "
+        "AND (incarnation < %s OR (incarnation = %s AND sequence < %s))"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return cursor.rowcount == 1
+
+
+def _after_apply(*, node, report, actor, received_at, timings, restarted, events) -> HeartbeatOutcome:
+    """Lease reconciliation, automatic-quarantine rules and the benchmark instruction (same transaction)."""
+    from leases.services import reconcile_heartbeat
+    from maintenance.rules import evaluate_heartbeat
+
+    leases = (
+        reconcile_heartbeat(
+            node, incarnation=report.incarnation, reported=report.leases, restarted=restarted, actor=actor
+        )
+        or {}
+    )
+    evaluate_heartbeat(node, usage=report.usage, agent_version=report.agent_version, actor=actor)
+    benchmark = None
+    if node.lifecycle in BENCHMARK_LIFECYCLES:
+        benchmark = (
+            Benchmark.objects.filter(node_id=node.pk, status=BenchmarkStatus.REQUESTED, deadline__gt=received_at)
+            .order_by("-requested_at")
+            .values_list("nonce", "deadline")
+            .first()
+        )
+    return HeartbeatOutcome(
+        applied=True,
+        code=APPLIED,
+        node=node,
+        received_at=received_at,
+        next_heartbeat_in=liveness.next_heartbeat_in(timings),
+        restarted=restarted,
+        stop_leases=[str(i) for i in leases.get("stop", [])],
+        checkpoint_leases=[str(i) for i in leases.get("checkpoint", [])],
+        run_benchmark={"nonce": benchmark[0], "deadline": benchmark[1]} if benchmark else None,
+        events=events,
+    )
+
+
+def _events(
+    *, node: Node, report: HeartbeatReport, conditions: list[dict], health_value: str, skew: float, actor
+) -> list:
+    """The events an applied heartbeat appends; empty when nothing but counters changed."""
+    rows = []
+    if report.incarnation > node.incarnation:
+        rows.append(
+            event_row(
+                node.pk,
+                NodeEventType.RESTART,
+                actor,
+                from_state=str(node.incarnation),
+                to_state=str(report.incarnation),
+                reason="the agent restarted (new incarnation)",
+                data={"restart_count": node.restart_count + 1, "agent_version": report.agent_version},
+            )
+        )
+    if node.liveness != Liveness.ALIVE:
+        rows.append(
+            event_row(
+                node.pk,
+                NodeEventType.LIVENESS,
+                actor,
+                from_state=node.liveness,
+                to_state=Liveness.ALIVE,
+                reason="heartbeat received",
+            )  # fmt: skip
+        )
+    if node.ready != report.ready:
+        rows.append(
+            event_row(
+                node.pk,
+                NodeEventType.READINESS,
+                actor,
+                from_state=str(node.ready).lower(),
+                to_state=str(report.ready).lower(),
+                reason=report.ready_reason,
+            )
+        )
+    for kind, old, new, condition in condition_changes(node.conditions or [], conditions):
+        event_type = NodeEventType.CLOCK_SKEW if kind == health.CLOCK_SKEW else NodeEventType.CONDITION
+        data: dict[str, Any] = {"type": kind}
+        if kind == health.CLOCK_SKEW:
+            data["skew_seconds"] = round(skew, 3)
+        if condition is not None:
+            data.update(reason=condition.get("reason", ""), message=condition.get("message", ""))
+        reason = f"{kind}: {old or 'absent'} → {new or 'absent'}"
+        rows.append(event_row(node.pk, event_type, actor, from_state=old, to_state=new, reason=reason, data=data))
+    if health_value != node.health:
+        rows.append(event_row(node.pk, NodeEventType.HEALTH, actor, from_state=node.health, to_state=health_value))
+    return rows

@@ -1,0 +1,417 @@
+"""Liveness: computed by the control plane from its own receipt times, never from node clocks.
+
+``unknown`` (never heard) → ``alive`` → ``stale`` (missed about two intervals) → ``unreachable``
+(past the pool's grace) → ``lost`` (past the loss threshold: the node's leases are declared lost).
+A heartbeat brings a node back to ``alive`` (fleet.heartbeats); this module degrades it.
+
+Two halves:
+
+* pure functions of ``now`` (:func:`timings_for`, :func:`liveness_at`, :func:`next_heartbeat_in`);
+* :func:`sweep_liveness`, the periodic set-based sweep. It selects due rows through
+  ``Node.next_liveness_check_at`` and its partial index ``node_liveness_due`` (the deadline of
+  the node's next degradation, healthchecks' ``alert_after``), and moves them with one
+  compare-and-swap UPDATE per (pool, from, to) (``WHERE liveness = <from>``), so two sweeps at
+  once, or a sweep racing a heartbeat, can never both move the same node: one event per node
+  per transition, one ``lose_node_leases`` per node that became ``lost``.
+
+Rate scaling is Nomad's: the heartbeat interval grows with the number of nodes so that the fleet
+sends at most ``NODEPOOL["MAX_HEARTBEATS_PER_SECOND"]`` (nomad/heartbeat.go, ``RateScaledInterval``
+plus a random stagger), and every liveness threshold scales with it.
+
+Two guards keep the control plane from turning its own trouble into evictions:
+
+* **outage / clock jump**: when the sweep has not run for longer than a pool's grace, silence
+  during that gap is not held against that pool's nodes: every threshold counts from the run
+  that noticed the gap (``LivenessSweepState.recovered_at``).
+* **mass silence** (Kubernetes' node lifecycle controller, ``unhealthyZoneThreshold`` 0.55):
+  see :mod:`fleet.silence`. Where it holds, nodes still become ``unreachable`` but not ``lost``.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.core.cache import cache
+from django.db import connection, transaction
+from django.utils import timezone
+
+from . import silence
+from .choices import Lifecycle, Liveness, NodeEventType
+from .events import Actor, event_row
+from .models import LivenessSweepState, Node, NodeEvent, Pool
+
+# Nodes may send their next heartbeat up to this fraction of the interval late, so that a fleet
+# started at once spreads out (Nomad adds a random stagger of up to the whole TTL on the server
+# side; a node-side 10 % keeps ``stale`` at two intervals meaningful).
+JITTER = 0.10
+STALE_INTERVALS = 2
+POPULATION_CACHE_KEY = "fleet:heartbeat_population"
+POPULATION_CACHE_SECONDS = 30
+# The order in which the sweep moves nodes: furthest target first, so that a node silent for a
+# long time goes straight to its final state with one event.
+_SILENT_STATES = (Liveness.ALIVE, Liveness.STALE, Liveness.UNREACHABLE)
+
+
+@dataclass(frozen=True)
+class Timings:
+    """A pool's liveness timings at the current fleet size, in seconds.
+
+    ``interval`` is the heartbeat interval nodes are told (before jitter); ``scale`` is
+    ``interval / pool.heartbeat_interval`` (≥ 1) and multiplies the pool's grace and loss threshold.
+    """
+
+    interval: float
+    scale: float
+    stale_after: float
+    unreachable_after: float
+    lost_after: float
+
+
+def max_heartbeats_per_second() -> float:
+    return float(settings.NODEPOOL.get("MAX_HEARTBEATS_PER_SECOND", 50.0))
+
+
+def timings_for(pool: Pool, fleet_size: int, max_rate: float | None = None) -> Timings:
+    """The liveness timings of ``pool`` when ``fleet_size`` nodes heartbeat.
+
+    interval = max(pool.heartbeat_interval, fleet_size / max_rate) (Nomad's ``RateScaledInterval``:
+    never below the pool's own interval); stale after two intervals; grace and loss threshold
+    scaled by the same factor, so their ratios to the interval stay what the pool says.
+    """
+    rate = max_rate or max_heartbeats_per_second()
+    base = float(pool.heartbeat_interval)
+    interval = max(base, fleet_size / rate if rate > 0 else base)
+    scale = interval / base if base > 0 else 1.0
+    return Timings(
+        interval=interval,
+        scale=scale,
+        stale_after=STALE_INTERVALS * interval,
+        unreachable_after=max(pool.heartbeat_grace * scale, STALE_INTERVALS * interval),
+        lost_after=max(pool.loss_threshold * scale, pool.heartbeat_grace * scale),
+    )
+
+
+def next_heartbeat_in(timings: Timings, rng: random.Random | None = None) -> float:
+    """Seconds until the node's next heartbeat: the interval plus up to 10 % jitter (never less)."""
+    draw = (rng or random).random()
+    return round(timings.interval * (1.0 + JITTER * draw), 3)
+
+
+def liveness_at(
+    *, last_heartbeat_at: datetime | None, now: datetime, timings: Timings, since: datetime | None = None
+) -> str:
+    """The liveness a node should have at ``now`` (a pure function; both times are server times).
+
+    ``since`` is the control plane's recovery time after its own outage: silence before it is
+    not counted. A ``last_heartbeat_at`` in the future (the server's clock jumped back) is ``alive``.
+    """
+    if last_heartbeat_at is None:
+        return Liveness.UNKNOWN
+    reference = max(last_heartbeat_at, since) if since else last_heartbeat_at
+    silent = (now - reference).total_seconds()
+    if silent >= timings.lost_after:
+        return Liveness.LOST
+    if silent >= timings.unreachable_after:
+        return Liveness.UNREACHABLE
+    if silent >= timings.stale_after:
+        return Liveness.STALE
+    return Liveness.ALIVE
+
+
+def heartbeat_population(*, fresh: bool = False) -> int:
+    """How many nodes heartbeat (every node not retired), cached for 30 s per process.
+
+    Counting all non-retired nodes (not only live ones) keeps the interval steady while part of
+    the fleet is silent: a shrinking count would shorten the interval under nodes told a longer one.
+    """
+    if not fresh:
+        cached = cache.get(POPULATION_CACHE_KEY)
+        if cached is not None:
+            return cached
+    count = Node.objects.exclude(lifecycle=Lifecycle.RETIRED).count()
+    cache.set(POPULATION_CACHE_KEY, count, POPULATION_CACHE_SECONDS)
+    return count
+
+
+# --- the sweep ------------------------------------------------------------------------------------
+
+
+def _db_time(value: datetime):
+    return connection.ops.adapt_datetimefield_value(value)
+
+
+def _db_id(value):
+    return Node._meta.pk.get_db_prep_value(value, connection)
+
+
+def _as_uuid(value) -> uuid.UUID:
+    return value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+
+
+def _next_check_sql(offset: float | None, reference: datetime | None) -> tuple[str, list]:
+    """SQL for ``max(last_heartbeat_at, reference) + offset`` seconds (NULL when ``offset`` is None)."""
+    if offset is None:
+        return "NULL", []
+    ref_sql, ref_params = "last_heartbeat_at", []
+    if connection.vendor == "postgresql":
+        if reference is not None:
+            ref_sql, ref_params = "GREATEST(last_heartbeat_at, %s)", [reference]
+        return f"{ref_sql} + %s * INTERVAL '1 second'", [*ref_params, offset]
+    # SQLite keeps datetimes as text in str(datetime) form; Django's own date-arithmetic function
+    # (registered on every SQLite connection) writes that same form, so comparisons stay exact.
+    if reference is not None:
+        ref_sql, ref_params = "MAX(last_heartbeat_at, %s)", [_db_time(reference)]
+    return f"django_format_dtdelta('+', {ref_sql}, %s)", [*ref_params, round(offset * 1_000_000)]
+
+
+def _move(
+    *,
+    pool_id: int,
+    from_state: str,
+    to_state: str,
+    now: datetime,
+    cutoff: datetime | None,
+    next_offset: float | None,
+    reference: datetime | None,
+    ids: list | None,
+    actor: Actor,
+    reason: str,
+    keep_deadline: bool = False,
+) -> list[uuid.UUID]:
+    """Move due nodes of one pool from ``from_state`` to ``to_state`` in one statement.
+
+    The WHERE clause is the compare-and-swap: ``liveness = from_state`` and the deadline still due,
+    so a concurrent sweep or a heartbeat that got there first leaves the row out. Returns the ids
+    this call moved; their events are written in the same transaction (on PostgreSQL in the same
+    statement, a data-modifying CTE, so 100,000 transitions cost one round trip).
+
+    ``next_offset`` sets the next deadline (seconds after the last heartbeat, or after the recovery);
+    None clears it (``lost`` is final until a heartbeat). ``keep_deadline`` leaves the passed
+    deadline as it is, so the row stays due and is looked at again by the next sweep.
+    """
+    table = connection.ops.quote_name(Node._meta.db_table)
+    next_sql, next_params = _next_check_sql(next_offset, reference)
+    where = [
+        "pool_id = %s",
+        "liveness = %s",
+        "next_liveness_check_at IS NOT NULL",
+        "next_liveness_check_at <= %s",
+        "lifecycle <> %s",
+    ]
+    params: list = [pool_id, from_state, _db_time(now), Lifecycle.RETIRED]
+    if cutoff is not None:
+        where.append("last_heartbeat_at <= %s")
+        params.append(_db_time(cutoff))
+    if ids is not None:
+        if not ids:
+            return []
+        where.append("id IN (" + ", ".join(["%s"] * len(ids)) + ")")
+        params.extend(_db_id(i) for i in ids)
+    # Identifiers come from the model, every value is a bound parameter.
+    deadline = "" if keep_deadline else f", next_liveness_check_at = {next_sql}"
+    update = (
+        f"UPDATE {table} SET liveness = %s, liveness_changed_at = %s{deadline} "  # noqa: S608
+        f"WHERE {' AND '.join(where)} RETURNING id"
+    )
+    update_params = [to_state, _db_time(now), *([] if keep_deadline else next_params), *params]
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            events = connection.ops.quote_name(NodeEvent._meta.db_table)
+            cursor.execute(
+                f"WITH moved AS ({update}) INSERT INTO {events} (node_id, type, from_state, to_state, actor_type, "  # noqa: S608
+                "actor_user_id, actor_name, reason, request_id, data, created_at) "
+                "SELECT id, %s, %s, %s, %s, NULL, %s, %s, %s, '{}'::jsonb, %s FROM moved RETURNING node_id",
+                [
+                    *update_params,
+                    NodeEventType.LIVENESS,
+                    from_state,
+                    to_state,
+                    actor.type,
+                    actor.name[:150],
+                    reason,
+                    (actor.request_id or "")[:64],
+                    now,
+                ],
+            )
+            return [_as_uuid(row[0]) for row in cursor.fetchall()]
+        cursor.execute(update, update_params)
+        moved = [_as_uuid(row[0]) for row in cursor.fetchall()]
+    NodeEvent.objects.bulk_create(
+        [
+            event_row(node_id, NodeEventType.LIVENESS, actor, from_state=from_state, to_state=to_state, reason=reason)
+            for node_id in moved
+        ],
+        batch_size=500,
+    )
+    return moved
+
+
+def _chunks(items: list, size: int = 5000):
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _sweep_pool(*, pool: Pool, timings: Timings, now: datetime, since: datetime | None, state, actor) -> dict:
+    """Run the transitions of one pool; returns ``{"moved": {"a->b": n}, "lost": [ids], "held": n}``."""
+
+    def allowed(after: float) -> bool:
+        # Outage guard: a threshold counts only once it has passed since the recovery too.
+        return since is None or (now - since).total_seconds() >= after
+
+    result: dict = {"moved": {}, "lost": [], "held": 0, "guards": {}}
+
+    def record(from_state, to_state, moved):
+        if moved:
+            key = f"{from_state}->{to_state}"
+            result["moved"][key] = result["moved"].get(key, 0) + len(moved)
+
+    lost_cutoff = now - timedelta(seconds=timings.lost_after)
+    unreachable_cutoff = now - timedelta(seconds=timings.unreachable_after)
+    if allowed(timings.lost_after):
+        candidates = list(
+            Node.objects.filter(
+                pool=pool,
+                liveness__in=_SILENT_STATES,
+                next_liveness_check_at__lte=now,
+                last_heartbeat_at__lte=lost_cutoff,
+            )
+            .exclude(lifecycle=Lifecycle.RETIRED)
+            .values_list("id", "liveness", "last_heartbeat_at", "labels", "node_labels")
+        )
+        if candidates:
+            verdict = silence.evaluate_pool(
+                pool=pool, now=now, unreachable_cutoff=unreachable_cutoff, trust_node_labels=pool.trust_node_labels
+            )
+            result["guards"] = verdict.guards
+            held = [c for c in candidates if verdict.holds(c[3], c[4])]
+            eligible = {c[0] for c in candidates} - {c[0] for c in held}
+            if held:
+                result["held"] = len(held)
+                silence.record_withheld(
+                    held=held, verdict=verdict, state=state, now=now, lost_after=timings.lost_after, actor=actor
+                )
+            reason = f"no heartbeat for {timings.lost_after:.0f}s (loss threshold)"
+            for from_state in _SILENT_STATES:
+                # Without holds the cutoff alone selects the rows; with holds, the eligible ids do.
+                batches = [None]
+                if held:
+                    batches = list(_chunks([c[0] for c in candidates if c[1] == from_state and c[0] in eligible]))
+                for batch in batches:
+                    moved = _move(
+                        pool_id=pool.pk,
+                        from_state=from_state,
+                        to_state=Liveness.LOST,
+                        now=now,
+                        cutoff=lost_cutoff,
+                        next_offset=None,
+                        reference=since,
+                        ids=batch,
+                        actor=actor,
+                        reason=reason,
+                    )
+                    record(from_state, Liveness.LOST, moved)
+                    result["lost"].extend(moved)
+    if allowed(timings.unreachable_after):
+        reason = f"no heartbeat for {timings.unreachable_after:.0f}s (grace)"
+        for from_state in (Liveness.ALIVE, Liveness.STALE):
+            moved = _move(
+                pool_id=pool.pk,
+                from_state=from_state,
+                to_state=Liveness.UNREACHABLE,
+                now=now,
+                cutoff=unreachable_cutoff,
+                next_offset=timings.lost_after,
+                reference=since,
+                ids=None,
+                actor=actor,
+                reason=reason,
+            )
+            record(from_state, Liveness.UNREACHABLE, moved)
+    if allowed(timings.stale_after):
+        # An alive node's deadline was set by its last heartbeat (two told intervals), so no cutoff.
+        # A stale node keeps its passed deadline: ``stale`` lasts one grace at most, and not writing
+        # the indexed column keeps a mass transition from rewriting every index of every row (the
+        # unreachable step above selects stale rows by their last heartbeat anyway).
+        moved = _move(
+            pool_id=pool.pk,
+            from_state=Liveness.ALIVE,
+            to_state=Liveness.STALE,
+            now=now,
+            cutoff=None,
+            next_offset=None,
+            reference=since,
+            ids=None,
+            actor=actor,
+            reason=f"missed heartbeats for {timings.stale_after:.0f}s",
+            keep_deadline=True,
+        )
+        record(Liveness.ALIVE, Liveness.STALE, moved)
+    return result
+
+
+def sweep_liveness(*, now: datetime | None = None, actor: Actor | None = None) -> dict:
+    """Degrade the liveness of every node whose deadline passed; safe to run twice at once.
+
+    Args:
+        now: the server's time (default: now). Tests move it with time_machine.
+        actor: who runs it (default: the system task ``fleet.sweep_liveness``).
+
+    Returns:
+        ``{"now", "gap_seconds", "recovering", "moved": {"alive->stale": n, ...}, "lost": n,
+        "held": n, "guards": {...}}``. Calls ``leases.services.lose_node_leases`` once with the
+        nodes that became ``lost`` in this run, inside the same transaction.
+    """
+    from leases.services import lose_node_leases
+
+    now = now or timezone.now()
+    actor = actor or Actor.system("fleet.sweep_liveness")
+    LivenessSweepState.objects.get_or_create(pk=1)
+    with transaction.atomic():
+        # The row lock makes concurrent sweeps queue (PostgreSQL); SQLite's IMMEDIATE transactions
+        # already serialise writers. The per-row compare-and-swap below stays correct without it.
+        state = LivenessSweepState.objects.select_for_update().get(pk=1)
+        previous = state.last_run_at
+        gap = max(0.0, (now - previous).total_seconds()) if previous else 0.0
+        due_pools = list(
+            Pool.objects.filter(
+                pk__in=Node.objects.filter(next_liveness_check_at__lte=now).values("pool_id").distinct()
+            )
+        )
+        fleet_size = heartbeat_population(fresh=True)
+        pool_timings = {pool.pk: timings_for(pool, fleet_size) for pool in due_pools}
+        if previous is not None and pool_timings and gap > min(t.unreachable_after for t in pool_timings.values()):
+            # The control plane itself was away (or its clock jumped): grace restarts now.
+            state.recovered_at, state.gap_seconds = now, gap
+        summary: dict = {"now": now.isoformat(), "gap_seconds": round(gap, 3), "moved": {}, "lost": 0, "held": 0}
+        summary["guards"], summary["recovering"] = {}, False
+        lost_ids: list = []
+        for pool in due_pools:
+            timings = pool_timings[pool.pk]
+            # The recovery matters for one loss threshold after it; later every node is judged
+            # by its own last heartbeat again (the result would be the same, the summary clearer).
+            since = (
+                state.recovered_at
+                if state.recovered_at is not None
+                and state.gap_seconds > timings.unreachable_after
+                and (now - state.recovered_at).total_seconds() <= timings.lost_after
+                else None
+            )
+            summary["recovering"] = summary.get("recovering", False) or since is not None
+            result = _sweep_pool(pool=pool, timings=timings, now=now, since=since, state=state, actor=actor)
+            for key, count in result["moved"].items():
+                summary["moved"][key] = summary["moved"].get(key, 0) + count
+            lost_ids.extend(result["lost"])
+            summary["held"] += result["held"]
+            summary["guards"].update(result["guards"])
+        summary["lost"] = len(lost_ids)
+        if lost_ids:
+            lose_node_leases(lost_ids, actor=actor, reason="node lost: no heartbeat past the loss threshold")
+        state.last_run_at = now
+        state.guarded_groups = summary["guards"]
+        state.last_result = {k: v for k, v in summary.items() if k != "guards"}
+        state.save(update_fields=["last_run_at", "recovered_at", "gap_seconds", "guarded_groups", "last_result"])
+    return summary
