@@ -406,8 +406,9 @@ def build_progress(
             }
         )
     heard = node.last_heartbeat_at
-    reported = [lease for lease in unconfirmed if lease.last_reported_at and heard and lease.last_reported_at >= heard]
-    unheard = [lease for lease in unconfirmed if lease not in reported]
+    # No heartbeat since the lease ended says more than "the last heartbeat listed it" (it was live then).
+    unheard = [lease for lease in unconfirmed if heard is not None and lease.ended_at and lease.ended_at >= heard]
+    reported = [lease for lease in unconfirmed if lease not in unheard]
     if reported:
         waiting.append(
             {
