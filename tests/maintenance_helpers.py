@@ -64,6 +64,8 @@ def allocated(node: Node, name: str = "cpu") -> int:
 
 def act(api, node: Node, action: str, body: dict | None = None, *, version: int | None = None, query: str = ""):
     """POST an operator action with If-Match set to ``version`` (default: the node's current version)."""
-    node.refresh_from_db()
-    headers = {"HTTP_IF_MATCH": f'"{node.version if version is None else version}"'}
+    if version is None:
+        node.refresh_from_db()
+        version = node.version
+    headers = {"HTTP_IF_MATCH": f'"{version}"'}
     return api.post(f"/api/v1/nodes/{node.pk}/{action}{query}", body or {"reason": "test"}, format="json", **headers)

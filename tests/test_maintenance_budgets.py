@@ -145,11 +145,14 @@ def test_two_drains_starting_at_once_never_spend_the_same_allowed_disruption(ope
     DisruptionBudget.objects.create(group="web", max_unavailable=1)
     leases = [make_lease(n, f"web-{i}", group="web") for i, n in enumerate(nodes)]
     barrier = threading.Barrier(len(nodes))
+    statuses = []
 
     def drain(target):
         try:
             barrier.wait()
-            act(operator_api, target, "drain", {"reason": "r", "policy": "terminate", "deadline_in": 600})
+            # version given: refresh_from_db of FSM models is not thread-safe (see services.reload_node)
+            body = {"reason": "r", "policy": "terminate", "deadline_in": 600}
+            statuses.append(act(operator_api, target, "drain", body, version=1).status_code)
         finally:
             connection.close()
 
@@ -159,6 +162,7 @@ def test_two_drains_starting_at_once_never_spend_the_same_allowed_disruption(ope
     for thread in threads:
         thread.join()
 
+    assert statuses == [201, 201, 201]
     assert sorted(states(*leases)) == ["active", "active", "revoked"]
 
 

@@ -224,11 +224,14 @@ def test_the_deadline_fired_concurrently_by_task_and_sweep_enforces_exactly_once
         drain = start(operator_api, node, deadline_in=60)
         clock.shift(61)
         barrier = threading.Barrier(4)
+        errors = []
 
         def fire(call):
             try:
                 barrier.wait()
                 call()
+            except Exception as exc:  # surfaced below: a thread's exception is otherwise only a warning
+                errors.append(exc)
             finally:
                 connection.close()
 
@@ -239,6 +242,7 @@ def test_the_deadline_fired_concurrently_by_task_and_sweep_enforces_exactly_once
         for thread in threads:
             thread.join()
 
+    assert errors == []
     drain.refresh_from_db()
     assert drain.state == "forced"
     assert Eviction.objects.filter(drain=drain).count() == 3
