@@ -29,10 +29,10 @@ heartbeat still listed it). A node that has never sent a heartbeat reports nothi
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import F
 from django.utils import timezone
 from django_fsm import can_proceed
 
@@ -42,27 +42,16 @@ from fleet.models import Node
 from leases import services as lease_services
 from leases.choices import LIVE_LEASE_STATES, WorkloadState
 from leases.models import Lease
-from nodepool.api.problems import Conflict, NotFound, Unprocessable
+from nodepool.api.problems import Conflict, NotFound
 from nodepool.api.versioning import check_version
 
-from . import conf
 from .budgets import ration, statuses_for_groups
-from .choices import DrainState, EvictionKind, EvictionPolicy, WaitingOn
+from .choices import DrainState, EvictionKind, EvictionPolicy
 from .models import Drain, Eviction
-from .services import apply_transition, lock_node, save_transition, transition_refused
+from .progress import PROGRESS_LIST_LIMIT, build_progress, live_leases, unconfirmed_leases, validate_deadline
+from .services import apply_transition, lock_node, save_transition
 
 logger = logging.getLogger(__name__)
-
-PROGRESS_LIST_LIMIT = 100
-
-
-def validate_deadline(deadline: datetime, *, now) -> None:
-    """Raises Unprocessable (422 ``deadline_in_past`` / ``deadline_too_far``)."""
-    if deadline <= now:
-        raise Unprocessable("The drain deadline must be in the future.", "deadline_in_past")
-    limit = conf.get("DRAIN_MAX_DURATION")
-    if deadline > now + timedelta(seconds=limit):
-        raise Unprocessable(f"The drain deadline may be at most {limit} seconds away.", "deadline_too_far")
 
 
 def _user(actor: Actor):
@@ -178,20 +167,6 @@ def sweep_drains(*, actor: Actor, now=None, limit: int = 500) -> dict[str, int]:
     return counts
 
 
-def _live_leases(node: Node, *, lock: bool) -> list[Lease]:
-    qs = Lease.objects.filter(node=node, state__in=LIVE_LEASE_STATES).order_by("granted_at", "pk")
-    return list(qs.select_for_update() if lock else qs)
-
-
-def unconfirmed_leases(node: Node) -> list[Lease]:
-    """Terminal leases on ``node`` that the node may still be running (see the module's rule)."""
-    heard = node.last_heartbeat_at
-    if heard is None:
-        return []
-    qs = Lease.objects.filter(node=node).exclude(state__in=LIVE_LEASE_STATES)
-    return list(qs.filter(Q(ended_at__gte=heard) | Q(last_reported_at__gte=heard)).order_by("ended_at", "pk"))
-
-
 def _record_evictions(drain: Drain, leases: list[Lease], kind: str, now) -> None:
     Eviction.objects.bulk_create(
         Eviction(
@@ -209,7 +184,7 @@ def _record_evictions(drain: Drain, leases: list[Lease], kind: str, now) -> None
 
 def _evaluate(drain: Drain, node: Node, *, actor: Actor, now) -> None:
     """One evaluation before the deadline (node and drain locked, drain active)."""
-    live = _live_leases(node, lock=True)
+    live = live_leases(node, lock=True)
     for lease in live:
         if lease.checkpoint_requested_at is not None and lease.workload_state == WorkloadState.CHECKPOINTED:
             lease_services.revoke_lease(lease, actor=actor, reason="workload checkpointed for drain", now=now)
@@ -245,7 +220,7 @@ def _evaluate(drain: Drain, node: Node, *, actor: Actor, now) -> None:
         _, _, budgets = ration(live, now=now, lock=False)
         held = {}
 
-    live = _live_leases(node, lock=False)
+    live = live_leases(node, lock=False)
     # Statuses after this evaluation's evictions, so the snapshot shows what is left to spend.
     budgets = statuses_for_groups([status["group"] for status in budgets], now=now)
     unconfirmed = unconfirmed_leases(node)
@@ -269,7 +244,7 @@ def _evaluate(drain: Drain, node: Node, *, actor: Actor, now) -> None:
 
 def _enforce(drain: Drain, node: Node, *, actor: Actor, now) -> bool:
     """At or after the deadline: claim the drain (CAS), revoke what is left, complete as forced."""
-    live = _live_leases(node, lock=True)
+    live = live_leases(node, lock=True)
     claimed = Drain.objects.filter(pk=drain.pk, state=DrainState.ACTIVE, deadline__lte=now).update(
         state=DrainState.FORCED, finished_at=now, finish_reason="deadline reached", version=F("version") + 1
     )
@@ -343,98 +318,6 @@ def _park_node(node: Node, *, actor: Actor, now, reason: str) -> None:
         reason=reason,
         data={"action": "complete-drain"},
     )
-
-
-def _lease_summary(lease: Lease, deadline) -> dict:
-    return {
-        "lease_id": str(lease.pk),
-        "workload_id": lease.workload_id,
-        "group": lease.group,
-        "state": lease.state,
-        "workload_state": lease.workload_state,
-        "expires_at": lease.expires_at.isoformat() if lease.expires_at else None,
-        "checkpoint_requested_at": (
-            lease.checkpoint_requested_at.isoformat() if lease.checkpoint_requested_at else None
-        ),
-        "at_risk": bool(lease.expires_at and lease.expires_at > deadline),
-    }
-
-
-def build_progress(
-    drain: Drain,
-    node: Node,
-    *,
-    live: list[Lease],
-    unconfirmed: list[Lease],
-    held: dict[str, list[Lease]],
-    budgets: list[dict],
-    now,
-) -> dict:
-    """The progress snapshot stored on the drain (shape in :class:`maintenance.models.Drain`)."""
-    deadline = drain.deadline.isoformat()
-    at_risk = [lease for lease in live if lease.expires_at and lease.expires_at > drain.deadline]
-    waiting: list[dict] = []
-    ids = lambda leases: [str(lease.pk) for lease in leases][:PROGRESS_LIST_LIMIT]  # noqa: E731
-    if live and drain.policy == EvictionPolicy.WAIT:
-        waiting.append(
-            {
-                "code": WaitingOn.LEASES_RUNNING,
-                "message": f"{len(live)} lease(s) still running; the wait policy lets them finish "
-                f"({len(at_risk)} expire after the deadline {deadline} and will be revoked then).",
-                "lease_ids": ids(live),
-            }
-        )
-    checkpointing = [lease for lease in live if lease.checkpoint_requested_at is not None]
-    if checkpointing:
-        waiting.append(
-            {
-                "code": WaitingOn.CHECKPOINT_PENDING,
-                "message": f"{len(checkpointing)} workload(s) were asked to checkpoint and have not reported "
-                "'checkpointed' yet.",
-                "lease_ids": ids(checkpointing),
-            }
-        )
-    if held:
-        blocked = [lease for leases in held.values() for lease in leases]
-        waiting.append(
-            {
-                "code": WaitingOn.DISRUPTION_BUDGET,
-                "message": f"The disruption budget of {', '.join(sorted(held))} allows no more disruptions now; "
-                f"{len(blocked)} lease(s) wait for replacements elsewhere (until the deadline {deadline}).",
-                "groups": sorted(held),
-                "lease_ids": ids(blocked),
-            }
-        )
-    heard = node.last_heartbeat_at
-    # No heartbeat since the lease ended says more than "the last heartbeat listed it" (it was live then).
-    unheard = [lease for lease in unconfirmed if heard is not None and lease.ended_at and lease.ended_at >= heard]
-    reported = [lease for lease in unconfirmed if lease not in unheard]
-    if reported:
-        waiting.append(
-            {
-                "code": WaitingOn.NODE_STILL_REPORTING,
-                "message": f"The node's latest heartbeat still lists {len(reported)} ended lease(s); "
-                "it has been told to stop them.",
-                "lease_ids": ids(reported),
-            }
-        )
-    if unheard:
-        waiting.append(
-            {
-                "code": WaitingOn.NO_HEARTBEAT_SINCE_END,
-                "message": f"No heartbeat since {len(unheard)} lease(s) ended; the next one confirms they stopped.",
-                "lease_ids": ids(unheard),
-            }
-        )
-    return {
-        "evaluated_at": now.isoformat(),
-        "leases_remaining": len(live),
-        "remaining": [_lease_summary(lease, drain.deadline) for lease in live[:PROGRESS_LIST_LIMIT]],
-        "at_risk": ids(at_risk),
-        "unconfirmed": ids(unconfirmed),
-        "waiting_on": waiting,
-        "budgets": budgets,
-    }
 
 
 def cancel_drain(*, drain_id, expected_version: int, reason: str, actor: Actor, now=None) -> Drain:
@@ -511,72 +394,3 @@ def change_drain_deadline(
         drain.refresh_from_db()
         _schedule_deadline(drain)
     return drain
-
-
-def plan_drain(*, node_id, policy: str, deadline: datetime, expected_version: int | None = None, now=None) -> dict:
-    """Dry run of :func:`start_drain`: change nothing, say what would happen.
-
-    Returns ``{"dry_run": true, "node_id", "lifecycle", "allowed", "policy", "deadline",
-    "leases": [{lease summary, "action", "placement": simulate_placement(...)}],
-    "budgets": [{BudgetStatus, "leases_on_node", "blocks"}], "summary": {...}}``. Placement
-    uses the leases app's ``simulate_placement`` (the same filters and scores as a real request),
-    each lease on its own: leases that fit one at a time may not all fit together.
-
-    Raises the same 404/412/409/422 as a real drain would (412 only when a version is given).
-    """
-    now = now or timezone.now()
-    validate_deadline(deadline, now=now)
-    try:
-        node = Node.objects.get(pk=node_id)
-    except (Node.DoesNotExist, ValueError) as exc:
-        raise NotFound(f"No node {node_id}.", "node_not_found") from exc
-    if expected_version is not None:
-        check_version(node.version, expected_version)
-    if not can_proceed(node.drain):
-        raise transition_refused(node, "drain")
-    live = _live_leases(node, lock=False)
-    if policy == EvictionPolicy.WAIT:
-        _, _, budgets = ration(live, now=now, lock=False)
-        held: dict[str, list[Lease]] = {}
-    else:
-        _, held, budgets = ration(live, now=now, lock=False)
-    held_ids = {lease.pk for leases in held.values() for lease in leases}
-    action = {EvictionPolicy.WAIT: "wait", EvictionPolicy.CHECKPOINT: "checkpoint"}.get(policy, "revoke")
-    entries = []
-    for lease in live:
-        placement = lease_services.simulate_placement(lease, exclude_node_ids=[node.pk])
-        entry = _lease_summary(lease, deadline)
-        entry.update(
-            resources=lease.resources,
-            action="blocked_by_budget" if lease.pk in held_ids else action,
-            placement=placement,
-        )
-        entries.append(entry)
-    on_node: dict[str, int] = {}
-    for lease in live:
-        on_node[lease.group] = on_node.get(lease.group, 0) + 1
-    budgets = [
-        {**status, "leases_on_node": on_node.get(status["group"], 0), "blocks": status["group"] in held}
-        for status in budgets
-    ]
-    placeable = sum(1 for entry in entries if entry["placement"].get("placeable"))
-    return {
-        "dry_run": True,
-        "node_id": str(node.pk),
-        "lifecycle": node.lifecycle,
-        "version": node.version,
-        "allowed": True,
-        "policy": policy,
-        "deadline": deadline.isoformat(),
-        "leases": entries,
-        "budgets": budgets,
-        "summary": {
-            "leases": len(entries),
-            "placeable_elsewhere": placeable,
-            "unplaceable": len(entries) - placeable,
-            "pool_can_take_all": placeable == len(entries),
-            "at_risk": sum(1 for entry in entries if entry["at_risk"]),
-            "blocked_by_budgets": len(held_ids),
-            "would_complete_at_once": not entries and not unconfirmed_leases(node),
-        },
-    }

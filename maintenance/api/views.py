@@ -17,7 +17,7 @@ from nodepool.api.problems import PreconditionRequired, Problem
 from nodepool.api.versioning import ETagMixin, expected_version
 
 from .. import budgets as budget_services
-from .. import drains, services
+from .. import drains, progress, services
 from ..filtersets import DrainFilterSet, QuarantineFilterSet
 from ..selectors import budgets, drains_for, quarantines_for
 from . import serializers as s
@@ -133,7 +133,7 @@ class DrainView(NodeActionView):
                 version = expected_version(request)
             except PreconditionRequired:
                 version = None  # a dry run needs no version; a stale one still gets 412
-            plan = drains.plan_drain(
+            plan = progress.plan_drain(
                 node_id=pk, policy=data["policy"], deadline=data["deadline"], expected_version=version
             )
             return Response(plan)
