@@ -6,6 +6,7 @@ Views validate, read the expected version, call one service and shape the respon
 from __future__ import annotations
 
 from django.urls import reverse
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import mixins, status, viewsets
 from rest_framework.permissions import BasePermission, IsAuthenticated
 from rest_framework.response import Response
@@ -58,21 +59,25 @@ class NodeActionView(ETagMixin, APIView):
         raise NotImplementedError
 
 
+@extend_schema(request=s.ReasonSerializer, responses=s.NodeStateSerializer)
 class CordonView(NodeActionView):
     def act(self, **kwargs):
         return services.cordon_node(**kwargs)
 
 
+@extend_schema(request=s.ReasonSerializer, responses=s.NodeStateSerializer)
 class UncordonView(NodeActionView):
     def act(self, **kwargs):
         return services.uncordon_node(**kwargs)
 
 
+@extend_schema(request=s.ReasonSerializer, responses=s.NodeStateSerializer)
 class ReturnToServiceView(NodeActionView):
     def act(self, **kwargs):
         return services.return_node_to_service(**kwargs)
 
 
+@extend_schema(request=s.RetireRequestSerializer, responses=s.NodeStateSerializer)
 class RetireView(NodeActionView):
     request_serializer = s.RetireRequestSerializer
 
@@ -80,6 +85,7 @@ class RetireView(NodeActionView):
         return services.retire_node(**kwargs)
 
 
+@extend_schema(request=s.QuarantineRequestSerializer, responses=s.NodeStateSerializer)
 class QuarantineView(NodeActionView):
     required_permission = "fleet.quarantine_node"
     request_serializer = s.QuarantineRequestSerializer
@@ -95,6 +101,7 @@ class QuarantineView(NodeActionView):
         return Response(body)
 
 
+@extend_schema(request=s.ReleaseRequestSerializer, responses=s.NodeStateSerializer)
 class ReleaseView(NodeActionView):
     required_permission = "fleet.release_node"
     request_serializer = s.ReleaseRequestSerializer
@@ -120,6 +127,11 @@ def _dry_run(request) -> bool:
     raise Problem("dry_run must be true or false.", "invalid_query_parameter")
 
 
+@extend_schema(
+    request=s.DrainRequestSerializer,
+    responses={201: s.DrainSerializer, 200: dict},
+    parameters=[OpenApiParameter("dry_run", bool, description="change nothing; answer what would happen")],
+)
 class DrainView(NodeActionView):
     """``POST /nodes/{id}/drain`` (``?dry_run=true`` changes nothing and answers what would happen)."""
 
@@ -158,6 +170,7 @@ class DrainActionView(ETagMixin, APIView):
     required_permission = "fleet.operate_node"
 
 
+@extend_schema(request=s.ReasonSerializer, responses=s.DrainSerializer)
 class DrainCancelView(DrainActionView):
     """``POST /drains/{id}/cancel`` with the drain's version: node back to cordoned (not ready)."""
 
@@ -174,6 +187,7 @@ class DrainCancelView(DrainActionView):
         return Response(s.DrainSerializer(drain).data)
 
 
+@extend_schema(request=s.DeadlineChangeSerializer, responses=s.DrainSerializer)
 class DrainDeadlineView(DrainActionView):
     """``POST /drains/{id}/deadline`` with ``deadline`` or ``deadline_in``, a reason and the drain's version."""
 
