@@ -215,3 +215,52 @@ def test_an_automatic_quarantine_is_reversible_by_an_operator(operator_api, node
     assert response.status_code == 200
     assert response.json()["lifecycle"] == "pending"
     assert Quarantine.objects.get(node=node).released_at is not None
+
+
+def test_a_heartbeat_transaction_can_save_its_node_after_a_rule_quarantined_it(node):
+    from django.db import transaction
+
+    with transaction.atomic():
+        held = Node.objects.select_for_update().get(pk=node.pk)
+        held.sequence = 7
+        held.save(update_fields=["sequence"])
+        rule = rules.evaluate_heartbeat(held, usage={"cpu": 10**6}, agent_version="1.0.0", actor=NODE_ACTOR)
+        held.usage = {"cpu": 10**6}
+        held.save(update_fields=["usage"])  # no ConcurrentTransition: the instance was brought up to date
+
+    assert rule == "impossible_usage"
+    stored = Node.objects.get(pk=node.pk)
+    assert (stored.lifecycle, stored.sequence, stored.usage, stored.version) == ("quarantined", 7, {"cpu": 10**6}, 2)
+
+
+@pytest.mark.parametrize(
+    ("url", "status"),
+    [
+        ("/api/v1/quarantines?open=maybe", 400),
+        ("/api/v1/quarantines?rule=whim", 400),
+        ("/api/v1/quarantines?node=not-a-uuid", 400),
+        ("/api/v1/quarantines/not-a-number", 404),
+        ("/api/v1/drains/not-a-uuid", 404),
+        ("/api/v1/drains?policy=yolo", 400),
+        ("/api/v1/drains/00000000-0000-0000-0000-000000000000", 404),
+        ("/api/v1/disruption-budgets/abc", 404),
+    ],
+)
+def test_bad_read_queries_are_4xx_problems(operator_api, url, status):
+    response = operator_api.get(url)
+
+    assert response.status_code == status
+    assert response["Content-Type"] == "application/problem+json"
+
+
+def test_quarantines_filter_open_and_released(operator_api, node):
+    act(operator_api, node, "quarantine", {"reason": "incident"})
+    act(operator_api, node, "release", {"reason": "fixed"})
+    second = make_schedulable_node()[0]
+    act(operator_api, second, "quarantine", {"reason": "incident"})
+
+    open_ones = operator_api.get("/api/v1/quarantines?open=true").json()
+    closed = operator_api.get("/api/v1/quarantines?open=false").json()
+
+    assert [q["node"] for q in open_ones["results"]] == [str(second.pk)]
+    assert [q["node"] for q in closed["results"]] == [str(node.pk)]
