@@ -2,8 +2,8 @@
 
 For a workload group with a budget:
 
-- **healthy**: live leases of the group that no drain is evicting (no checkpoint requested);
-- **disrupted**: live leases asked to checkpoint, plus leases a drain ended whose workload does
+- **healthy**: live leases of the group that no drain is evicting (no checkpoint request pending);
+- **disrupted**: live leases a drain asked to checkpoint, plus leases a drain ended whose workload does
   not yet hold a newer live lease (a replacement has a larger fencing token), counted for at most
   ``replacement_grace`` seconds after the eviction;
 - **allowed disruptions**: ``max_unavailable - disrupted``, or ``healthy - min_available``
@@ -46,22 +46,27 @@ class BudgetStatus:
 def budget_status(budget: DisruptionBudget, *, now) -> BudgetStatus:
     """The current healthy/disrupted counts and allowed disruptions of ``budget``'s group."""
     live = Lease.objects.filter(group=budget.group, state__in=LIVE_LEASE_STATES)
-    healthy = live.filter(checkpoint_requested_at__isnull=True).count()
-    checkpointing = set(live.filter(checkpoint_requested_at__isnull=False).values_list("workload_id", flat=True))
+    being_evicted = Exists(Eviction.objects.filter(lease=OuterRef("pk"), withdrawn_at__isnull=True))
+    live = live.annotate(being_evicted=being_evicted)
+    healthy = live.filter(being_evicted=False).count()
+    checkpointing = set(live.filter(being_evicted=True).values_list("workload_id", flat=True))
     replaced = Lease.objects.filter(
         workload_id=OuterRef("workload_id"),
         state__in=LIVE_LEASE_STATES,
         fencing_token__gt=OuterRef("fencing_token"),
     )
     ended = (
-        Eviction.objects.filter(group=budget.group, created_at__gte=now - timedelta(seconds=budget.replacement_grace))
+        Eviction.objects.filter(
+            group=budget.group,
+            withdrawn_at__isnull=True,
+            created_at__gte=now - timedelta(seconds=budget.replacement_grace),
+        )
         .exclude(lease__state__in=LIVE_LEASE_STATES)
         .annotate(replaced=Exists(replaced))
         .filter(replaced=False)
         .values_list("workload_id", flat=True)
     )
-    # A workload evicted and then asked again counts once; a live workload (re-placed with a newer
-    # lease that is itself checkpointing) is already in ``checkpointing``.
+    # A workload evicted twice counts once; a replacement that is itself being evicted counts once too.
     disrupted = len(checkpointing | set(ended))
     if budget.max_unavailable is not None:
         allowed = budget.max_unavailable - disrupted

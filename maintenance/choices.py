@@ -23,7 +23,6 @@ DRAIN_FINAL_STATES = (DrainState.COMPLETED, DrainState.FORCED, DrainState.CANCEL
 class EvictionKind(models.TextChoices):
     CHECKPOINT = "checkpoint", "checkpoint requested"
     TERMINATE = "terminate", "revoked by policy"
-    CHECKPOINTED = "checkpointed", "ended after the workload checkpointed"
     DEADLINE = "deadline", "revoked at the deadline"
 
 

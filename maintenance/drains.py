@@ -4,7 +4,7 @@ A drain is evaluated (:func:`evaluate_drain`) when it starts, by a Celery task a
 and by a beat sweep over every active drain (the safety net for a task that fires late, twice or
 never). Each evaluation, under the node's row lock:
 
-1. ends the leases whose workloads reported ``checkpointed`` after a checkpoint request;
+1. ends the leases whose workloads reported ``checkpointed`` after this drain asked them to;
 2. applies the eviction policy to what is left, within the disruption budgets
    (``wait``: nothing; ``checkpoint``: set ``Lease.checkpoint_requested_at``, which the heartbeat
    response turns into a checkpoint instruction; ``terminate``: revoke now);
@@ -182,13 +182,32 @@ def _record_evictions(drain: Drain, leases: list[Lease], kind: str, now) -> None
     )
 
 
+def checkpoint_requests(drain: Drain) -> set:
+    """Ids of the leases this drain asked to checkpoint (requests not withdrawn).
+
+    Kept on the drain's eviction rows, not read back from ``Lease.checkpoint_requested_at``: the
+    leases app clears that field when the workload reports ``checkpointed`` (the instruction has
+    been answered), and the drain must still know the lease is its to end.
+    """
+    return set(
+        Eviction.objects.filter(drain=drain, kind=EvictionKind.CHECKPOINT, withdrawn_at__isnull=True).values_list(
+            "lease_id", flat=True
+        )
+    )
+
+
 def _evaluate(drain: Drain, node: Node, *, actor: Actor, now) -> None:
     """One evaluation before the deadline (node and drain locked, drain active)."""
     live = live_leases(node, lock=True)
-    for lease in live:
-        if lease.checkpoint_requested_at is not None and lease.workload_state == WorkloadState.CHECKPOINTED:
-            lease_services.revoke_lease(lease, actor=actor, reason="workload checkpointed for drain", now=now)
-    live = [lease for lease in live if lease.state in LIVE_LEASE_STATES]
+    asked = checkpoint_requests(drain)
+    ended = {
+        lease.pk
+        for lease in live
+        if lease.pk in asked
+        and lease.workload_state == WorkloadState.CHECKPOINTED
+        and lease_services.revoke_lease(lease, actor=actor, reason="workload checkpointed for drain", now=now)
+    }
+    live = [lease for lease in live if lease.pk not in ended]
 
     if drain.policy == EvictionPolicy.TERMINATE:
         allowed, held, budgets = ration(live, now=now, lock=True)
@@ -199,14 +218,12 @@ def _evaluate(drain: Drain, node: Node, *, actor: Actor, now) -> None:
         ]
         _record_evictions(drain, revoked, EvictionKind.TERMINATE, now)
     elif drain.policy == EvictionPolicy.CHECKPOINT:
-        waiting = [lease for lease in live if lease.checkpoint_requested_at is None]
-        allowed, held, budgets = ration(waiting, now=now, lock=True)
+        allowed, held, budgets = ration([lease for lease in live if lease.pk not in asked], now=now, lock=True)
         if allowed:
-            Lease.objects.filter(
-                pk__in=[lease.pk for lease in allowed],
-                state__in=LIVE_LEASE_STATES,
-                checkpoint_requested_at__isnull=True,
-            ).update(checkpoint_requested_at=now, version=F("version") + 1)
+            # The heartbeat response turns checkpoint_requested_at into a checkpoint instruction.
+            Lease.objects.filter(pk__in=[lease.pk for lease in allowed], state__in=LIVE_LEASE_STATES).update(
+                checkpoint_requested_at=now, version=F("version") + 1
+            )
             _record_evictions(drain, allowed, EvictionKind.CHECKPOINT, now)
             record_event(
                 node,
@@ -224,7 +241,17 @@ def _evaluate(drain: Drain, node: Node, *, actor: Actor, now) -> None:
     # Statuses after this evaluation's evictions, so the snapshot shows what is left to spend.
     budgets = statuses_for_groups([status["group"] for status in budgets], now=now)
     unconfirmed = unconfirmed_leases(node)
-    progress = build_progress(drain, node, live=live, unconfirmed=unconfirmed, held=held, budgets=budgets, now=now)
+    checkpointing = checkpoint_requests(drain)
+    progress = build_progress(
+        drain,
+        node,
+        live=live,
+        checkpointing=[lease for lease in live if lease.pk in checkpointing],
+        unconfirmed=unconfirmed,
+        held=held,
+        budgets=budgets,
+        now=now,
+    )
     if not live and not unconfirmed:
         _finish(drain, node, state=DrainState.COMPLETED, actor=actor, now=now, progress=progress)
         return
@@ -337,9 +364,14 @@ def cancel_drain(*, drain_id, expected_version: int, reason: str, actor: Actor, 
         Drain.objects.filter(pk=drain.pk).update(
             state=DrainState.CANCELLED, finished_at=now, finish_reason=reason, version=F("version") + 1
         )
-        withdrawn = Lease.objects.filter(
-            node=node, state__in=LIVE_LEASE_STATES, checkpoint_requested_at__isnull=False
-        ).update(checkpoint_requested_at=None, version=F("version") + 1)
+        requested = Eviction.objects.filter(
+            drain=drain, kind=EvictionKind.CHECKPOINT, withdrawn_at__isnull=True, lease__state__in=LIVE_LEASE_STATES
+        )
+        withdrawn = Lease.objects.filter(pk__in=list(requested.values_list("lease_id", flat=True))).update(
+            checkpoint_requested_at=None, version=F("version") + 1
+        )
+        # Withdrawn requests no longer count against disruption budgets.
+        requested.update(withdrawn_at=now)
         data = {"action": "cancel-drain", "drain_id": str(drain.pk), "checkpoints_withdrawn": withdrawn}
         record_event(
             node,

@@ -77,6 +77,8 @@ class Eviction(models.Model):
     fencing_token = models.PositiveBigIntegerField()
     kind = models.CharField(max_length=16, choices=EvictionKind.choices)
     created_at = models.DateTimeField(default=timezone.now)
+    # Set when a cancelled drain withdraws a checkpoint request: the lease stops counting as disrupted.
+    withdrawn_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]

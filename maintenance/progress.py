@@ -72,6 +72,7 @@ def build_progress(
     node: Node,
     *,
     live: list[Lease],
+    checkpointing: list[Lease],
     unconfirmed: list[Lease],
     held: dict[str, list[Lease]],
     budgets: list[dict],
@@ -91,7 +92,6 @@ def build_progress(
                 "lease_ids": ids(live),
             }
         )
-    checkpointing = [lease for lease in live if lease.checkpoint_requested_at is not None]
     if checkpointing:
         waiting.append(
             {

@@ -139,7 +139,8 @@ def test_a_checkpoint_drain_asks_for_a_checkpoint_and_ends_the_lease_once_checkp
     assert [item["code"] for item in drain.progress["waiting_on"]] == ["checkpoint_pending"]
 
     clock.shift(30)
-    Lease.objects.filter(pk=lease.pk).update(workload_state="checkpointed")
+    # What the leases app does on a "checkpointed" event: record it and clear the answered request.
+    Lease.objects.filter(pk=lease.pk).update(workload_state="checkpointed", checkpoint_requested_at=None)
     heartbeat(node)
     drain = evaluate(drain)
     lease.refresh_from_db()
@@ -359,3 +360,23 @@ def test_drains_are_listed_and_filtered_for_operators_and_owners_see_their_own(
     assert detail["ETag"] == '"1"'
     assert detail.json()["progress"]["leases_remaining"] == 1
     assert bad_filter.status_code == 400
+
+
+def test_a_checkpoint_request_is_made_once_and_a_cancel_withdraws_it_from_the_budget(operator_api, node, clock):
+    from maintenance.budgets import budget_status
+    from maintenance.models import DisruptionBudget
+
+    budget = DisruptionBudget.objects.create(group="web", max_unavailable=5)
+    lease = make_lease(node, "web-1", group="web")
+    drain = start(operator_api, node, policy="checkpoint")
+    clock.shift(10)
+    Lease.objects.filter(pk=lease.pk).update(checkpoint_requested_at=None)  # answered, not yet checkpointed
+    evaluate(drain)
+
+    assert Eviction.objects.filter(drain=drain, kind="checkpoint").count() == 1  # not asked twice
+    assert budget_status(budget, now=T0 + timedelta(seconds=10)).disrupted == 1
+
+    operator_api.post(f"/api/v1/drains/{drain.pk}/cancel", {"reason": "postponed"}, HTTP_IF_MATCH='"1"')
+
+    status = budget_status(budget, now=T0 + timedelta(seconds=10))
+    assert (status.healthy, status.disrupted, status.allowed_disruptions) == (1, 0, 5)
