@@ -319,11 +319,12 @@ def release_node(
 
 
 def queue_admission(*, node: Node, actor: Actor) -> bool:
-    """Ask the fleet app to run admission checks again for ``node`` (already ``admitting``).
+    """Ask the fleet app to run admission checks again for ``node`` (already ``admitting``, saved).
 
-    Calls ``fleet.services.start_admission(node=node, actor=actor)`` when the fleet app provides it
-    (inside the caller's transaction, so a failure rolls the return-to-service back). Without it the
-    node stays ``admitting`` until an operator runs admission, and the event says so.
+    Calls the fleet app's ``fleet.services.queue_admission(node=node)`` (a new admission attempt,
+    dispatched on commit), or failing that ``fleet.services.start_admission(node=node, actor=actor)``,
+    inside the caller's transaction, so a failure rolls the return-to-service back. When the fleet
+    app offers neither, the node stays ``admitting`` and the event says admission was not queued.
 
     Returns: True when admission was queued.
     """
@@ -331,6 +332,10 @@ def queue_admission(*, node: Node, actor: Actor) -> bool:
         fleet_services = importlib.import_module("fleet.services")
     except ImportError:
         return False
+    queue = getattr(fleet_services, "queue_admission", None)
+    if queue is not None:
+        queue(node=node)
+        return True
     start = getattr(fleet_services, "start_admission", None)
     if start is None:
         return False

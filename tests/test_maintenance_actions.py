@@ -273,7 +273,8 @@ def test_retire_keeps_identity_history_and_credentials(operator_api, node):
     assert node.credentials.filter(revoked_at__isnull=True).exists()
 
 
-def test_return_to_service_moves_maintenance_to_admitting_never_ready(operator_api):
+def test_return_to_service_moves_maintenance_to_admitting_never_ready(operator_api, monkeypatch):
+    monkeypatch.setitem(sys.modules, "fleet.services", types.ModuleType("fleet.services"))  # no admission here
     node = node_in(Lifecycle.MAINTENANCE)
 
     response = act(operator_api, node, "return-to-service", {"reason": "disk replaced"})
@@ -284,7 +285,20 @@ def test_return_to_service_moves_maintenance_to_admitting_never_ready(operator_a
     assert event.data["admission_queued"] is False
 
 
-def test_return_to_service_queues_admission_through_the_fleet_app_when_it_offers_it(operator_api, monkeypatch):
+def test_return_to_service_queues_admission_through_the_fleet_app(operator_api, monkeypatch):
+    calls = []
+    fake = types.ModuleType("fleet.services")
+    fake.queue_admission = lambda *, node: calls.append((node.pk, node.lifecycle))
+    monkeypatch.setitem(sys.modules, "fleet.services", fake)
+    node = node_in(Lifecycle.MAINTENANCE)
+
+    act(operator_api, node, "return-to-service", {"reason": "disk replaced"})
+
+    assert calls == [(node.pk, "admitting")]
+    assert NodeEvent.objects.get(node=node, to_state="admitting").data["admission_queued"] is True
+
+
+def test_return_to_service_falls_back_to_start_admission(operator_api, monkeypatch):
     calls = []
     fake = types.ModuleType("fleet.services")
     fake.start_admission = lambda *, node, actor: calls.append((node.pk, node.lifecycle, actor.name))
@@ -294,7 +308,6 @@ def test_return_to_service_queues_admission_through_the_fleet_app_when_it_offers
     act(operator_api, node, "return-to-service", {"reason": "disk replaced"})
 
     assert calls == [(node.pk, "admitting", "olivia-operator")]
-    assert NodeEvent.objects.get(node=node, to_state="admitting").data["admission_queued"] is True
 
 
 def _race(requests: list) -> list[int]:

@@ -134,10 +134,13 @@ def test_release_return_to_service_and_retire_actions(admin_client):
 
 
 def test_an_operator_without_the_release_permission_is_refused_in_the_admin(client):
-    from django.contrib.auth.models import Permission
+    from django.contrib.auth.models import Group, Permission
 
+    operators = Group.objects.get_or_create(name="operators")[0]
+    operators.permissions.add(*Permission.objects.filter(content_type__app_label="fleet"))
+    operators.permissions.remove(Permission.objects.get(codename="release_node"))
     staff = User.objects.create_user("sam-staff", password="pw", is_staff=True)
-    staff.user_permissions.add(*Permission.objects.filter(codename__in=["view_node", "change_node", "operate_node"]))
+    staff.groups.add(operators)
     client.login(username="sam-staff", password="pw")
     node = set_lifecycle(make_schedulable_node()[0], "quarantined")
 
