@@ -20,7 +20,7 @@ from packaging.version import InvalidVersion, Version
 
 from fleet.choices import Lifecycle
 from fleet.events import Actor
-from fleet.models import Node, NodeResource
+from fleet.models import Node, NodeResource, Pool
 
 from . import conf
 from .choices import QuarantineRule
@@ -38,14 +38,45 @@ def _quarantine(node: Node, rule: str, reason: str, evidence: dict[str, Any], ac
     return rule
 
 
-def impossible_usage(node: Node, usage: dict[str, Any]) -> dict[str, Any] | None:
+def _loaded_pool_spec(node: Node) -> str | None:
+    """The pool's ``allowed_agent_versions`` if already in memory (no query), else None."""
+    pool = node._state.fields_cache.get("pool")
+    if pool is None or "allowed_agent_versions" in pool.get_deferred_fields():
+        return None
+    return pool.allowed_agent_versions or ""
+
+
+def heartbeat_facts(node: Node, usage: dict[str, Any]) -> tuple[dict[str, int], str]:
+    """``({resource: capacity}, pool's allowed_agent_versions)`` for the heartbeat rules, in one query.
+
+    Every heartbeat pays for this, so the capacities of the reported resources and the pool's
+    specifier come back from a single indexed query (none at all when the usage is empty and the
+    caller already loaded the pool's specifier).
+    """
+    spec = _loaded_pool_spec(node)
+    capacities: dict[str, int] = {}
+    if usage:
+        rows = NodeResource.objects.filter(node_id=node.pk, name__in=list(usage)).values_list(
+            "name", "capacity", "node__pool__allowed_agent_versions"
+        )
+        for name, capacity, allowed in rows:
+            capacities[name] = capacity
+            if spec is None:
+                spec = allowed or ""
+    if spec is None:
+        spec = Pool.objects.filter(pk=node.pool_id).values_list("allowed_agent_versions", flat=True).first() or ""
+    return capacities, spec
+
+
+def impossible_usage(node: Node, usage: dict[str, Any], capacities: dict[str, int] | None = None) -> dict | None:
     """Evidence when ``usage`` exceeds the node's raw capacity beyond the tolerance, else None.
 
     Only resources in the node's inventory are judged; tolerance is
     ``NODEPOOL["IMPOSSIBLE_USAGE_TOLERANCE"]`` (default 5 %, for measurement noise).
     """
+    if capacities is None:
+        capacities = dict(NodeResource.objects.filter(node=node).values_list("name", "capacity"))
     tolerance = float(conf.get("IMPOSSIBLE_USAGE_TOLERANCE"))
-    capacities = dict(NodeResource.objects.filter(node=node).values_list("name", "capacity"))
     over = {}
     for name, amount in (usage or {}).items():
         if name not in capacities or isinstance(amount, bool) or not isinstance(amount, int | float):
@@ -55,14 +86,16 @@ def impossible_usage(node: Node, usage: dict[str, Any]) -> dict[str, Any] | None
     return {"over_capacity": over, "tolerance": tolerance} if over else None
 
 
-def agent_version_outside(node: Node, agent_version: str) -> dict[str, Any] | None:
+def agent_version_outside(node: Node, agent_version: str, spec_text: str | None = None) -> dict[str, Any] | None:
     """Evidence when ``agent_version`` is outside the pool's ``allowed_agent_versions`` (PEP 440).
 
     An empty specifier allows any version. Pre-releases are judged by their place in the order
     (``1.2.0rc1`` satisfies ``>=1.0,<2``); an unparseable version is outside any non-empty set.
     A malformed pool specifier quarantines nobody (the pool's admin is at fault, not the node).
     """
-    spec_text = (node.pool.allowed_agent_versions or "").strip()
+    if spec_text is None:
+        spec_text = node.pool.allowed_agent_versions
+    spec_text = (spec_text or "").strip()
     if not spec_text:
         return None
     try:
@@ -93,7 +126,8 @@ def evaluate_heartbeat(node, *, usage: dict, agent_version: str, actor) -> str |
     """
     if node.lifecycle in _EXEMPT:
         return None
-    evidence = impossible_usage(node, usage)
+    capacities, spec = heartbeat_facts(node, usage)
+    evidence = impossible_usage(node, usage, capacities)
     if evidence:
         names = ", ".join(
             f"{name} {item['usage']} > capacity {item['capacity']}" for name, item in evidence["over_capacity"].items()
@@ -105,7 +139,7 @@ def evaluate_heartbeat(node, *, usage: dict, agent_version: str, actor) -> str |
             {"usage": usage, **evidence},
             actor,
         )
-    evidence = agent_version_outside(node, agent_version)
+    evidence = agent_version_outside(node, agent_version, spec)
     if evidence:
         return _quarantine(
             node,

@@ -264,3 +264,17 @@ def test_quarantines_filter_open_and_released(operator_api, node):
 
     assert [q["node"] for q in open_ones["results"]] == [str(second.pk)]
     assert [q["node"] for q in closed["results"]] == [str(node.pk)]
+
+
+def test_the_heartbeat_rules_cost_one_query_and_none_without_usage(django_assert_num_queries):
+    pool = PoolFactory(allowed_agent_versions=">=1.0")
+    node = make_schedulable_node(pool)[0]
+    deferred = Node.objects.select_related("pool").only("id", "lifecycle", "pool__id").get(pk=node.pk)
+    loaded = Node.objects.select_related("pool").get(pk=node.pk)
+
+    with django_assert_num_queries(1):
+        assert rules.evaluate_heartbeat(deferred, usage={"cpu": 100}, agent_version="1.2", actor=NODE_ACTOR) is None
+    with django_assert_num_queries(0):
+        assert rules.evaluate_heartbeat(loaded, usage={}, agent_version="1.2", actor=NODE_ACTOR) is None
+    with django_assert_num_queries(1):
+        assert rules.evaluate_heartbeat(deferred, usage={}, agent_version="1.2", actor=NODE_ACTOR) is None
