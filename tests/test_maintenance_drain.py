@@ -380,3 +380,32 @@ def test_a_checkpoint_request_is_made_once_and_a_cancel_withdraws_it_from_the_bu
 
     status = budget_status(budget, now=T0 + timedelta(seconds=10))
     assert (status.healthy, status.disrupted, status.allowed_disruptions) == (1, 0, 5)
+
+
+def test_the_sweep_skips_a_drain_that_fails_and_evaluates_the_rest(operator_api, node, clock, monkeypatch):
+    other = make_schedulable_node()[0]
+    for target in (node, other):
+        make_lease(target, f"job-{target.pk}")
+    broken, fine = start(operator_api, node, deadline_in=600), start(operator_api, other, deadline_in=600)
+    real = drains.evaluate_drain
+
+    def flaky(*, drain_id, actor, now=None):
+        if drain_id == broken.pk:
+            raise RuntimeError("bad row")
+        return real(drain_id=drain_id, actor=actor, now=now)
+
+    monkeypatch.setattr(drains, "evaluate_drain", flaky)
+    clock.shift(601)
+    counts = tasks.sweep_drains()
+
+    assert (counts["failed"], counts["forced"]) == (1, 1)
+    fine.refresh_from_db()
+    assert fine.state == "forced"
+
+
+def test_the_beat_entry_expires_before_its_next_run():
+    from maintenance.schedule import BEAT_SCHEDULE
+
+    entry = BEAT_SCHEDULE["maintenance-sweep-drains"]
+    assert entry["task"] == tasks.sweep_drains.name
+    assert entry["options"]["expires"] < entry["schedule"]
