@@ -1,18 +1,215 @@
-"""Automatic quarantine rules, evaluated by the control plane (filled by the maintenance issue)."""
+"""Automatic quarantine rules, evaluated by the control plane.
+
+Each rule returns the :class:`~maintenance.choices.QuarantineRule` code that quarantined the node,
+or None. The quarantine's reason names the rule and its evidence; an operator reverses it with
+``release`` (the node then goes through a fresh admission). A node that is already quarantined
+or retired is left alone.
+
+Callers:
+- the heartbeat service calls :func:`evaluate_heartbeat` on every applied heartbeat;
+- fleet admission calls :func:`attestation_failed`, :func:`integrity_check_failed` and
+  :func:`evaluate_declared_capacity`.
+"""
 
 from __future__ import annotations
+
+from typing import Any
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from fleet.choices import Lifecycle
+from fleet.events import Actor
+from fleet.models import Node, NodeResource, Pool
+
+from . import conf
+from .choices import QuarantineRule
+
+_EXEMPT = (Lifecycle.QUARANTINED, Lifecycle.RETIRED)
+
+
+def _quarantine(node: Node, rule: str, reason: str, evidence: dict[str, Any], actor: Actor) -> str:
+    from .services import quarantine_node, reload_node
+
+    quarantine_node(node_id=node.pk, reason=reason, evidence={"rule": rule, **evidence}, actor=actor, rule=rule)
+    # The caller holds this instance (e.g. inside its heartbeat transaction): bring it up to date so
+    # its own later save sees the new lifecycle and version instead of failing as a concurrent change.
+    reload_node(node)
+    return rule
+
+
+def _loaded_pool_spec(node: Node) -> str | None:
+    """The pool's ``allowed_agent_versions`` if already in memory (no query), else None."""
+    pool = node._state.fields_cache.get("pool")
+    if pool is None or "allowed_agent_versions" in pool.get_deferred_fields():
+        return None
+    return pool.allowed_agent_versions or ""
+
+
+def heartbeat_facts(node: Node, usage: dict[str, Any]) -> tuple[dict[str, int], str]:
+    """``({resource: capacity}, pool's allowed_agent_versions)`` for the heartbeat rules, in one query.
+
+    Every heartbeat pays for this, so the capacities of the reported resources and the pool's
+    specifier come back from a single indexed query (none at all when the usage is empty and the
+    caller already loaded the pool's specifier).
+    """
+    spec = _loaded_pool_spec(node)
+    capacities: dict[str, int] = {}
+    if usage:
+        rows = NodeResource.objects.filter(node_id=node.pk, name__in=list(usage)).values_list(
+            "name", "capacity", "node__pool__allowed_agent_versions"
+        )
+        for name, capacity, allowed in rows:
+            capacities[name] = capacity
+            if spec is None:
+                spec = allowed or ""
+    if spec is None:
+        spec = Pool.objects.filter(pk=node.pool_id).values_list("allowed_agent_versions", flat=True).first() or ""
+    return capacities, spec
+
+
+def impossible_usage(node: Node, usage: dict[str, Any], capacities: dict[str, int] | None = None) -> dict | None:
+    """Evidence when ``usage`` exceeds the node's raw capacity beyond the tolerance, else None.
+
+    Only resources in the node's inventory are judged; tolerance is
+    ``NODEPOOL["IMPOSSIBLE_USAGE_TOLERANCE"]`` (default 5 %, for measurement noise).
+    """
+    if capacities is None:
+        capacities = dict(NodeResource.objects.filter(node=node).values_list("name", "capacity"))
+    tolerance = float(conf.get("IMPOSSIBLE_USAGE_TOLERANCE"))
+    over = {}
+    for name, amount in (usage or {}).items():
+        if name not in capacities or isinstance(amount, bool) or not isinstance(amount, int | float):
+            continue
+        if amount > capacities[name] * (1 + tolerance):
+            over[name] = {"usage": amount, "capacity": capacities[name]}
+    return {"over_capacity": over, "tolerance": tolerance} if over else None
+
+
+def agent_version_outside(node: Node, agent_version: str, spec_text: str | None = None) -> dict[str, Any] | None:
+    """Evidence when ``agent_version`` is outside the pool's ``allowed_agent_versions`` (PEP 440).
+
+    An empty specifier allows any version. Pre-releases are judged by their place in the order
+    (``1.2.0rc1`` satisfies ``>=1.0,<2``); an unparseable version is outside any non-empty set.
+    A malformed pool specifier quarantines nobody (the pool's admin is at fault, not the node).
+    """
+    if spec_text is None:
+        spec_text = node.pool.allowed_agent_versions
+    spec_text = (spec_text or "").strip()
+    if not spec_text:
+        return None
+    try:
+        spec = SpecifierSet(spec_text)
+    except InvalidSpecifier:
+        return None
+    try:
+        version = Version(agent_version)
+    except InvalidVersion:
+        return {"agent_version": agent_version, "allowed": spec_text, "problem": "not a PEP 440 version"}
+    if spec.contains(version, prereleases=True):
+        return None
+    return {"agent_version": agent_version, "allowed": spec_text}
 
 
 def evaluate_heartbeat(node, *, usage: dict, agent_version: str, actor) -> str | None:
     """Check an applied heartbeat against the automatic quarantine rules.
 
     Args:
-        node: the fleet.Node (saved, inside the heartbeat's transaction).
+        node: the fleet.Node (saved, inside the heartbeat's transaction); refreshed in place when
+            quarantined, so the caller sees lifecycle ``quarantined``.
         usage: ``{resource: canonical int}`` the node reported.
         agent_version: the agent version in the heartbeat.
-        actor: fleet.events.Actor.
+        actor: fleet.events.Actor (the node, or the heartbeat service).
 
     Returns:
-        The rule code that quarantined the node (e.g. ``"impossible_usage"``), or None.
+        ``"impossible_usage"`` or ``"agent_version_not_allowed"`` when the node was quarantined, else None.
     """
+    if node.lifecycle in _EXEMPT:
+        return None
+    capacities, spec = heartbeat_facts(node, usage)
+    evidence = impossible_usage(node, usage, capacities)
+    if evidence:
+        names = ", ".join(
+            f"{name} {item['usage']} > capacity {item['capacity']}" for name, item in evidence["over_capacity"].items()
+        )
+        return _quarantine(
+            node,
+            QuarantineRule.IMPOSSIBLE_USAGE,
+            f"impossible_usage: reported usage above capacity ({names})",
+            {"usage": usage, **evidence},
+            actor,
+        )
+    evidence = agent_version_outside(node, agent_version, spec)
+    if evidence:
+        return _quarantine(
+            node,
+            QuarantineRule.AGENT_VERSION,
+            f"agent_version_not_allowed: agent {agent_version!r} is outside the pool's allowed set "
+            f"{evidence['allowed']!r}",
+            evidence,
+            actor,
+        )
     return None
+
+
+def attestation_failed(node, *, detail: str, evidence: dict | None = None, actor) -> str | None:
+    """Quarantine ``node`` because its attestation did not verify (called by fleet admission).
+
+    ``detail`` says what failed (bad signature, unknown key, nonce mismatch). Returns the rule code.
+    """
+    if node.lifecycle in _EXEMPT:
+        return None
+    return _quarantine(
+        node,
+        QuarantineRule.ATTESTATION_FAILED,
+        f"attestation_failed: {detail}",
+        {"detail": detail, **(evidence or {})},
+        actor,
+    )
+
+
+def integrity_check_failed(node, *, check: str, detail: str, evidence: dict | None = None, actor) -> str | None:
+    """Quarantine ``node`` because an integrity check (``check``, e.g. ``benchmark_nonce``) failed."""
+    if node.lifecycle in _EXEMPT:
+        return None
+    return _quarantine(
+        node,
+        QuarantineRule.INTEGRITY_FAILED,
+        f"integrity_check_failed: {check}: {detail}",
+        {"check": check, "detail": detail, **(evidence or {})},
+        actor,
+    )
+
+
+def evaluate_declared_capacity(node, *, declared: dict | None = None, actor, factor: float | None = None) -> str | None:
+    """Quarantine ``node`` when its declared capacity is far above what admission verified.
+
+    Args:
+        declared: ``{resource: canonical int}``; default ``node.declared["resources"]``.
+        factor: "far above" threshold; default ``NODEPOOL["CAPACITY_ABOVE_VERIFIED_FACTOR"]`` (1.5).
+            Resources absent from ``node.verified["resources"]`` are not judged.
+
+    Returns: ``"capacity_above_verified"`` when quarantined, else None.
+    """
+    if node.lifecycle in _EXEMPT:
+        return None
+    factor = float(factor if factor is not None else conf.get("CAPACITY_ABOVE_VERIFIED_FACTOR"))
+    declared = declared if declared is not None else (node.declared or {}).get("resources", {})
+    verified = (node.verified or {}).get("resources", {})
+    over = {
+        name: {"declared": amount, "verified": verified[name]}
+        for name, amount in (declared or {}).items()
+        if name in verified and isinstance(amount, int | float) and amount > verified[name] * factor
+    }
+    if not over:
+        return None
+    names = ", ".join(
+        f"{name} {item['declared']} > {factor} x verified {item['verified']}" for name, item in over.items()
+    )
+    return _quarantine(
+        node,
+        QuarantineRule.CAPACITY_ABOVE_VERIFIED,
+        f"capacity_above_verified: declared capacity far above verified ({names})",
+        {"factor": factor, "over": over},
+        actor,
+    )

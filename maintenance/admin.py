@@ -1,0 +1,233 @@
+"""Admin: node maintenance actions (each with an intermediate form for its reason), drains, budgets, quarantines.
+
+The node actions are added to the fleet app's ``NodeAdmin`` when it is registered (fleet comes
+first in INSTALLED_APPS); otherwise a small Node admin is registered here to carry them. Each
+action shows a form first, with the versions of the selected nodes as read at that moment, so an
+operator acting on a stale page gets "changed since you read it" rather than overwriting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.template.response import TemplateResponse
+
+from fleet.events import Actor
+from fleet.models import Node
+from nodepool.api.problems import Problem
+
+from . import drains, services
+from .choices import EvictionPolicy
+from .models import DisruptionBudget, Drain, Eviction, Quarantine
+
+
+class ReasonForm(forms.Form):
+    reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3, "cols": 60}), max_length=2000)
+
+
+class DrainForm(ReasonForm):
+    policy = forms.ChoiceField(choices=EvictionPolicy.choices, initial=EvictionPolicy.WAIT)
+    deadline = forms.DateTimeField(help_text="UTC, e.g. 2026-11-29 18:00")
+
+
+class QuarantineForm(ReasonForm):
+    evidence = forms.JSONField(required=False, initial=dict, help_text="JSON object: what was observed")
+
+    def clean_evidence(self):
+        value = self.cleaned_data.get("evidence") or {}
+        if not isinstance(value, dict):
+            raise forms.ValidationError("Evidence must be a JSON object.")
+        return value
+
+
+class RetireForm(ReasonForm):
+    force = forms.BooleanField(required=False, help_text="revoke live leases instead of refusing")
+
+
+@dataclass(frozen=True)
+class Spec:
+    label: str
+    permission: str
+    form: type[forms.Form]
+    run: Any  # (obj, version, actor, cleaned_data) -> None
+
+
+def _run_with_form(modeladmin, request, queryset, spec: Spec, version_of):
+    """Render the intermediate form, or (on ``apply``) run ``spec`` for each selected object."""
+    if not request.user.has_perm(spec.permission):
+        modeladmin.message_user(request, f"{spec.label} needs the {spec.permission} permission.", messages.ERROR)
+        return None
+    if "apply" in request.POST:
+        form = spec.form(request.POST)
+        if form.is_valid():
+            actor = Actor.from_request(request)
+            done = 0
+            for obj in queryset:
+                raw = request.POST.get(f"version_{obj.pk}", "")
+                if not raw.isdigit():
+                    modeladmin.message_user(request, f"{obj}: no version was read; try again.", messages.ERROR)
+                    continue
+                try:
+                    spec.run(obj, int(raw), actor, form.cleaned_data)
+                except Problem as exc:
+                    modeladmin.message_user(request, f"{obj}: {exc.detail}", messages.ERROR)
+                    continue
+                done += 1
+            if done:
+                modeladmin.message_user(request, f"{spec.label}: {done} done.", messages.SUCCESS)
+            return None
+    else:
+        form = spec.form()
+    context = {
+        **modeladmin.admin_site.each_context(request),
+        "title": spec.label,
+        "form": form,
+        "objects": [(obj, version_of(obj)) for obj in queryset],
+        "action": request.POST.get("action", ""),
+        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        "opts": modeladmin.model._meta,
+    }
+    return TemplateResponse(request, "admin/maintenance/action_form.html", context)
+
+
+def _node_action(name: str, spec: Spec):
+    def action(modeladmin, request, queryset):
+        return _run_with_form(modeladmin, request, queryset, spec, lambda node: node.version)
+
+    action.__name__ = name
+    return admin.action(description=f"{spec.label} selected nodes…")(action)
+
+
+def _drain_run(node, version, actor, data):
+    drains.start_drain(
+        node_id=node.pk,
+        expected_version=version,
+        policy=data["policy"],
+        deadline=data["deadline"],
+        reason=data["reason"],
+        actor=actor,
+    )
+
+
+def _simple(service):
+    def run(node, version, actor, data):
+        service(node_id=node.pk, expected_version=version, actor=actor, **data)
+
+    return run
+
+
+def _release_run(node, version, actor, data):
+    services.release_node(node_id=node.pk, expected_version=version, actor=actor, reason=data["reason"])
+
+
+OPERATE = "fleet.operate_node"
+NODE_ACTIONS = [
+    _node_action("cordon_nodes", Spec("Cordon", OPERATE, ReasonForm, _simple(services.cordon_node))),
+    _node_action("uncordon_nodes", Spec("Uncordon", OPERATE, ReasonForm, _simple(services.uncordon_node))),
+    _node_action("drain_nodes", Spec("Drain", OPERATE, DrainForm, _drain_run)),
+    _node_action(
+        "quarantine_nodes",
+        Spec("Quarantine", "fleet.quarantine_node", QuarantineForm, _simple(services.quarantine_node)),
+    ),
+    _node_action("release_nodes", Spec("Release", "fleet.release_node", ReasonForm, _release_run)),
+    _node_action(
+        "return_nodes_to_service",
+        Spec("Return to service", OPERATE, ReasonForm, _simple(services.return_node_to_service)),
+    ),
+    _node_action("retire_nodes", Spec("Retire", OPERATE, RetireForm, _simple(services.retire_node))),
+]
+
+
+class MaintenanceNodeAdmin(admin.ModelAdmin):
+    """Stands in for the fleet app's NodeAdmin when that is not registered."""
+
+    list_display = ["__str__", "pool", "lifecycle", "liveness", "artifacts_blocked", "version"]
+    list_filter = ["lifecycle", "pool"]
+    readonly_fields = ["lifecycle", "version"]
+    actions = NODE_ACTIONS
+
+
+if admin.site.is_registered(Node):
+    _node_admin = admin.site._registry[Node]
+    _node_admin.actions = [*(_node_admin.actions or []), *NODE_ACTIONS]
+else:
+    admin.site.register(Node, MaintenanceNodeAdmin)
+
+
+class EvictionInline(admin.TabularInline):
+    model = Eviction
+    extra = 0
+    can_delete = False
+    readonly_fields = ["lease", "workload_id", "group", "fencing_token", "kind", "created_at"]
+    fields = readonly_fields
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+def _cancel_run(drain, version, actor, data):
+    drains.cancel_drain(drain_id=drain.pk, expected_version=version, reason=data["reason"], actor=actor)
+
+
+class DeadlineForm(ReasonForm):
+    deadline = forms.DateTimeField(help_text="UTC, e.g. 2026-11-29 18:00")
+
+
+def _deadline_run(drain, version, actor, data):
+    drains.change_drain_deadline(
+        drain_id=drain.pk, expected_version=version, deadline=data["deadline"], reason=data["reason"], actor=actor
+    )
+
+
+@admin.action(description="Cancel selected drains (nodes back to cordoned)…")
+def cancel_drains(modeladmin, request, queryset):
+    spec = Spec("Cancel drain", OPERATE, ReasonForm, _cancel_run)
+    return _run_with_form(modeladmin, request, queryset, spec, lambda drain: drain.version)
+
+
+@admin.action(description="Change the deadline of selected drains…")
+def change_deadlines(modeladmin, request, queryset):
+    spec = Spec("Change drain deadline", OPERATE, DeadlineForm, _deadline_run)
+    return _run_with_form(modeladmin, request, queryset, spec, lambda drain: drain.version)
+
+
+@admin.register(Drain)
+class DrainAdmin(admin.ModelAdmin):
+    list_display = ["node", "state", "policy", "deadline", "leases_remaining", "requested_by_name", "created_at"]
+    list_filter = ["state", "policy"]
+    search_fields = ["node__hostname", "reason"]
+    readonly_fields = [f.name for f in Drain._meta.fields]
+    inlines = [EvictionInline]
+    actions = [cancel_drains, change_deadlines]
+
+    def has_add_permission(self, request):
+        return False  # drains start through the node action, which moves the node's lifecycle too
+
+
+@admin.register(DisruptionBudget)
+class DisruptionBudgetAdmin(admin.ModelAdmin):
+    list_display = ["group", "max_unavailable", "min_available", "replacement_grace", "version"]
+    search_fields = ["group"]
+    readonly_fields = ["version", "created_by", "created_at", "updated_at"]
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            obj.version += 1
+        elif obj.created_by_id is None:
+            obj.created_by = request.user
+        super().save_model(request, obj, form, change)
+
+
+@admin.register(Quarantine)
+class QuarantineAdmin(admin.ModelAdmin):
+    list_display = ["node", "rule", "created_at", "actor_name", "released_at"]
+    list_filter = ["rule"]
+    search_fields = ["node__hostname", "reason"]
+    readonly_fields = [f.name for f in Quarantine._meta.fields]
+
+    def has_add_permission(self, request):
+        return False  # quarantine through the node action: it revokes credentials and leases too

@@ -1,0 +1,195 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.utils import timezone
+from rest_framework import serializers
+
+from fleet.models import Node
+
+from .. import conf
+from ..budgets import budget_status
+from ..choices import EvictionPolicy
+from ..models import DisruptionBudget, Drain, Quarantine
+from ..selectors import active_drain, allowed_actions
+
+REASON_MAX = 2000
+
+
+class ReasonSerializer(serializers.Serializer):
+    """Every operator action says why (recorded with who and when in the node's events)."""
+
+    reason = serializers.CharField(max_length=REASON_MAX, trim_whitespace=True)
+    expected_version = serializers.IntegerField(required=False, min_value=0, help_text="or send If-Match")
+
+
+class DeadlineMixin(serializers.Serializer):
+    deadline = serializers.DateTimeField(required=False, help_text="RFC 3339; or deadline_in")
+    deadline_in = serializers.IntegerField(required=False, min_value=1, help_text="seconds from now; or deadline")
+
+    def validate(self, attrs):
+        attrs = super().validate(attrs)
+        given = [name for name in ("deadline", "deadline_in") if attrs.get(name) is not None]
+        if len(given) != 1:
+            raise serializers.ValidationError(
+                {"deadline": "Give exactly one of deadline (RFC 3339) or deadline_in (seconds)."}, "deadline_required"
+            )
+        if "deadline_in" in given:
+            seconds = attrs.pop("deadline_in")
+            if seconds > conf.get("DRAIN_MAX_DURATION"):
+                raise serializers.ValidationError({"deadline_in": "Too far away."}, "deadline_too_far")
+            attrs["deadline"] = timezone.now() + timedelta(seconds=seconds)
+        return attrs
+
+
+class DrainRequestSerializer(DeadlineMixin, ReasonSerializer):
+    policy = serializers.ChoiceField(choices=EvictionPolicy.choices, default=EvictionPolicy.WAIT)
+
+
+class DeadlineChangeSerializer(DeadlineMixin, ReasonSerializer):
+    pass
+
+
+class QuarantineRequestSerializer(ReasonSerializer):
+    evidence = serializers.DictField(required=False, default=dict, help_text="what was observed (JSON object)")
+
+
+class ReleaseRequestSerializer(ReasonSerializer):
+    issue_credential = serializers.BooleanField(
+        default=False, help_text="issue a new node credential now (returned once) instead of re-enrollment"
+    )
+
+
+class RetireRequestSerializer(ReasonSerializer):
+    force = serializers.BooleanField(default=False, help_text="revoke live leases instead of refusing")
+
+
+class NodeStateSerializer(serializers.ModelSerializer):
+    """A node's maintenance-relevant state, returned by every node action."""
+
+    pool = serializers.CharField(source="pool.name", read_only=True)
+    allowed_actions = serializers.SerializerMethodField()
+    active_drain = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Node
+        fields = [
+            "id",
+            "pool",
+            "hostname",
+            "display_name",
+            "lifecycle",
+            "lifecycle_reason",
+            "lifecycle_changed_at",
+            "artifacts_blocked",
+            "allowed_actions",
+            "active_drain",
+            "version",
+        ]
+        read_only_fields = fields
+
+    def get_allowed_actions(self, node) -> list[str]:
+        return allowed_actions(node)
+
+    def get_active_drain(self, node) -> str | None:
+        drain = active_drain(node)
+        return str(drain.pk) if drain else None
+
+
+class DrainNodeSerializer(serializers.ModelSerializer):
+    pool = serializers.CharField(source="pool.name", read_only=True)
+
+    class Meta:
+        model = Node
+        fields = ["id", "pool", "hostname", "lifecycle", "version"]
+        read_only_fields = fields
+
+
+class DrainSerializer(serializers.ModelSerializer):
+    node = DrainNodeSerializer(read_only=True)
+
+    class Meta:
+        model = Drain
+        fields = [
+            "id",
+            "node",
+            "state",
+            "policy",
+            "reason",
+            "deadline",
+            "requested_by_name",
+            "created_at",
+            "finished_at",
+            "finish_reason",
+            "leases_at_start",
+            "leases_remaining",
+            "progress",
+            "progress_at",
+            "version",
+        ]
+        read_only_fields = fields
+
+
+class QuarantineSerializer(serializers.ModelSerializer):
+    node = serializers.UUIDField(source="node_id", read_only=True)
+    node_lifecycle = serializers.CharField(source="node.lifecycle", read_only=True)
+
+    class Meta:
+        model = Quarantine
+        fields = [
+            "id",
+            "node",
+            "node_lifecycle",
+            "rule",
+            "reason",
+            "evidence",
+            "from_state",
+            "actor_type",
+            "actor_name",
+            "created_at",
+            "credentials_revoked",
+            "leases_revoked",
+            "released_at",
+            "released_by_name",
+            "release_reason",
+        ]
+        read_only_fields = fields
+
+
+class DisruptionBudgetSerializer(serializers.ModelSerializer):
+    """Exactly one of ``max_unavailable`` / ``min_available`` (Kubernetes' PodDisruptionBudget)."""
+
+    status = serializers.SerializerMethodField()
+
+    class Meta:
+        model = DisruptionBudget
+        fields = [
+            "id",
+            "group",
+            "description",
+            "max_unavailable",
+            "min_available",
+            "replacement_grace",
+            "status",
+            "version",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = ["id", "status", "version", "created_at", "updated_at"]
+        extra_kwargs = {"replacement_grace": {"min_value": 0, "max_value": 7 * 24 * 3600}}
+
+    def validate(self, attrs):
+        merged = {
+            "max_unavailable": getattr(self.instance, "max_unavailable", None),
+            "min_available": getattr(self.instance, "min_available", None),
+            **{k: v for k, v in attrs.items() if k in ("max_unavailable", "min_available")},
+        }
+        if (merged["max_unavailable"] is None) == (merged["min_available"] is None):
+            raise serializers.ValidationError(
+                "Set exactly one of max_unavailable or min_available (send the other as null).", "one_limit"
+            )
+        return attrs
+
+    def get_status(self, budget) -> dict:
+        status = budget_status(budget, now=timezone.now()).as_dict()
+        return {k: status[k] for k in ("healthy", "disrupted", "allowed_disruptions")}

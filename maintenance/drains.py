@@ -1,0 +1,428 @@
+"""Drains: move a node's work off by a deadline, within disruption budgets, then park it in maintenance.
+
+A drain is evaluated (:func:`evaluate_drain`) when it starts, by a Celery task at its deadline,
+and by a beat sweep over every active drain (the safety net for a task that fires late, twice or
+never). Each evaluation, under the node's row lock:
+
+1. ends the leases whose workloads reported ``checkpointed`` after this drain asked them to;
+2. applies the eviction policy to what is left, within the disruption budgets
+   (``wait``: nothing; ``checkpoint``: set ``Lease.checkpoint_requested_at``, which the heartbeat
+   response turns into a checkpoint instruction; ``terminate``: revoke now);
+3. records progress: leases remaining, those at risk (their ``expires_at`` falls after the
+   deadline), and what the drain waits on and why;
+4. completes the drain when every lease on the node is terminal **and the node no longer
+   reports any of them** (rule below) → node ``maintenance``, never ``ready``.
+
+At or after the deadline the evaluation instead *enforces*: it claims the drain with a
+compare-and-swap (``state=active, deadline<=now`` → ``forced``) and, only if the claim won,
+revokes every live lease (fenced) and moves the node to maintenance. A second, late or duplicate
+timer finds the drain no longer active and does nothing: enforcement happens exactly once.
+
+**"No longer reported" rule** (agreed with the heartbeat and leases apps): the heartbeat stamps
+``Node.last_heartbeat_at`` with its receipt time, and reconciliation stamps
+``Lease.last_reported_at`` with a time at or after it for every lease id the heartbeat lists
+(live or not). A terminal lease is *unconfirmed* while ``ended_at >= node.last_heartbeat_at``
+(no heartbeat since it ended) or ``last_reported_at >= node.last_heartbeat_at`` (the latest
+heartbeat still listed it). A node that has never sent a heartbeat reports nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+from django_fsm import can_proceed
+
+from fleet.choices import NodeEventType
+from fleet.events import Actor, record_event
+from fleet.models import Node
+from leases import services as lease_services
+from leases.choices import LIVE_LEASE_STATES, WorkloadState
+from leases.models import Lease
+from nodepool.api.problems import Conflict, NotFound
+from nodepool.api.versioning import check_version
+
+from .budgets import ration, statuses_for_groups
+from .choices import DrainState, EvictionKind, EvictionPolicy
+from .models import Drain, Eviction
+from .progress import PROGRESS_LIST_LIMIT, build_progress, live_leases, unconfirmed_leases, validate_deadline
+from .services import apply_transition, lock_node, save_transition
+
+logger = logging.getLogger(__name__)
+
+
+def _user(actor: Actor):
+    user = actor.user
+    return user if user is not None and getattr(user, "is_authenticated", False) else None
+
+
+def _schedule_deadline(drain: Drain) -> None:
+    """After commit, queue the deadline task with ``eta`` = deadline; the sweep covers its loss."""
+    from . import tasks
+
+    drain_id, deadline = str(drain.pk), drain.deadline
+    transaction.on_commit(
+        lambda: tasks.enforce_drain_deadline.apply_async(args=[drain_id], eta=deadline),
+        robust=True,  # a broker outage must not fail the committed request; the sweep still runs
+    )
+
+
+def start_drain(
+    *, node_id, expected_version: int, policy: str, deadline: datetime, reason: str, actor: Actor, now=None
+) -> Drain:
+    """ready | cordoned → draining, and start moving the node's leases off under ``policy``.
+
+    Args:
+        policy: an :class:`EvictionPolicy` value.
+        deadline: aware datetime in the future; at it the remaining leases are revoked.
+
+    Raises: NotFound (404), Unprocessable (422), PreconditionFailed (412),
+    Conflict (409 ``transition_not_allowed``).
+    """
+    now = now or timezone.now()
+    validate_deadline(deadline, now=now)
+    with transaction.atomic():
+        node = lock_node(node_id)
+        check_version(node.version, expected_version)
+        from_state = apply_transition(node, "drain", action="drain", reason=reason, now=now)
+        save_transition(node)
+        leases = Lease.objects.filter(node=node, state__in=LIVE_LEASE_STATES).count()
+        drain = Drain.objects.create(
+            node=node,
+            policy=policy,
+            reason=reason,
+            deadline=deadline,
+            requested_by=_user(actor),
+            requested_by_name=actor.name[:150],
+            created_at=now,
+            leases_at_start=leases,
+            leases_remaining=leases,
+        )
+        data = {"action": "drain", "drain_id": str(drain.pk), "policy": policy, "deadline": deadline.isoformat()}
+        record_event(
+            node,
+            NodeEventType.LIFECYCLE,
+            actor,
+            from_state=from_state,
+            to_state=node.lifecycle,
+            reason=reason,
+            data=data,
+        )
+        record_event(
+            node, NodeEventType.DRAIN, actor, to_state=DrainState.ACTIVE, reason=reason, data={**data, "leases": leases}
+        )
+        _evaluate(drain, node, actor=actor, now=now)
+        _schedule_deadline(drain)
+    drain.refresh_from_db()
+    return drain
+
+
+def _lock_drain(drain_id) -> tuple[Drain, Node]:
+    """Lock the drain's node then the drain (always this order, as every drain path does)."""
+    node_id = Drain.objects.filter(pk=drain_id).values_list("node_id", flat=True).first()
+    if node_id is None:
+        raise NotFound(f"No drain {drain_id}.", "drain_not_found")
+    node = lock_node(node_id)
+    return Drain.objects.select_for_update().get(pk=drain_id), node
+
+
+def evaluate_drain(*, drain_id, actor: Actor, now=None) -> Drain:
+    """Advance one drain: enforce it if its deadline has passed, else evict, record progress, maybe complete.
+
+    Safe to call any number of times, concurrently, early or late. Raises NotFound (404).
+    """
+    now = now or timezone.now()
+    with transaction.atomic():
+        drain, node = _lock_drain(drain_id)
+        if drain.state == DrainState.ACTIVE:
+            if drain.deadline <= now:
+                _enforce(drain, node, actor=actor, now=now)
+            else:
+                _evaluate(drain, node, actor=actor, now=now)
+    drain.refresh_from_db()
+    return drain
+
+
+def sweep_drains(*, actor: Actor, now=None, limit: int = 500) -> dict[str, int]:
+    """Evaluate every active drain (earliest deadline first). One bad drain is logged and skipped.
+
+    Returns ``{"evaluated", "completed", "forced", "failed"}``.
+    """
+    now = now or timezone.now()
+    ids = list(Drain.objects.filter(state=DrainState.ACTIVE).order_by("deadline").values_list("pk", flat=True)[:limit])
+    counts = {"evaluated": 0, "completed": 0, "forced": 0, "failed": 0}
+    for drain_id in ids:
+        try:
+            drain = evaluate_drain(drain_id=drain_id, actor=actor, now=now)
+        except Exception:
+            logger.exception("drain %s could not be evaluated; the next sweep tries again", drain_id)
+            counts["failed"] += 1
+            continue
+        counts["evaluated"] += 1
+        if drain.state in (DrainState.COMPLETED, DrainState.FORCED):
+            counts[drain.state] += 1
+    return counts
+
+
+def _record_evictions(drain: Drain, leases: list[Lease], kind: str, now) -> None:
+    Eviction.objects.bulk_create(
+        Eviction(
+            drain=drain,
+            lease=lease,
+            workload_id=lease.workload_id,
+            group=lease.group,
+            fencing_token=lease.fencing_token,
+            kind=kind,
+            created_at=now,
+        )
+        for lease in leases
+    )
+
+
+def checkpoint_requests(drain: Drain) -> set:
+    """Ids of the leases this drain asked to checkpoint (requests not withdrawn).
+
+    Kept on the drain's eviction rows, not read back from ``Lease.checkpoint_requested_at``: the
+    leases app clears that field when the workload reports ``checkpointed`` (the instruction has
+    been answered), and the drain must still know the lease is its to end.
+    """
+    return set(
+        Eviction.objects.filter(drain=drain, kind=EvictionKind.CHECKPOINT, withdrawn_at__isnull=True).values_list(
+            "lease_id", flat=True
+        )
+    )
+
+
+def _evaluate(drain: Drain, node: Node, *, actor: Actor, now) -> None:
+    """One evaluation before the deadline (node and drain locked, drain active)."""
+    live = live_leases(node, lock=True)
+    asked = checkpoint_requests(drain)
+    ended = {
+        lease.pk
+        for lease in live
+        if lease.pk in asked
+        and lease.workload_state == WorkloadState.CHECKPOINTED
+        and lease_services.revoke_lease(lease, actor=actor, reason="workload checkpointed for drain", now=now)
+    }
+    live = [lease for lease in live if lease.pk not in ended]
+
+    if drain.policy == EvictionPolicy.TERMINATE:
+        allowed, held, budgets = ration(live, now=now, lock=True)
+        revoked = [
+            lease
+            for lease in allowed
+            if lease_services.revoke_lease(lease, actor=actor, reason=f"drain (terminate): {drain.reason}", now=now)
+        ]
+        _record_evictions(drain, revoked, EvictionKind.TERMINATE, now)
+    elif drain.policy == EvictionPolicy.CHECKPOINT:
+        allowed, held, budgets = ration([lease for lease in live if lease.pk not in asked], now=now, lock=True)
+        if allowed:
+            # The heartbeat response turns checkpoint_requested_at into a checkpoint instruction.
+            Lease.objects.filter(pk__in=[lease.pk for lease in allowed], state__in=LIVE_LEASE_STATES).update(
+                checkpoint_requested_at=now, version=F("version") + 1
+            )
+            _record_evictions(drain, allowed, EvictionKind.CHECKPOINT, now)
+            record_event(
+                node,
+                NodeEventType.DRAIN,
+                actor,
+                reason="checkpoint requested",
+                data={"drain_id": str(drain.pk), "checkpoint_leases": [str(lease.pk) for lease in allowed]},
+            )
+    else:
+        # The wait policy disrupts nothing before the deadline; budgets are shown, never spent.
+        _, _, budgets = ration(live, now=now, lock=False)
+        held = {}
+
+    live = live_leases(node, lock=False)
+    # Statuses after this evaluation's evictions, so the snapshot shows what is left to spend.
+    budgets = statuses_for_groups([status["group"] for status in budgets], now=now)
+    unconfirmed = unconfirmed_leases(node)
+    checkpointing = checkpoint_requests(drain)
+    progress = build_progress(
+        drain,
+        node,
+        live=live,
+        checkpointing=[lease for lease in live if lease.pk in checkpointing],
+        unconfirmed=unconfirmed,
+        held=held,
+        budgets=budgets,
+        now=now,
+    )
+    if not live and not unconfirmed:
+        _finish(drain, node, state=DrainState.COMPLETED, actor=actor, now=now, progress=progress)
+        return
+    before = {item["code"] for item in (drain.progress or {}).get("waiting_on", [])}
+    after = {item["code"] for item in progress["waiting_on"]}
+    Drain.objects.filter(pk=drain.pk).update(progress=progress, progress_at=now, leases_remaining=len(live))
+    if before != after:
+        # One event per change of what the drain waits on, not one per sweep.
+        record_event(
+            node,
+            NodeEventType.DRAIN,
+            actor,
+            reason="waiting on: " + (", ".join(sorted(after)) or "nothing"),
+            data={"drain_id": str(drain.pk), "waiting_on": progress["waiting_on"]},
+        )
+
+
+def _enforce(drain: Drain, node: Node, *, actor: Actor, now) -> bool:
+    """At or after the deadline: claim the drain (CAS), revoke what is left, complete as forced."""
+    live = live_leases(node, lock=True)
+    claimed = Drain.objects.filter(pk=drain.pk, state=DrainState.ACTIVE, deadline__lte=now).update(
+        state=DrainState.FORCED, finished_at=now, finish_reason="deadline reached", version=F("version") + 1
+    )
+    if not claimed:
+        return False
+    revoked = [
+        lease
+        for lease in live
+        if lease_services.revoke_lease(lease, actor=actor, reason=f"drain deadline reached: {drain.reason}", now=now)
+    ]
+    _record_evictions(drain, revoked, EvictionKind.DEADLINE, now)
+    progress = {
+        **(drain.progress or {}),
+        "evaluated_at": now.isoformat(),
+        "leases_remaining": 0,
+        "forced": {"revoked_lease_ids": [str(lease.pk) for lease in revoked][:PROGRESS_LIST_LIMIT]},
+        "waiting_on": [],
+    }
+    Drain.objects.filter(pk=drain.pk).update(progress=progress, progress_at=now, leases_remaining=0)
+    record_event(
+        node,
+        NodeEventType.DRAIN,
+        actor,
+        from_state=DrainState.ACTIVE,
+        to_state=DrainState.FORCED,
+        reason="deadline reached",
+        data={"drain_id": str(drain.pk), "leases_revoked": len(revoked), "deadline": drain.deadline.isoformat()},
+    )
+    _park_node(node, actor=actor, now=now, reason=f"drain forced at its deadline: {drain.reason}")
+    return True
+
+
+def _finish(drain: Drain, node: Node, *, state: str, actor: Actor, now, progress: dict) -> bool:
+    claimed = Drain.objects.filter(pk=drain.pk, state=DrainState.ACTIVE).update(
+        state=state,
+        finished_at=now,
+        finish_reason="every lease ended and the node no longer reports any",
+        progress=progress,
+        progress_at=now,
+        leases_remaining=0,
+        version=F("version") + 1,
+    )
+    if not claimed:
+        return False
+    record_event(
+        node,
+        NodeEventType.DRAIN,
+        actor,
+        from_state=DrainState.ACTIVE,
+        to_state=state,
+        reason="drain completed",
+        data={"drain_id": str(drain.pk)},
+    )
+    _park_node(node, actor=actor, now=now, reason=f"drained: {drain.reason}")
+    return True
+
+
+def _park_node(node: Node, *, actor: Actor, now, reason: str) -> None:
+    """draining → maintenance (never ready: return-to-service runs admission again)."""
+    if not can_proceed(node.complete_drain):
+        logger.warning("drain of %s finished but the node is %s, not draining", node.pk, node.lifecycle)
+        return
+    from_state = apply_transition(node, "complete_drain", action="complete-drain", reason=reason, now=now)
+    save_transition(node)
+    record_event(
+        node,
+        NodeEventType.LIFECYCLE,
+        actor,
+        from_state=from_state,
+        to_state=node.lifecycle,
+        reason=reason,
+        data={"action": "complete-drain"},
+    )
+
+
+def cancel_drain(*, drain_id, expected_version: int, reason: str, actor: Actor, now=None) -> Drain:
+    """Cancel an active drain: node draining → cordoned (never ready); pending checkpoint requests withdrawn.
+
+    ``expected_version`` is the drain's. Raises: NotFound (404), PreconditionFailed (412),
+    Conflict (409 ``drain_not_active`` or ``transition_not_allowed``).
+    """
+    now = now or timezone.now()
+    with transaction.atomic():
+        drain, node = _lock_drain(drain_id)
+        check_version(drain.version, expected_version)
+        if drain.state != DrainState.ACTIVE:
+            raise Conflict(f"The drain is {drain.state}, not active.", "drain_not_active", state=drain.state)
+        from_state = apply_transition(node, "cancel_drain", action="cancel-drain", reason=reason, now=now)
+        save_transition(node)
+        Drain.objects.filter(pk=drain.pk).update(
+            state=DrainState.CANCELLED, finished_at=now, finish_reason=reason, version=F("version") + 1
+        )
+        requested = Eviction.objects.filter(
+            drain=drain, kind=EvictionKind.CHECKPOINT, withdrawn_at__isnull=True, lease__state__in=LIVE_LEASE_STATES
+        )
+        withdrawn = Lease.objects.filter(pk__in=list(requested.values_list("lease_id", flat=True))).update(
+            checkpoint_requested_at=None, version=F("version") + 1
+        )
+        # Withdrawn requests no longer count against disruption budgets.
+        requested.update(withdrawn_at=now)
+        data = {"action": "cancel-drain", "drain_id": str(drain.pk), "checkpoints_withdrawn": withdrawn}
+        record_event(
+            node,
+            NodeEventType.LIFECYCLE,
+            actor,
+            from_state=from_state,
+            to_state=node.lifecycle,
+            reason=reason,
+            data=data,
+        )
+        record_event(
+            node,
+            NodeEventType.DRAIN,
+            actor,
+            from_state=DrainState.ACTIVE,
+            to_state=DrainState.CANCELLED,
+            reason=reason,
+            data=data,
+        )
+    drain.refresh_from_db()
+    return drain
+
+
+def change_drain_deadline(
+    *, drain_id, expected_version: int, deadline: datetime, reason: str, actor: Actor, now=None
+) -> Drain:
+    """Move an active drain's deadline (earlier or later); a new deadline task is queued.
+
+    The old task still fires at the old time and finds the deadline not yet due (its claim
+    requires ``deadline <= now``), so it changes nothing. Raises as :func:`cancel_drain`, plus 422.
+    """
+    now = now or timezone.now()
+    validate_deadline(deadline, now=now)
+    with transaction.atomic():
+        drain, node = _lock_drain(drain_id)
+        check_version(drain.version, expected_version)
+        if drain.state != DrainState.ACTIVE:
+            raise Conflict(f"The drain is {drain.state}, not active.", "drain_not_active", state=drain.state)
+        previous = drain.deadline
+        Drain.objects.filter(pk=drain.pk).update(deadline=deadline, version=F("version") + 1)
+        record_event(
+            node,
+            NodeEventType.DRAIN,
+            actor,
+            reason=reason,
+            data={
+                "drain_id": str(drain.pk),
+                "deadline": deadline.isoformat(),
+                "previous_deadline": previous.isoformat(),
+            },
+        )
+        drain.refresh_from_db()
+        _schedule_deadline(drain)
+    return drain
