@@ -1,4 +1,3 @@
-import uuid
 
 import pytest
 from django.utils import timezone
@@ -57,8 +56,8 @@ def test_marketplace_node_is_owned_by_the_tokens_owner(anon_api, owner):
 @pytest.mark.parametrize(
     "field, value",
     [
-        ("id", str(uuid.uuid4())),
-        ("node_id", str(uuid.uuid4())),
+        ("id", "3bf81f79-014d-4ecb-b215-55f7a712fd84"),
+        ("node_id", "cf4dde32-cd4d-4ced-a181-81c11582002d"),
         ("lifecycle", "ready"),
         ("verified", {"resources": {"cpu": 64000}}),
         ("owner", 1),
