@@ -1,43 +1,669 @@
-"""Lease services. The functions below are the interface other apps call; the leases issue
-implements them (placement, grants, renewals and the rest live here too)."""
+"""Lease services: grant (place + reserve), renew, release, job events, fencing, shapes.
+
+The interface other apps call — :func:`reconcile_heartbeat`, :func:`lose_node_leases`,
+:func:`revoke_node_leases`, :func:`simulate_placement` — is re-exported at the bottom from
+:mod:`leases.reconcile`.
+
+Every write follows the house pattern: ``atomic()`` → compare-and-swap on the lease row (or a
+conditional UPDATE on capacity) → event row in the same transaction. Capacity moves only in the
+transaction that changes a lease's liveness, so ``NodeResource.allocated`` is always the sum of the
+node's live leases (checked by :func:`leases.sweeps.check_consistency`).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+from datetime import timedelta
 from typing import Any
 
+from django.core.cache import cache
+from django.db import IntegrityError, transaction
+from django.db.models import F, Max
+from django.db.models.functions import Greatest
+from django.utils import timezone
 
-def reconcile_heartbeat(
-    node, *, incarnation: int, reported: list[dict[str, Any]], restarted: bool, actor
-) -> dict[str, list[str]]:
-    """Compare the leases a node reports with what the control plane holds.
+from fleet.choices import Lifecycle, NodeEventType
+from fleet.events import Actor, record_event
+from fleet.models import Node, NodeResource, Pool
+from nodepool.api.permissions import is_operator
+from nodepool.api.problems import Conflict, Gone, NotFound, Problem, Unprocessable
 
-    Args:
-        node: the fleet.Node that sent an applied heartbeat (already saved).
-        incarnation: the heartbeat's incarnation.
-        reported: ``[{"lease_id": str, "fencing_token": int, "state": str}]`` from the heartbeat.
-        restarted: True when this heartbeat started a new incarnation.
-        actor: fleet.events.Actor.
+from . import placement
+from .choices import LIVE_LEASE_STATES, TERMINAL_LEASE_STATES, LeaseRequestState, LeaseState, WorkloadState
+from .models import FencingSequence, Lease, LeaseRequest, Shape
+from .spec import PlacementSpec, bad, parse_spec, request_fingerprint, resources_from_wire
 
-    Returns:
-        ``{"stop": [lease ids], "checkpoint": [lease ids]}`` instructions for the node.
+logger = logging.getLogger(__name__)
+PLACEMENT_ROUNDS = 2  # re-run placement once when every candidate was taken by racing requests
+
+
+class _LostRace(Exception):
+    """Raised inside the reservation transaction to roll it back: the node filled up meanwhile."""
+
+
+# --- resolving a request -------------------------------------------------------------------------
+def resolve_pool(name: str) -> Pool:
+    pool = Pool.objects.filter(name=name).first()
+    if pool is None:
+        raise bad("pool", f"no pool named {name!r}", "unknown_pool")
+    return pool
+
+
+def resolve_shape(spec: PlacementSpec) -> tuple[PlacementSpec, Shape | None]:
+    """Fill ``spec.resources`` (and features) from the named shape: its latest version unless
+    ``shape_version`` is given. Raises 400 ``unknown_shape``."""
+    if not spec.shape:
+        return spec, None
+    shapes = Shape.objects.filter(name=spec.shape)
+    if spec.shape_version:
+        shapes = shapes.filter(version=spec.shape_version)
+    shape = shapes.order_by("-version").first()
+    if shape is None:
+        version = f" v{spec.shape_version}" if spec.shape_version else ""
+        raise bad("shape", f"no shape named {spec.shape!r}{version}", "unknown_shape")
+    features = {**(shape.features or {}), **spec.features}
+    return dataclasses.replace(spec, resources=dict(shape.resources), features=features), shape
+
+
+def _visible(queryset, user):
+    """Operators see every lease; clients only their own (others' answer 404, never 403: no leak)."""
+    return queryset if is_operator(user) else queryset.filter(client=user)
+
+
+# --- grant ---------------------------------------------------------------------------------------
+def _next_fencing_token(workload_id: str) -> int:
+    """Bump and return the workload's fencing token. The row lock serialises grants of one workload
+    (PostgreSQL); SQLite's IMMEDIATE transactions already serialise every writer."""
+    FencingSequence.objects.get_or_create(workload_id=workload_id)
+    sequence = FencingSequence.objects.select_for_update().get(pk=workload_id)
+    sequence.last_token += 1
+    sequence.save(update_fields=["last_token"])
+    return sequence.last_token
+
+
+def _reserve(
+    *,
+    pool: Pool,
+    spec: PlacementSpec,
+    shape,
+    candidate,
+    client,
+    idempotency_key: str,
+    request_hash: str,
+    data: dict,
+    actor: Actor,
+    now,
+    lease_request: LeaseRequest | None = None,
+    examined: int = 0,
+) -> Lease:
+    """One transaction: fencing token, a conditional UPDATE per resource, the lease, the event.
+
+    ``UPDATE … SET allocated = allocated + x WHERE allocated + x <= allocatable`` is the whole
+    race guard: PostgreSQL re-evaluates the WHERE on the newest row version after waiting for a
+    competing writer, SQLite runs one writer at a time, so a slot is never given twice.
+
+    Raises:
+        _LostRace: a resource no longer fits on this node (the caller tries the next candidate).
+        Conflict: the workload already has a live lease (409 ``workload_has_live_lease``).
     """
-    return {"stop": [], "checkpoint": []}
+    node = candidate.node
+    with transaction.atomic():
+        token = _next_fencing_token(spec.workload_id)
+        live = Lease.objects.filter(workload_id=spec.workload_id, state__in=LIVE_LEASE_STATES).first()
+        if live is not None:
+            raise Conflict(
+                f"Workload {spec.workload_id!r} already holds live lease {live.pk}; release it first.",
+                "workload_has_live_lease",
+                lease_id=str(live.pk),
+            )
+        # Sorted resource order: two grants on one node lock its rows in the same order (no deadlock).
+        for name, amount in sorted(spec.resources.items()):
+            updated = NodeResource.objects.filter(
+                node_id=node.pk, name=name, allocated__lte=F("allocatable") - amount
+            ).update(allocated=F("allocated") + amount)
+            if updated != 1:
+                raise _LostRace(name)
+        decision = {
+            "policy_version": placement.POLICY_VERSION,
+            "policy": pool.scheduling_policy,
+            "score": candidate.score["score"],
+            "score_parts": candidate.score["parts"],
+            "nodes_examined": examined,
+            "reasons": _why(pool, spec, candidate),
+        }
+        lease = Lease.objects.create(
+            workload_id=spec.workload_id,
+            fencing_token=token,
+            node=node,
+            node_incarnation=node.incarnation,
+            pool=pool,
+            resources=spec.resources,
+            shape=shape,
+            shape_version=shape.version if shape else None,
+            group=spec.spread_group,
+            priority=spec.priority,
+            command=list(spec.command),
+            spec=data,
+            decision=decision,
+            ttl_seconds=spec.ttl_seconds,
+            expires_at=now + timedelta(seconds=spec.ttl_seconds),
+            granted_at=now,
+            client=client,
+            idempotency_key=idempotency_key if lease_request is None else "",
+            request_hash=request_hash,
+        )
+        if lease_request is not None:
+            claimed = LeaseRequest.objects.filter(pk=lease_request.pk, state=LeaseRequestState.PENDING).update(
+                state=LeaseRequestState.PLACED, lease=lease, placed_at=now, version=F("version") + 1
+            )
+            if not claimed:  # another worker placed or someone cancelled it: undo everything
+                raise _LostRace("lease_request")
+        record_event(
+            node,
+            NodeEventType.LEASE,
+            actor,
+            to_state=LeaseState.GRANTED,
+            reason=f"lease granted to {spec.workload_id}",
+            data={"lease_id": str(lease.pk), "workload_id": spec.workload_id, "fencing_token": token},
+        )
+    return lease
 
 
-def lose_node_leases(node_ids, *, actor, reason: str) -> int:
-    """Declare every live lease on ``node_ids`` lost and free its capacity. Returns how many."""
-    return 0
+def _why(pool: Pool, spec: PlacementSpec, candidate) -> list[str]:
+    reasons = [
+        "fits: "
+        + ", ".join(
+            f"{n} {a} of {candidate.inventory.get(n, (0, 0))[0] - candidate.inventory.get(n, (0, 0))[1]} free"
+            for n, a in sorted(spec.resources.items())
+        )
+    ]
+    policy = "most allocated (binpack)" if pool.scheduling_policy == "binpack" else "least allocated (spread)"
+    reasons.append(f"pool policy {policy}: resources score {candidate.score['parts']['resources']}")
+    for part in ("spread", "affinity", "taints"):
+        if part in candidate.score["parts"]:
+            reasons.append(f"{part} score {candidate.score['parts'][part]}")
+    return reasons
 
 
-def revoke_node_leases(node, *, actor, reason: str) -> int:
-    """Revoke every live lease on ``node`` (fenced: their tokens become stale). Returns how many."""
-    return 0
+def place(
+    *,
+    pool: Pool,
+    spec: PlacementSpec,
+    shape,
+    client,
+    idempotency_key: str,
+    request_hash: str,
+    data: dict,
+    actor: Actor,
+    now,
+    lease_request: LeaseRequest | None = None,
+) -> Lease | None:
+    """Filter, score and reserve; None when nothing fits (after trying every candidate)."""
+    for _ in range(PLACEMENT_ROUNDS):
+        candidates, examined = placement.find_candidates(pool, spec, now=now)
+        if not candidates:
+            return None
+        for candidate in candidates:
+            try:
+                return _reserve(
+                    pool=pool,
+                    spec=spec,
+                    shape=shape,
+                    candidate=candidate,
+                    client=client,
+                    idempotency_key=idempotency_key,
+                    request_hash=request_hash,
+                    data=data,
+                    actor=actor,
+                    now=now,
+                    lease_request=lease_request,
+                    examined=examined,
+                )
+            except _LostRace as exc:
+                if str(exc) == "lease_request":
+                    return None
+                continue
+    return None
 
 
-def simulate_placement(lease, *, exclude_node_ids) -> dict:
-    """Could ``lease``'s request be placed now on another node? Changes nothing.
+def _replay(client, idempotency_key: str, request_hash: str) -> tuple[Any, int] | None:
+    """The lease (or lease request) an earlier call with this key produced, or None.
 
-    Returns ``{"placeable": bool, "node_id": str | None, "reasons": {code: count}, "message": str}``
-    using the same filter and score rules as a real request (for drain dry-runs).
+    Raises:
+        Unprocessable: the key was used with a different body (422 ``idempotency_key_reused``).
     """
-    return {"placeable": False, "node_id": None, "reasons": {}, "message": "placement not implemented"}
+    previous = Lease.objects.filter(client=client, idempotency_key=idempotency_key).first() or (
+        LeaseRequest.objects.filter(client=client, idempotency_key=idempotency_key).first()
+    )
+    if previous is None:
+        return None
+    if previous.request_hash != request_hash:
+        raise Unprocessable(
+            "This Idempotency-Key was already used with a different request body.", "idempotency_key_reused"
+        )
+    return previous, 200
+
+
+def lease_create(*, data: Any, client, actor: Actor, idempotency_key: str = "", now=None) -> tuple[Any, int]:
+    """``POST /node-leases``: place and reserve, or explain, or queue.
+
+    Returns ``(Lease, 201)``, ``(LeaseRequest, 202)`` when queued, or the earlier result with 200
+    when ``idempotency_key`` repeats a request.
+
+    Raises:
+        Problem 400 (bad input, unknown pool or shape), Unprocessable 422 (key reused with another
+        body; a queued request no node of the pool could ever hold), Conflict 409 (``unschedulable``
+        with ``reasons``/``nodes_considered``/``fragmented``/``cause``; ``workload_has_live_lease``).
+    """
+    now = now or timezone.now()
+    if idempotency_key and len(idempotency_key) > 200:
+        raise bad("Idempotency-Key", "at most 200 characters")
+    request_hash = request_fingerprint(data) if idempotency_key else ""
+    if idempotency_key:
+        replay = _replay(client, idempotency_key, request_hash)
+        if replay:
+            return replay
+    spec = parse_spec(data)
+    pool = resolve_pool(spec.pool)
+    spec, shape = resolve_shape(spec)
+    live = Lease.objects.filter(workload_id=spec.workload_id, state__in=LIVE_LEASE_STATES).first()
+    if live is not None:
+        raise Conflict(
+            f"Workload {spec.workload_id!r} already holds live lease {live.pk}; release it first.",
+            "workload_has_live_lease",
+            lease_id=str(live.pk),
+        )
+    try:
+        lease = place(
+            pool=pool,
+            spec=spec,
+            shape=shape,
+            client=client,
+            idempotency_key=idempotency_key,
+            request_hash=request_hash,
+            data=data,
+            actor=actor,
+            now=now,
+        )
+    except IntegrityError:
+        # A concurrent request with the same key (or the same workload) committed first.
+        replay = _replay(client, idempotency_key, request_hash) if idempotency_key else None
+        if replay:
+            return replay
+        raise Conflict(
+            f"Workload {spec.workload_id!r} already holds a live lease.", "workload_has_live_lease"
+        ) from None
+    if lease is not None:
+        return lease, 201
+    explanation = placement.diagnose(pool, spec, now=now)
+    if not spec.queue:
+        raise Conflict(
+            explanation["message"],
+            "unschedulable",
+            reasons=explanation["reasons"],
+            nodes_considered=explanation["nodes_considered"],
+            fragmented=explanation["fragmented"],
+            cause=explanation["cause"],
+            pending_admission=explanation["pending_admission"],
+        )
+    _refuse_impossible(pool, spec)
+    try:
+        request = LeaseRequest.objects.create(
+            workload_id=spec.workload_id,
+            pool=pool,
+            spec=data,
+            priority=spec.priority,
+            reasons=explanation["reasons"],
+            message=explanation["message"],
+            client=client,
+            idempotency_key=idempotency_key,
+            request_hash=request_hash,
+            last_attempt_at=now,
+            attempts=1,
+        )
+    except IntegrityError:
+        replay = _replay(client, idempotency_key, request_hash)
+        if replay:
+            return replay
+        raise
+    return request, 202
+
+
+def _refuse_impossible(pool: Pool, spec: PlacementSpec) -> None:
+    """A queued request must be placeable some day: some live node of the pool must be big enough."""
+    for name, amount in spec.resources.items():
+        largest = (
+            NodeResource.objects.filter(node__pool=pool, name=name)
+            .exclude(node__lifecycle__in=(Lifecycle.RETIRED, Lifecycle.REJECTED))
+            .aggregate(m=Max("allocatable"))["m"]
+        )
+        if not largest or largest < amount:
+            raise Unprocessable(
+                f"No node in pool {pool.name!r} has {amount} {name} allocatable (largest: {largest or 0}); "
+                "this request could never be placed, so it is not queued.",
+                "impossible_request",
+                field=f"resources.{name}",
+            )
+
+
+# --- fencing checks ------------------------------------------------------------------------------
+def _int_field(data: Any, name: str, *, required: bool = True) -> int | None:
+    value = data.get(name) if isinstance(data, dict) else None
+    if value is None and not required:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise bad(name, "required: a non-negative integer")
+    return value
+
+
+def check_fence(lease: Lease, *, fencing_token: int, node_incarnation: int, now) -> None:
+    """Refuse a write carrying a stale view of ``lease``. Order matters: the most specific answer.
+
+    Raises:
+        Gone 410 ``node_retired``; Conflict 409 ``lease_superseded`` (a newer lease exists for the
+        workload); Gone 410 ``lease_ended`` / ``lease_expired``; Conflict 409 ``stale_fencing_token``
+        or ``stale_incarnation``.
+    """
+    node = lease.node
+    if node.lifecycle == Lifecycle.RETIRED:
+        raise Gone("The lease's node is retired.", "node_retired")
+    latest = FencingSequence.objects.filter(pk=lease.workload_id).values_list("last_token", flat=True).first() or 0
+    newer = Lease.objects.filter(workload_id=lease.workload_id, fencing_token__gt=lease.fencing_token).exists()
+    if newer:
+        raise Conflict(
+            f"Lease {lease.pk} was superseded by a newer lease of {lease.workload_id!r}.",
+            "lease_superseded",
+            current_token=latest,
+        )
+    if lease.state in TERMINAL_LEASE_STATES:
+        code = "lease_expired" if lease.state == LeaseState.EXPIRED else "lease_ended"
+        raise Gone(f"Lease {lease.pk} is {lease.state}; terminal leases never come back.", code)
+    if lease.expires_at <= now:
+        raise Gone(f"Lease {lease.pk} expired at {lease.expires_at.isoformat()}.", "lease_expired")
+    if fencing_token != lease.fencing_token:
+        raise Conflict(
+            f"Fencing token {fencing_token} is not this lease's ({lease.fencing_token}).",
+            "stale_fencing_token",
+            current_token=lease.fencing_token,
+        )
+    if node_incarnation != lease.node_incarnation or node_incarnation < node.incarnation:
+        raise Conflict(
+            f"Node incarnation {node_incarnation} is stale (lease holds {lease.node_incarnation}, "
+            f"node is at {node.incarnation}).",
+            "stale_incarnation",
+            current_incarnation=node.incarnation,
+        )
+
+
+def _lease_for_write(lease_id, *, user=None, node=None) -> Lease:
+    queryset = Lease.objects.select_related("node")
+    if node is not None:
+        queryset = queryset.filter(node=node)
+    elif user is not None:
+        queryset = _visible(queryset, user)
+    lease = queryset.filter(pk=lease_id).first()
+    if lease is None:
+        raise NotFound("No such lease.", "lease_not_found")
+    return lease
+
+
+# --- ending leases -------------------------------------------------------------------------------
+def return_capacity(lease: Lease) -> None:
+    """Subtract ``lease.resources`` from its node (never below zero: drift is reported, not hidden
+    behind a constraint error that would block ending the lease)."""
+    for name, amount in sorted((lease.resources or {}).items()):
+        NodeResource.objects.filter(node_id=lease.node_id, name=name).update(
+            allocated=Greatest(F("allocated") - amount, 0)
+        )
+
+
+def end_lease(
+    lease_id,
+    *,
+    to_state: str,
+    actor: Actor,
+    reason: str,
+    now,
+    outcome: str = "",
+    workload_state: str = "",
+    fence: dict | None = None,
+    expiring: bool = False,
+) -> Lease | None:
+    """Move a live lease to a terminal state and give its capacity back, exactly once.
+
+    The compare-and-swap (``state IN live`` plus the fence, if given) is the claim: of two sweeps
+    or two releases racing, one updates the row and returns the capacity, the other gets None.
+    """
+    with transaction.atomic():
+        claim = Lease.objects.filter(pk=lease_id, state__in=LIVE_LEASE_STATES, **(fence or {}))
+        if expiring:
+            claim = claim.filter(expires_at__lte=now)
+        changes = {"state": to_state, "ended_at": now, "end_reason": reason[:2000], "version": F("version") + 1}
+        if outcome:
+            changes["outcome"] = outcome
+        if workload_state:
+            changes["workload_state"] = workload_state
+        if not claim.update(**changes):
+            return None
+        lease = Lease.objects.get(pk=lease_id)
+        return_capacity(lease)
+        record_event(
+            lease.node_id,
+            NodeEventType.LEASE,
+            actor,
+            to_state=to_state,
+            reason=reason,
+            data={"lease_id": str(lease.pk), "workload_id": lease.workload_id, "fencing_token": lease.fencing_token},
+        )
+        transaction.on_commit(kick_queue)
+    return lease
+
+
+def kick_queue() -> None:
+    """Ask a worker to place pending requests (deduplicated: at most one kick a second)."""
+    if not LeaseRequest.objects.filter(state=LeaseRequestState.PENDING).exists():
+        return
+    if cache.add("leases:queue-kick", 1, timeout=1):
+        from .tasks import place_pending_requests
+
+        try:
+            place_pending_requests.delay()
+        except Exception:  # the beat entry retries; a broker hiccup must not fail the request
+            logger.exception("could not enqueue place_pending_requests")
+
+
+def lease_renew(*, lease_id, data: Any, user, actor: Actor, now=None) -> Lease:
+    """Extend a live lease by ``ttl_seconds`` (default: its own TTL) from now. Raises as :func:`check_fence`."""
+    now = now or timezone.now()
+    token, incarnation = _int_field(data, "fencing_token"), _int_field(data, "node_incarnation")
+    ttl = _int_field(data, "ttl_seconds", required=False)
+    if ttl is not None and not 1 <= ttl <= 7 * 24 * 3600:
+        raise bad("ttl_seconds", "must be from 1 to 604800")
+    lease = _lease_for_write(lease_id, user=user)
+    check_fence(lease, fencing_token=token, node_incarnation=incarnation, now=now)
+    ttl = ttl or lease.ttl_seconds
+    with transaction.atomic():
+        renewed = Lease.objects.filter(
+            pk=lease.pk,
+            state__in=LIVE_LEASE_STATES,
+            expires_at__gt=now,
+            fencing_token=token,
+            node_incarnation=incarnation,
+        ).update(expires_at=now + timedelta(seconds=ttl), ttl_seconds=ttl, version=F("version") + 1)
+    if not renewed:  # it changed between the check and the swap: answer from the new state
+        check_fence(
+            Lease.objects.select_related("node").get(pk=lease.pk),
+            fencing_token=token,
+            node_incarnation=incarnation,
+            now=now,
+        )
+        raise Conflict("The lease changed while renewing; read it again.", "concurrent_modification")
+    return Lease.objects.get(pk=lease.pk)
+
+
+def lease_release(*, lease_id, data: Any, user, actor: Actor, now=None) -> Lease:
+    """End a live lease as ``released`` with an ``outcome`` (succeeded, failed, cancelled…)."""
+    from .choices import ReleaseOutcome
+
+    now = now or timezone.now()
+    token, incarnation = _int_field(data, "fencing_token"), _int_field(data, "node_incarnation")
+    outcome = data.get("outcome") or ReleaseOutcome.UNKNOWN
+    if outcome not in ReleaseOutcome.values:
+        raise bad("outcome", f"must be one of {', '.join(ReleaseOutcome.values)}")
+    reason = data.get("reason") or f"released by {actor.name}: {outcome}"
+    if not isinstance(reason, str):
+        raise bad("reason", "must be a string")
+    lease = _lease_for_write(lease_id, user=user)
+    check_fence(lease, fencing_token=token, node_incarnation=incarnation, now=now)
+    fence = {"fencing_token": token, "node_incarnation": incarnation}
+    ended = end_lease(
+        lease.pk, to_state=LeaseState.RELEASED, actor=actor, reason=reason, now=now, outcome=outcome, fence=fence
+    )
+    if ended is None:
+        check_fence(
+            Lease.objects.select_related("node").get(pk=lease.pk),
+            fencing_token=token,
+            node_incarnation=incarnation,
+            now=now,
+        )
+        raise Conflict("The lease changed while releasing; read it again.", "concurrent_modification")
+    return ended
+
+
+def lease_report_event(*, lease_id, data: Any, node: Node, actor: Actor, now=None) -> Lease:
+    """A node reports its job's state. ``running`` activates a granted lease; ``succeeded`` and
+    ``failed`` end it as released with that outcome; ``checkpointed`` clears a checkpoint request."""
+    now = now or timezone.now()
+    token, incarnation = _int_field(data, "fencing_token"), _int_field(data, "node_incarnation")
+    state = data.get("state")
+    if state not in WorkloadState.values:
+        raise bad("state", f"must be one of {', '.join(WorkloadState.values)}")
+    message = data.get("message") or ""
+    if not isinstance(message, str) or len(message) > 2000:
+        raise bad("message", "must be a string of at most 2000 characters")
+    lease = _lease_for_write(lease_id, node=node)
+    check_fence(lease, fencing_token=token, node_incarnation=incarnation, now=now)
+    fence = {"fencing_token": token, "node_incarnation": incarnation}
+    if state in (WorkloadState.SUCCEEDED, WorkloadState.FAILED):
+        ended = end_lease(
+            lease.pk,
+            to_state=LeaseState.RELEASED,
+            actor=actor,
+            now=now,
+            outcome=state,
+            workload_state=state,
+            reason=message or f"the node reported {state}",
+            fence=fence,
+        )
+        if ended is None:
+            raise Conflict("The lease changed while reporting; read it again.", "concurrent_modification")
+        return ended
+    with transaction.atomic():
+        claim = Lease.objects.filter(pk=lease.pk, state__in=LIVE_LEASE_STATES, **fence)
+        changes: dict[str, Any] = {"workload_state": state, "last_reported_at": now, "version": F("version") + 1}
+        if state == WorkloadState.RUNNING:
+            activated = claim.filter(state=LeaseState.GRANTED).update(
+                state=LeaseState.ACTIVE, activated_at=now, missed_reports=0, **changes
+            )
+            if activated:
+                record_event(
+                    lease.node_id,
+                    NodeEventType.LEASE,
+                    actor,
+                    from_state=LeaseState.GRANTED,
+                    to_state=LeaseState.ACTIVE,
+                    reason=message or "the node reported running",
+                    data={"lease_id": str(lease.pk), "fencing_token": token},
+                )
+            elif not claim.update(missed_reports=0, **changes):
+                raise Conflict("The lease changed while reporting; read it again.", "concurrent_modification")
+        else:
+            if not claim.update(checkpoint_requested_at=None, **changes):
+                raise Conflict("The lease changed while reporting; read it again.", "concurrent_modification")
+    return Lease.objects.get(pk=lease.pk)
+
+
+def fencing_validate(*, data: Any) -> dict:
+    """Is ``(workload_id, fencing_token)`` the workload's current, live lease?
+
+    Returns ``{"valid": bool, "current_token": int | None, "lease_id": str | None}``.
+    """
+    workload_id = data.get("workload_id") if isinstance(data, dict) else None
+    if not isinstance(workload_id, str) or not workload_id:
+        raise bad("workload_id", "required: the workload's id")
+    token = _int_field(data, "fencing_token")
+    current = FencingSequence.objects.filter(pk=workload_id).values_list("last_token", flat=True).first()
+    live = Lease.objects.filter(workload_id=workload_id, state__in=LIVE_LEASE_STATES).first()
+    valid = live is not None and live.fencing_token == token and token == current
+    return {
+        "valid": valid,
+        "current_token": live.fencing_token if live else None,
+        "last_issued_token": current,
+        "lease_id": str(live.pk) if live else None,
+    }
+
+
+def request_checkpoint(*, lease: Lease, actor: Actor, now=None) -> int:
+    """Ask the node (in its next heartbeat) to checkpoint ``lease``. Returns 1 if newly asked."""
+    now = now or timezone.now()
+    return Lease.objects.filter(pk=lease.pk, state__in=LIVE_LEASE_STATES, checkpoint_requested_at__isnull=True).update(
+        checkpoint_requested_at=now, version=F("version") + 1
+    )
+
+
+# --- shapes --------------------------------------------------------------------------------------
+def shape_create(*, name: str, resources: Any, features: Any = None, description: str = "", actor: Actor) -> Shape:
+    """A new version of shape ``name`` (v1 when new). Resources take Kubernetes quantities."""
+    from .spec import WORKLOAD_ID
+
+    if not isinstance(name, str) or not WORKLOAD_ID.match(name) or len(name) > 63:
+        raise bad("name", "required: a slug of at most 63 characters")
+    canonical = resources_from_wire(resources)
+    if not canonical:
+        raise bad("resources", "a shape needs at least one resource", "empty_request")
+    if features is not None and not isinstance(features, dict):
+        raise bad("features", "must be an object")
+    for _ in range(3):  # two operators publishing at once: the unique (name, version) decides
+        try:
+            with transaction.atomic():
+                latest = Shape.objects.filter(name=name).aggregate(v=Max("version"))["v"] or 0
+                return Shape.objects.create(
+                    name=name,
+                    version=latest + 1,
+                    resources=canonical,
+                    features=features or {},
+                    description=description or "",
+                )
+        except IntegrityError:
+            continue
+    raise Conflict("Another version of this shape was published at the same time; retry.", "concurrent_modification")
+
+
+def lease_request_cancel(*, request_id, user, actor: Actor) -> LeaseRequest:
+    request = _visible(LeaseRequest.objects.all(), user).filter(pk=request_id).first()
+    if request is None:
+        raise NotFound("No such lease request.", "lease_request_not_found")
+    if not LeaseRequest.objects.filter(pk=request.pk, state=LeaseRequestState.PENDING).update(
+        state=LeaseRequestState.CANCELLED, version=F("version") + 1
+    ):
+        raise Conflict(f"The lease request is {request.state}, not pending.", "lease_request_not_pending")
+    request.refresh_from_db()
+    return request
+
+
+__all__ = [
+    "Problem",
+    "lease_create",
+    "lease_renew",
+    "lease_release",
+    "lease_report_event",
+    "fencing_validate",
+    "shape_create",
+    "reconcile_heartbeat",
+    "lose_node_leases",
+    "revoke_node_leases",
+    "simulate_placement",
+]
+
+from .reconcile import lose_node_leases, reconcile_heartbeat, revoke_node_leases, simulate_placement  # noqa: E402
