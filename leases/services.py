@@ -264,6 +264,19 @@ def lease_create(*, data: Any, client, actor: Actor, idempotency_key: str = "", 
         replay = _replay(client, idempotency_key, request_hash)
         if replay:
             return replay
+    try:
+        return _create(
+            data=data, client=client, actor=actor, idempotency_key=idempotency_key, request_hash=request_hash, now=now
+        )
+    except Conflict as exc:
+        # A concurrent retry under the same key won the race: answer with its lease.
+        replay = _replay(client, idempotency_key, request_hash) if idempotency_key else None
+        if replay and exc.get_codes() == "workload_has_live_lease":
+            return replay
+        raise
+
+
+def _create(*, data, client, actor, idempotency_key: str, request_hash: str, now) -> tuple[Any, int]:
     spec = parse_spec(data)
     pool = resolve_pool(spec.pool)
     spec, shape = resolve_shape(spec)
