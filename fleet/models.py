@@ -272,7 +272,7 @@ class NodeResource(models.Model):
         indexes = [
             # Placement's candidate query: "nodes where <resource> has at least x free", best-first
             # (leases.placement.candidate_query) walks this index instead of scanning every node.
-            models.Index(F("name"), F("allocatable") - F("allocated"), name="noderesource_free"),
+            models.Index(F("name"), F("allocatable") - F("allocated"), F("node"), name="noderesource_free"),
         ]
 
     def __str__(self) -> str:

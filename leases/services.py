@@ -135,7 +135,7 @@ def _reserve(
         lease = Lease.objects.create(
             workload_id=spec.workload_id,
             fencing_token=token,
-            node=node,
+            node_id=node.pk,
             node_incarnation=node.incarnation,
             pool=pool,
             resources=spec.resources,
@@ -160,7 +160,7 @@ def _reserve(
             if not claimed:  # another worker placed or someone cancelled it: undo everything
                 raise _LostRace("lease_request")
         record_event(
-            node,
+            node.pk,
             NodeEventType.LEASE,
             actor,
             to_state=LeaseState.GRANTED,
