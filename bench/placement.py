@@ -18,7 +18,6 @@ import random
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from datetime import timedelta
@@ -26,6 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 GiB = 2**30
 ZONES = ("a", "b", "c")
@@ -36,10 +36,11 @@ def parse_args():
     parser.add_argument("--sizes", default="1000,10000,100000")
     parser.add_argument("--requests", type=int, default=300, help="placements timed per fleet size")
     parser.add_argument("--http-seconds", type=float, default=10.0)
-    parser.add_argument("--clients", type=int, default=8, help="concurrent HTTP clients / SQL connections")
+    parser.add_argument("--clients", type=int, default=16, help="concurrent HTTP connections / pgbench clients")
     parser.add_argument("--http-fleet", type=int, default=10000, help="fleet size for the HTTP and SQL runs")
-    parser.add_argument("--database", default=os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/np_leases_bench"))
-    parser.add_argument("--port", type=int, default=18765)
+    parser.add_argument(
+        "--database", default=os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/np_leases_bench")
+    )
     return parser.parse_args()
 
 
@@ -105,8 +106,14 @@ def build_fleet(size: int):
     creds, resources = [], []
     for i, node in enumerate(nodes):
         creds.append(
-            NodeCredential(node=node, prefix=f"b{i:012d}", secret_hash="x" * 64, issuer="bench", issued_at=now,
-                           expires_at=now + timedelta(days=1))  # fmt: skip
+            NodeCredential(
+                node=node,
+                prefix=f"b{i:012d}",
+                secret_hash="x" * 64,
+                issuer="bench",
+                issued_at=now,
+                expires_at=now + timedelta(days=1),
+            )  # fmt: skip
         )
         # Existing load as reservations (allocatable below capacity), so that allocated stays
         # exactly the sum of live leases and the audit can demand zero drift.
@@ -114,7 +121,9 @@ def build_fleet(size: int):
         resources.append(NodeResource(node=node, name="cpu", capacity=8000, reserved=used, allocatable=8000 - used))
         mem_used = used * 4 * 2**20
         resources.append(
-            NodeResource(node=node, name="memory", capacity=32 * GiB, reserved=mem_used, allocatable=32 * GiB - mem_used)
+            NodeResource(
+                node=node, name="memory", capacity=32 * GiB, reserved=mem_used, allocatable=32 * GiB - mem_used
+            )
         )
     NodeCredential.objects.bulk_create(creds, batch_size=5000)
     NodeResource.objects.bulk_create(resources, batch_size=5000)
@@ -128,7 +137,11 @@ def requests_mix(count: int) -> list[dict]:
     rng = random.Random(7)
     bodies = []
     for i in range(count):
-        body = {"workload_id": f"w{i}", "pool": "bench", "resources": {"cpu": rng.choice(("500m", "1", "2")), "memory": "1Gi"}}
+        body = {
+            "workload_id": f"w{i}",
+            "pool": "bench",
+            "resources": {"cpu": rng.choice(("500m", "1", "2")), "memory": "1Gi"},
+        }
         kind = i % 5
         if kind == 1:
             body["node_selector"] = {"topology.kubernetes.io/zone": rng.choice(ZONES)}
@@ -200,102 +213,77 @@ def audit() -> dict:
     return {"oversubscribed_resources": over, "workloads_with_two_live_leases": doubled, "drift": drift}
 
 
+LEASE_LUA = r"""
+local n = 0
+local token = os.getenv("BENCH_TOKEN")
+request = function()
+  n = n + 1
+  local body = string.format(
+    '{"workload_id": "http-%s-%d-%d", "pool": "bench", "resources": {"cpu": "100m", "memory": "64Mi"}}',
+    os.getenv("BENCH_RUN"), tid or 0, n)
+  return wrk.format("POST", "/api/v1/node-leases",
+    {["Content-Type"] = "application/json", ["Authorization"] = "Token " .. token}, body)
+end
+response = function(status, headers, body)
+  counters[tostring(status)] = (counters[tostring(status)] or 0) + 1
+end
+"""
+
+
 def http_grants(args, user) -> dict:
-    """Grants per second through gunicorn + the API, ``--clients`` threads posting distinct workloads."""
-    import httpx
+    """Grants per second through gunicorn (2 workers) and the API, driven by wrk (bench/common.py)."""
+    from common import WRK_LUA_LIB, Gunicorn, wrk
     from rest_framework.authtoken.models import Token
 
     token, _ = Token.objects.get_or_create(user=user)
-    env = {**os.environ, "DATABASE_URL": args.database, "THROTTLE_USER": "10000000/min", "LOG_LEVEL": "WARNING"}
-    env.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/4")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "nodepool.wsgi", "-w", "2", "-k", "gthread", "--threads", "4",
-         "-b", f"127.0.0.1:{args.port}", "--log-level", "warning"],
-        cwd=ROOT, env=env,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{args.port}"
-    try:
-        for _ in range(100):
-            try:
-                httpx.get(base + "/healthz", timeout=1)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        counts = {"granted": 0, "unschedulable": 0, "other": 0}
-        lock = threading.Lock()
-        deadline = time.perf_counter() + args.http_seconds
+    with Gunicorn(args.database, workers=2, extra_env={"THROTTLE_USER": "10000000/min"}) as server:
+        result = wrk(
+            server.base, LEASE_LUA + WRK_LUA_LIB, duration=args.http_seconds, connections=args.clients,
+            env={"BENCH_TOKEN": token.key, "BENCH_RUN": uuid.uuid4().hex[:8]},
+        )  # fmt: skip
+    granted = result["counters"].get("201", 0)
+    return {
+        "http_grants_per_s": round(granted / result["seconds"], 1),
+        "http_p50_ms": result["p50_ms"],
+        "http_p99_ms": result["p99_ms"],
+        "http_status_counts": result["counters"],
+    }
 
-        def client(index):
-            headers = {"Authorization": f"Token {token.key}"}
-            with httpx.Client(base_url=base, headers=headers, timeout=10) as http:
-                n = 0
-                while time.perf_counter() < deadline:
-                    n += 1
-                    body = {"workload_id": f"http-{index}-{n}", "pool": "bench", "resources": {"cpu": "100m", "memory": "64Mi"}}
-                    status = http.post("/api/v1/node-leases", json=body).status_code
-                    key = "granted" if status == 201 else "unschedulable" if status == 409 else "other"
-                    with lock:
-                        counts[key] += 1
 
-        start = time.perf_counter()
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(args.clients)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        elapsed = time.perf_counter() - start
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-    return {"http_grants_per_s": round(counts["granted"] / elapsed, 1), **{f"http_{k}": v for k, v in counts.items()}}
+PGBENCH_SCRIPT = """\\set r :base + 2 * random(0, :n - 1)
+WITH u AS (UPDATE fleet_noderesource SET allocated = allocated + 10
+           WHERE id = :r AND allocated + 10 <= allocatable RETURNING node_id)
+INSERT INTO leases_lease (id, workload_id, fencing_token, node_id, node_incarnation, pool_id, state, workload_state,
+  resources, "group", priority, command, spec, decision, ttl_seconds, expires_at, granted_at, end_reason, outcome,
+  missed_reports, idempotency_key, request_hash, version)
+SELECT gen_random_uuid(), 'sql-' || gen_random_uuid(), 1, node_id, 1, :pool, 'granted', '', '{"cpu": 10}', '', 0,
+  '[]', '{}', '{}', 600, now() + interval '10 minutes', now(), '', '', 0, '', '', 1 FROM u;
+"""
 
 
 def sql_baseline(args, pool) -> dict:
-    """The raw transaction of the same shape: conditional UPDATE of capacity + INSERT lease."""
-    import psycopg
-    from django.utils import timezone
+    """pgbench running the raw transaction of the same shape: conditional UPDATE of the node's
+    capacity + INSERT of the lease row (one statement, one transaction), same clients, same run."""
+    import tempfile
 
     from fleet.models import NodeResource
 
-    node_ids = list(NodeResource.objects.filter(name="cpu", allocatable__gte=1000).values_list("node_id", flat=True)[:5000])
-    done = [0]
-    lock = threading.Lock()
-    deadline = time.perf_counter() + args.http_seconds
-    now = timezone.now()
-
-    def worker(index):
-        rng = random.Random(index)
-        with psycopg.connect(args.database) as conn:
-            n = 0
-            while time.perf_counter() < deadline:
-                n += 1
-                node_id = rng.choice(node_ids)
-                with conn.transaction():
-                    updated = conn.execute(
-                        "UPDATE fleet_noderesource SET allocated = allocated + 10 "
-                        "WHERE node_id = %s AND name = 'cpu' AND allocated + 10 <= allocatable",
-                        (node_id,),
-                    ).rowcount
-                    if updated:
-                        conn.execute(
-                            "INSERT INTO leases_lease (id, workload_id, fencing_token, node_id, node_incarnation, "
-                            "pool_id, state, workload_state, resources, \"group\", priority, command, spec, decision, "
-                            "ttl_seconds, expires_at, granted_at, end_reason, outcome, missed_reports, "
-                            "idempotency_key, request_hash, version) VALUES (%s, %s, 1, %s, 1, %s, 'granted', '', "
-                            "'{\"cpu\": 10}', '', 0, '[]', '{}', '{}', 600, %s, %s, '', '', 0, '', '', 1)",
-                            (uuid.uuid4(), f"sql-{index}-{n}", node_id, pool.pk, now + timedelta(minutes=10), now),
-                        )
-                if updated:
-                    with lock:
-                        done[0] += 1
-
-    start = time.perf_counter()
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(args.clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return {"sql_grants_per_s": round(done[0] / (time.perf_counter() - start), 1)}
+    cpu_ids = list(NodeResource.objects.filter(name="cpu").order_by("id").values_list("id", flat=True))
+    assert cpu_ids[-1] - cpu_ids[0] == 2 * (len(cpu_ids) - 1), "cpu rows are not interleaved with memory rows"
+    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as handle:
+        handle.write(PGBENCH_SCRIPT)
+        script = handle.name
+    try:
+        output = subprocess.run(
+            ["pgbench", "-n", "-c", str(args.clients), "-j", "2", "-T", str(max(1, round(args.http_seconds))),
+             "-D", f"base={cpu_ids[0]}", "-D", f"n={len(cpu_ids)}", "-D", f"pool={pool.pk}", "-f", script,
+             args.database.replace("postgres://", "postgresql://", 1)],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+    finally:
+        os.unlink(script)
+    tps = next(line for line in output.stdout.splitlines() if line.startswith("tps"))
+    return {"sql_grants_per_s": round(float(tps.split("=")[1].split()[0]), 1)}
 
 
 def main() -> None:
@@ -323,8 +311,9 @@ def main() -> None:
     print(f"raw SQL (UPDATE capacity + INSERT lease), {args.clients} connections: {figures['sql_grants_per_s']}/s")
     pool, user = build_fleet(args.http_fleet)
     figures.update(http_grants(args, user))
-    print(f"HTTP POST /node-leases, {args.clients} clients, gunicorn 2x4: {figures['http_grants_per_s']} grants/s "
-          f"({figures['http_granted']} granted, {figures['http_unschedulable']} 409, {figures['http_other']} other)")  # fmt: skip
+    print(f"HTTP POST /node-leases (wrk, {args.clients} connections, gunicorn 2 workers): "
+          f"{figures['http_grants_per_s']} grants/s, p50 {figures['http_p50_ms']} ms, p99 {figures['http_p99_ms']} ms, "
+          f"statuses {figures['http_status_counts']}")  # fmt: skip
     figures["http_vs_sql"] = round(figures["http_grants_per_s"] / figures["sql_grants_per_s"], 3)
     figures["audit"] = audit()
     figures["double_allocations"] = (

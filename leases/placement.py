@@ -16,9 +16,14 @@ when nothing fits does :func:`diagnose` look at every node of the pool, to expla
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import random
 import re
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db.models import Exists, F, OuterRef, Subquery
@@ -32,6 +37,7 @@ from .models import Lease
 from .spec import PlacementSpec
 
 POLICY_VERSION = "placement/1"
+_SENTINEL_NOW = datetime(1971, 3, 4, 5, 6, 7, 89, tzinfo=UTC)
 FEASIBLE_TARGET = 32  # feasible nodes to score per request (percentageOfNodesToScore's idea)
 FIRST_PAGE_SIZE = 64  # most requests find enough feasible nodes in the first page
 PAGE_SIZE = 1024
@@ -295,6 +301,78 @@ class NodeView:
         return self.hostname or str(self.pk)
 
 
+_COMPILED: dict[tuple, tuple[str, list, dict[int, Any]]] = {}
+_JSON_COLUMNS = (2, 3, 4, 5)  # labels, node_labels, taints, verified in ROW_FIELDS
+
+
+def _page_reader(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_ids=()):
+    """``read(offset, limit) -> [row tuples]`` for :func:`candidate_query`.
+
+    Building and compiling that queryset costs more than running it (several milliseconds of
+    ORM work per request), so its SQL is compiled once per query shape — policy and requested
+    resource names — with sentinel values that are swapped for the request's pool, amounts and
+    time. The ORM (and so ``fleet.selectors.schedulable_q``) stays the source of the SQL.
+    """
+    from django.db import connection
+    from django.utils import timezone
+
+    now = now or timezone.now()
+    if exclude_node_ids:  # drain dry-runs: rare, uncached
+        query = candidate_query(pool, spec, now=now, exclude_node_ids=exclude_node_ids)
+        return lambda offset, limit: list(query[offset : offset + limit])
+    names = tuple(sorted(spec.resources))
+    key = (connection.vendor, pool.scheduling_policy, names, primary_resource(spec))
+    if key not in _COMPILED:
+        sentinels = {"pool": -7_340_001, "now": _SENTINEL_NOW}
+        sentinels.update({f"r:{name}": 9_007_199_254_740_000 + i for i, name in enumerate(names)})
+        probe_pool = Pool(pk=sentinels["pool"], scheduling_policy=pool.scheduling_policy)
+        probe_spec = dataclasses.replace(spec, resources={n: sentinels[f"r:{n}"] for n in names})
+        queryset = candidate_query(probe_pool, probe_spec, now=_SENTINEL_NOW)
+        sql, params = queryset.query.sql_with_params()
+        # Backends adapt parameters while compiling (SQLite turns datetimes into strings).
+        by_value = {value: name for name, value in sentinels.items() if name != "now"}
+        by_value[connection.ops.adapt_datetimefield_value(_SENTINEL_NOW)] = "now"
+        slots = {i: by_value[p] for i, p in enumerate(params) if _hashable(p) and p in by_value}
+        if set(slots.values()) != set(sentinels):  # a shape the probe cannot see through: no cache
+            query = candidate_query(pool, spec, now=now)
+            return lambda offset, limit: list(query[offset : offset + limit])
+        _COMPILED[key] = (sql + " LIMIT %s OFFSET %s", list(params), slots)
+    sql, template, slots = _COMPILED[key]
+    values = {
+        "pool": pool.pk,
+        "now": connection.ops.adapt_datetimefield_value(now),
+        **{f"r:{n}": a for n, a in spec.resources.items()},
+    }
+    params = list(template)
+    for index, name in slots.items():
+        params[index] = values[name]
+
+    def read(offset: int, limit: int) -> list[tuple]:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [*params, limit, offset])
+            rows = cursor.fetchall()
+        out = []
+        for row in rows:
+            row = list(row)
+            if not isinstance(row[0], uuid.UUID):
+                row[0] = uuid.UUID(str(row[0]))  # SQLite stores UUIDs as 32 hex digits
+            for column in _JSON_COLUMNS:  # Django's JSONField leaves decoding to from_db_value
+                if isinstance(row[column], str):
+                    row[column] = json.loads(row[column])
+            out.append(tuple(row))
+        return out
+
+    return read
+
+
+def _hashable(value) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
 def _credential_subquery(now):
     from django.utils import timezone
 
@@ -317,14 +395,14 @@ def find_candidates(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_i
     Returns ``(candidates, examined)``; an empty list means :func:`diagnose` should explain.
     """
     counts = group_counts(spec, pool, exclude_lease_id=exclude_lease_id)
-    query = candidate_query(pool, spec, now=now, exclude_node_ids=exclude_node_ids)
+    query = _page_reader(pool, spec, now=now, exclude_node_ids=exclude_node_ids)
     primary = primary_resource(spec)
     others = [name for name in sorted(spec.resources) if name != primary]
     feasible: list[Candidate] = []
     examined, offset = 0, 0
     page_size = FIRST_PAGE_SIZE
     while len(feasible) < FEASIBLE_TARGET:
-        page = list(query[offset : offset + page_size])
+        page = query(offset, page_size)
         offset += page_size
         for row in page:
             examined += 1
@@ -344,8 +422,13 @@ def find_candidates(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_i
         page_size = min(PAGE_SIZE, max(FIRST_PAGE_SIZE, int((FEASIBLE_TARGET - len(feasible)) / rate * 1.5)))
     for candidate in feasible:
         candidate.score = score(candidate.node, pool, spec, candidate.inventory, counts)
-    # Stable sort: equal scores keep the SQL order (already best-first for the policy).
     feasible.sort(key=lambda c: -c.score["score"])
+    # Like Kubernetes' selectHost, pick at random among the nodes that share the best score: racing
+    # clients then spread over equal nodes instead of queueing on one node's capacity rows.
+    best = [c for c in feasible if feasible[0].score["score"] - c.score["score"] < 1e-6]
+    if len(best) > 1:
+        random.shuffle(best)
+        feasible[: len(best)] = best
     return feasible, examined
 
 

@@ -18,7 +18,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.core.cache import cache
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Max
 from django.db.models.functions import Greatest
 from django.utils import timezone
@@ -73,13 +73,16 @@ def _visible(queryset, user):
 
 # --- grant ---------------------------------------------------------------------------------------
 def _next_fencing_token(workload_id: str) -> int:
-    """Bump and return the workload's fencing token. The row lock serialises grants of one workload
-    (PostgreSQL); SQLite's IMMEDIATE transactions already serialise every writer."""
-    FencingSequence.objects.get_or_create(workload_id=workload_id)
-    sequence = FencingSequence.objects.select_for_update().get(pk=workload_id)
-    sequence.last_token += 1
-    sequence.save(update_fields=["last_token"])
-    return sequence.last_token
+    """Bump and return the workload's fencing token in one statement (an upsert that locks the
+    row until commit, so grants of one workload are serialised and tokens strictly increase)."""
+    table = connection.ops.quote_name(FencingSequence._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (workload_id, last_token) VALUES (%s, 1) "  # noqa: S608 (the table name comes from the model, not input)
+            f"ON CONFLICT (workload_id) DO UPDATE SET last_token = {table}.last_token + 1 RETURNING last_token",
+            [workload_id],
+        )
+        return cursor.fetchone()[0]
 
 
 def _reserve(
@@ -108,30 +111,18 @@ def _reserve(
         Conflict: the workload already has a live lease (409 ``workload_has_live_lease``).
     """
     node = candidate.node
+    decision = {
+        "policy_version": placement.POLICY_VERSION,
+        "policy": pool.scheduling_policy,
+        "score": candidate.score["score"],
+        "score_parts": candidate.score["parts"],
+        "nodes_examined": examined,
+        "reasons": _why(pool, spec, candidate),
+    }
     with transaction.atomic():
         token = _next_fencing_token(spec.workload_id)
-        live = Lease.objects.filter(workload_id=spec.workload_id, state__in=LIVE_LEASE_STATES).first()
-        if live is not None:
-            raise Conflict(
-                f"Workload {spec.workload_id!r} already holds live lease {live.pk}; release it first.",
-                "workload_has_live_lease",
-                lease_id=str(live.pk),
-            )
-        # Sorted resource order: two grants on one node lock its rows in the same order (no deadlock).
-        for name, amount in sorted(spec.resources.items()):
-            updated = NodeResource.objects.filter(
-                node_id=node.pk, name=name, allocated__lte=F("allocatable") - amount
-            ).update(allocated=F("allocated") + amount)
-            if updated != 1:
-                raise _LostRace(name)
-        decision = {
-            "policy_version": placement.POLICY_VERSION,
-            "policy": pool.scheduling_policy,
-            "score": candidate.score["score"],
-            "score_parts": candidate.score["parts"],
-            "nodes_examined": examined,
-            "reasons": _why(pool, spec, candidate),
-        }
+        # The lease row first: the partial unique index refuses a second live lease of the workload
+        # (IntegrityError, answered as 409 by lease_create) before any capacity is touched.
         lease = Lease.objects.create(
             workload_id=spec.workload_id,
             fencing_token=token,
@@ -167,6 +158,15 @@ def _reserve(
             reason=f"lease granted to {spec.workload_id}",
             data={"lease_id": str(lease.pk), "workload_id": spec.workload_id, "fencing_token": token},
         )
+        # Capacity last: the node's rows stay locked only from here to COMMIT, which is what
+        # bounds grants per second on one busy node. Sorted order: two grants on one node lock
+        # its rows in the same order (no deadlock).
+        for name, amount in sorted(spec.resources.items()):
+            updated = NodeResource.objects.filter(
+                node_id=node.pk, name=name, allocated__lte=F("allocatable") - amount
+            ).update(allocated=F("allocated") + amount)
+            if updated != 1:
+                raise _LostRace(name)
     return lease
 
 

@@ -345,3 +345,17 @@ def test_clients_see_only_their_own_leases(client_api, operator_api, pool):
     assert client_api.get(f"/api/v1/node-leases/{lease_id}").status_code == 404
     assert client_api.get("/api/v1/node-leases").json()["count"] == 0
     assert operator_api.get(f"/api/v1/node-leases/{lease_id}").status_code == 200
+
+
+def test_a_node_whose_credential_expired_gets_no_new_work(client_api, pool):
+    from datetime import timedelta
+
+    import time_machine
+    from django.utils import timezone
+
+    make_schedulable_node(pool)
+    assert ask(client_api, workload_id="before", resources={"cpu": "1"}).status_code == 201
+    with time_machine.travel(timezone.now() + timedelta(days=2)):
+        response = ask(client_api, workload_id="after", resources={"cpu": "1"})
+    assert response.status_code == 409
+    assert response.json()["reasons"] == {"no_valid_credential": 1}

@@ -1,0 +1,222 @@
+"""Helpers every benchmark uses. Small API, on purpose:
+
+``prepare_database(url)``          create the PostgreSQL database if missing and migrate it
+``django_setup(url)``              configure Django in this process against ``url`` (before any model import)
+``Gunicorn(url, workers=2)``       context manager: gunicorn on a free port with ``DATABASE_URL`` and
+                                   ``NODEPOOL_BENCH=1`` (which serves the baseline view); ``.base`` is its URL
+``wrk(base, script, duration=, connections=, threads=, env=)``
+                                   run ``wrk`` with a Lua script; returns the JSON the script's ``done()``
+                                   prints (``requests``, ``rps``, ``p50_ms``, ``p99_ms``, plus counters)
+``WRK_LUA_LIB``                    Lua snippet defining ``done()`` that prints that JSON line; scripts
+                                   append it and count with ``counters[name] = (counters[name] or 0) + 1``
+``percentile(values, p)``          for in-process timings
+``emit(figures)``                  print the final one-line JSON every bench ends with
+
+The baseline the issue asks for is ``POST /bench/one-update/<node id>``: a bare Django view that
+parses the JSON body and runs one UPDATE (nodepool/bench_views.py), served by the same gunicorn.
+``wrk`` comes from ``apt-get install -y wrk``; nothing here falls back to a Python client because
+a Python load generator on a 2-core machine would measure itself more than the server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlparse
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/np_heartbeats_bench"
+
+
+def bench_env(database_url: str, **extra: str) -> dict[str, str]:
+    """The environment of a benchmarked process: the database, bench mode, no debug, quiet logs."""
+    env = dict(os.environ)
+    env.update(
+        DATABASE_URL=database_url,
+        NODEPOOL_BENCH="1",
+        DEBUG="0",
+        LOG_LEVEL="WARNING",
+        CONN_MAX_AGE="600",
+        DJANGO_SETTINGS_MODULE="nodepool.settings",
+        PYTHONPATH=str(ROOT),
+    )
+    env.update(extra)
+    return env
+
+
+def prepare_database(database_url: str) -> None:
+    """Create the database named in ``database_url`` (PostgreSQL) if needed, then migrate it."""
+    import psycopg
+
+    parsed = urlparse(database_url)
+    name = parsed.path.lstrip("/")
+    admin = parsed._replace(path="/postgres").geturl().replace("postgres://", "postgresql://", 1)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+            conn.execute(f'CREATE DATABASE "{name}"')
+    subprocess.run(
+        [PYTHON, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=bench_env(database_url), check=True
+    )
+
+
+def django_setup(database_url: str) -> None:
+    """Point this process's Django at ``database_url`` (call before importing models)."""
+    os.environ.update(bench_env(database_url))
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Gunicorn:
+    """gunicorn serving nodepool on a free port; stops its process group on exit."""
+
+    def __init__(self, database_url: str, *, workers: int = 2, extra_env: dict | None = None):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.env = bench_env(database_url, **(extra_env or {}))
+        self.workers = workers
+        self.process: subprocess.Popen | None = None
+
+    def __enter__(self) -> Gunicorn:
+        gunicorn = str(Path(PYTHON).with_name("gunicorn"))
+        self.process = subprocess.Popen(
+            [
+                gunicorn,
+                "nodepool.wsgi:application",
+                "-w",
+                str(self.workers),
+                "-b",
+                f"127.0.0.1:{self.port}",
+                "--log-level",
+                "warning",
+                "--backlog",
+                "2048",
+            ],  # fmt: skip
+            cwd=ROOT,
+            env=self.env,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.base + "/healthz", timeout=1) as response:
+                    if response.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.2)
+        self.__exit__(None, None, None)
+        raise RuntimeError("gunicorn did not start")
+
+    def __exit__(self, *exc) -> None:
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+
+
+WRK_LUA_LIB = r"""
+counters = {}
+local threads = {}
+function setup(thread)
+  thread:set("tid", #threads)
+  table.insert(threads, thread)
+end
+local function json_escape(s) return (tostring(s):gsub('[%c"\\]', '')) end
+function done(summary, latency, requests)
+  local merged = {}
+  for _, t in ipairs(threads) do
+    local c = t:get("counters")
+    if c then for k, v in pairs(c) do merged[k] = (merged[k] or 0) + v end end
+  end
+  local parts = {}
+  for k, v in pairs(merged) do table.insert(parts, string.format('"%s": %d', json_escape(k), v)) end
+  local errors = summary.errors.connect + summary.errors.read + summary.errors.write
+    + summary.errors.status + summary.errors.timeout
+  io.write(string.format(
+    'WRKJSON {"requests": %d, "seconds": %.3f, "rps": %.1f, "p50_ms": %.3f, "p90_ms": %.3f, "p99_ms": %.3f, '
+      .. '"max_ms": %.3f, "socket_errors": %d, "non_2xx": %d, "counters": {%s}}\n',
+    summary.requests, summary.duration / 1e6, summary.requests / (summary.duration / 1e6),
+    latency:percentile(50) / 1000, latency:percentile(90) / 1000, latency:percentile(99) / 1000,
+    latency.max / 1000, errors, summary.errors.status, table.concat(parts, ", ")))
+end
+"""
+
+
+def wrk(
+    base: str,
+    script: str,
+    *,
+    duration: float = 10,
+    connections: int = 16,
+    threads: int = 2,
+    env: dict | None = None,
+) -> dict:
+    """Run wrk against ``base`` with Lua ``script`` (append :data:`WRK_LUA_LIB`); returns its JSON.
+
+    ``env`` is passed to wrk (Lua reads it with ``os.getenv``), e.g. the path of a file of nodes.
+    """
+    if not shutil.which("wrk"):
+        raise RuntimeError("wrk is not installed: apt-get install -y wrk")
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as handle:
+        handle.write(script)
+        path = handle.name
+    try:
+        output = subprocess.run(
+            [
+                "wrk",
+                "-t",
+                str(threads),
+                "-c",
+                str(connections),
+                "-d",
+                f"{max(1, round(duration))}s",
+                "--timeout",
+                "10s",
+                "-s",
+                path,
+                base,
+            ],  # fmt: skip
+            capture_output=True,
+            text=True,
+            env={**os.environ, **(env or {})},
+            check=False,
+        )
+    finally:
+        os.unlink(path)
+    line = next((x for x in output.stdout.splitlines() if x.startswith("WRKJSON ")), None)
+    if output.returncode or line is None:
+        raise RuntimeError(f"wrk failed ({output.returncode}):\n{output.stdout}\n{output.stderr}")
+    return json.loads(line[len("WRKJSON ") :])
+
+
+def percentile(values: list[float], p: float) -> float:
+    """The ``p``-th percentile (0–100) of ``values`` by nearest rank."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    rank = max(0, min(len(ordered) - 1, round(p / 100 * len(ordered) + 0.5) - 1))
+    return ordered[rank]
+
+
+def emit(figures: dict) -> None:
+    """Print the one JSON line every benchmark ends with."""
+    print(json.dumps(figures, default=str), flush=True)
