@@ -324,7 +324,7 @@ def _page_reader(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_ids=
     key = (connection.vendor, pool.scheduling_policy, names, primary_resource(spec))
     if key not in _COMPILED:
         sentinels = {"pool": -7_340_001, "now": _SENTINEL_NOW}
-        sentinels.update({f"r:{name}": 9_007_199_254_740_000 + i for i, name in enumerate(names)})
+        sentinels.update({f"r:{name}": 7_340_011 + 2 * i for i, name in enumerate(names)})
         probe_pool = Pool(pk=sentinels["pool"], scheduling_policy=pool.scheduling_policy)
         probe_spec = dataclasses.replace(spec, resources={n: sentinels[f"r:{n}"] for n in names})
         queryset = candidate_query(probe_pool, probe_spec, now=_SENTINEL_NOW)

@@ -19,7 +19,7 @@ from typing import Any
 
 from django.core.cache import cache
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F, Max
+from django.db.models import BigIntegerField, Case, F, Max, Value, When
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
@@ -159,14 +159,15 @@ def _reserve(
             data={"lease_id": str(lease.pk), "workload_id": spec.workload_id, "fencing_token": token},
         )
         # Capacity last: the node's rows stay locked only from here to COMMIT, which is what
-        # bounds grants per second on one busy node. Sorted order: two grants on one node lock
-        # its rows in the same order (no deadlock).
-        for name, amount in sorted(spec.resources.items()):
-            updated = NodeResource.objects.filter(
-                node_id=node.pk, name=name, allocated__lte=F("allocatable") - amount
-            ).update(allocated=F("allocated") + amount)
-            if updated != 1:
-                raise _LostRace(name)
+        # bounds grants per second on one busy node.
+        # One statement for every resource: each row must keep allocated <= allocatable, and the
+        # row count proves all of them did.
+        amount = Case(*(When(name=n, then=Value(a)) for n, a in spec.resources.items()), output_field=BigIntegerField())
+        updated = NodeResource.objects.filter(
+            node_id=node.pk, name__in=list(spec.resources), allocated__lte=F("allocatable") - amount
+        ).update(allocated=F("allocated") + amount)
+        if updated != len(spec.resources):
+            raise _LostRace("capacity")
     return lease
 
 
@@ -280,13 +281,6 @@ def _create(*, data, client, actor, idempotency_key: str, request_hash: str, now
     spec = parse_spec(data)
     pool = resolve_pool(spec.pool)
     spec, shape = resolve_shape(spec)
-    live = Lease.objects.filter(workload_id=spec.workload_id, state__in=LIVE_LEASE_STATES).first()
-    if live is not None:
-        raise Conflict(
-            f"Workload {spec.workload_id!r} already holds live lease {live.pk}; release it first.",
-            "workload_has_live_lease",
-            lease_id=str(live.pk),
-        )
     try:
         lease = place(
             pool=pool,
@@ -304,11 +298,13 @@ def _create(*, data, client, actor, idempotency_key: str, request_hash: str, now
         replay = _replay(client, idempotency_key, request_hash) if idempotency_key else None
         if replay:
             return replay
-        raise Conflict(
-            f"Workload {spec.workload_id!r} already holds a live lease.", "workload_has_live_lease"
-        ) from None
+        _refuse_second_live_lease(spec.workload_id)
+        raise Conflict("A concurrent request for this workload won; retry.", "concurrent_modification") from None
     if lease is not None:
         return lease, 201
+    # Checked here rather than up front: the partial unique index already refuses a second live
+    # lease when a node fits, so only the nothing-fits answer needs to look.
+    _refuse_second_live_lease(spec.workload_id)
     explanation = placement.diagnose(pool, spec, now=now)
     if not spec.queue:
         raise Conflict(
@@ -341,6 +337,16 @@ def _create(*, data, client, actor, idempotency_key: str, request_hash: str, now
             return replay
         raise
     return request, 202
+
+
+def _refuse_second_live_lease(workload_id: str) -> None:
+    live = Lease.objects.filter(workload_id=workload_id, state__in=LIVE_LEASE_STATES).first()
+    if live is not None:
+        raise Conflict(
+            f"Workload {workload_id!r} already holds live lease {live.pk}; release it first.",
+            "workload_has_live_lease",
+            lease_id=str(live.pk),
+        )
 
 
 def _refuse_impossible(pool: Pool, spec: PlacementSpec) -> None:
