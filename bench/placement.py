@@ -37,6 +37,7 @@ def parse_args():
     parser.add_argument("--requests", type=int, default=300, help="placements timed per fleet size")
     parser.add_argument("--http-seconds", type=float, default=10.0)
     parser.add_argument("--clients", type=int, default=16, help="concurrent HTTP connections / pgbench clients")
+    parser.add_argument("--workers", type=int, default=2, help="gunicorn workers (sync)")
     parser.add_argument("--http-fleet", type=int, default=10000, help="fleet size for the HTTP and SQL runs")
     parser.add_argument(
         "--database", default=os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/np_leases_bench")
@@ -236,7 +237,7 @@ def http_grants(args, user) -> dict:
     from rest_framework.authtoken.models import Token
 
     token, _ = Token.objects.get_or_create(user=user)
-    with Gunicorn(args.database, workers=2, extra_env={"THROTTLE_USER": "10000000/min"}) as server:
+    with Gunicorn(args.database, workers=args.workers, extra_env={"THROTTLE_USER": "10000000/min"}) as server:
         result = wrk(
             server.base, LEASE_LUA + WRK_LUA_LIB, duration=args.http_seconds, connections=args.clients,
             env={"BENCH_TOKEN": token.key, "BENCH_RUN": uuid.uuid4().hex[:8]},
@@ -307,11 +308,12 @@ def main() -> None:
     pool, user = build_fleet(args.http_fleet)
     figures["http_fleet"] = args.http_fleet
     figures["clients"] = args.clients
+    figures["gunicorn_workers"] = args.workers
     figures.update(sql_baseline(args, pool))
     print(f"raw SQL (UPDATE capacity + INSERT lease), {args.clients} connections: {figures['sql_grants_per_s']}/s")
     pool, user = build_fleet(args.http_fleet)
     figures.update(http_grants(args, user))
-    print(f"HTTP POST /node-leases (wrk, {args.clients} connections, gunicorn 2 workers): "
+    print(f"HTTP POST /node-leases (wrk, {args.clients} connections, gunicorn {args.workers} workers): "
           f"{figures['http_grants_per_s']} grants/s, p50 {figures['http_p50_ms']} ms, p99 {figures['http_p99_ms']} ms, "
           f"statuses {figures['http_status_counts']}")  # fmt: skip
     figures["http_vs_sql"] = round(figures["http_grants_per_s"] / figures["sql_grants_per_s"], 3)

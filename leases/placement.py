@@ -38,8 +38,8 @@ from .spec import PlacementSpec
 
 POLICY_VERSION = "placement/1"
 _SENTINEL_NOW = datetime(1971, 3, 4, 5, 6, 7, 89, tzinfo=UTC)
-FEASIBLE_TARGET = 32  # feasible nodes to score per request (percentageOfNodesToScore's idea)
-FIRST_PAGE_SIZE = 64  # most requests find enough feasible nodes in the first page
+FEASIBLE_TARGET = 16  # feasible nodes to score per request (percentageOfNodesToScore's idea)
+FIRST_PAGE_SIZE = 32  # most requests find enough feasible nodes in the first page
 PAGE_SIZE = 1024
 
 UNTOLERATED_TAINT = "untolerated_taint"

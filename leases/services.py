@@ -481,9 +481,11 @@ def end_lease(
 
 def kick_queue() -> None:
     """Ask a worker to place pending requests (deduplicated: at most one kick a second)."""
-    if not LeaseRequest.objects.filter(state=LeaseRequestState.PENDING).exists():
-        return
-    if cache.add("leases:queue-kick", 1, timeout=1):
+    # The cache first: node saves and lease ends are frequent, pending requests rare.
+    if (
+        cache.add("leases:queue-kick", 1, timeout=1)
+        and LeaseRequest.objects.filter(state=LeaseRequestState.PENDING).exists()
+    ):
         from .tasks import place_pending_requests
 
         try:
