@@ -440,11 +440,19 @@ def diagnose(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_ids=(), 
     "pending_admission": int, "message": "0/N nodes are available: …"}``.
     """
     counts = group_counts(spec, pool, exclude_lease_id=exclude_lease_id)
-    nodes = list(
+    # Plain rows, not Node instances: a 409 on a 100,000-node pool must stay affordable.
+    fields = ("lifecycle", "liveness", "ready", "ready_reason", "health", "health_reasons", "has_valid_credential")
+    nodes = []
+    for row in (
         Node.objects.filter(pool=pool)
         .exclude(lifecycle=Lifecycle.RETIRED)
         .annotate(has_valid_credential=valid_credential_exists(now))
-    )
+        .values_list("id", "hostname", "labels", "node_labels", "taints", "verified", "incarnation", *fields)
+    ):
+        node = NodeView(*row[:7])
+        for name, value in zip(fields, row[7:], strict=True):
+            setattr(node, name, value)
+        nodes.append(node)
     free_by_node: dict[Any, dict[str, int]] = {n.pk: {} for n in nodes}
     for node_id, name, allocatable, allocated in NodeResource.objects.filter(
         node__pool=pool, name__in=list(spec.resources)
