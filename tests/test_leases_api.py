@@ -359,3 +359,36 @@ def test_a_node_whose_credential_expired_gets_no_new_work(client_api, pool):
         response = ask(client_api, workload_id="after", resources={"cpu": "1"})
     assert response.status_code == 409
     assert response.json()["reasons"] == {"no_valid_credential": 1}
+
+
+@pytest.mark.parametrize("body", [["not", "an", "object"], "text", 42])
+def test_a_body_that_is_not_an_object_is_a_400(client_api, pool, body):
+    response = client_api.post("/api/v1/node-leases", body, format="json")
+    assert response.status_code == 400
+    assert response["Content-Type"] == "application/problem+json"
+
+
+@pytest.mark.parametrize("field", ["renew", "release"])
+def test_lease_actions_with_a_non_object_body_are_400(client_api, pool, field):
+    make_schedulable_node(pool)
+    lease = ask(client_api).json()
+    response = client_api.post(f"/api/v1/node-leases/{lease['id']}/{field}", [1, 2], format="json")
+    assert response.status_code == 400
+    assert Lease.objects.get(pk=lease["id"]).state == "granted"
+
+
+def test_an_overlong_idempotency_key_is_a_400(client_api, pool):
+    make_schedulable_node(pool)
+    response = ask(client_api, key="k" * 201)
+    assert response.status_code == 400
+    assert not Lease.objects.exists()
+
+
+def test_unknown_lease_ids_are_404(client_api):
+    response = client_api.post(
+        "/api/v1/node-leases/00000000-0000-0000-0000-000000000000/renew",
+        {"fencing_token": 1, "node_incarnation": 1},
+        format="json",
+    )
+    assert response.status_code == 404
+    assert response.json()["code"] == "lease_not_found"
