@@ -520,7 +520,7 @@ def lease_renew(*, lease_id, data: Any, user, actor: Actor, now=None) -> Lease:
             now=now,
         )
         raise Conflict("The lease changed while renewing; read it again.", "concurrent_modification")
-    return Lease.objects.get(pk=lease.pk)
+    return Lease.objects.select_related("pool", "shape", "client").get(pk=lease.pk)
 
 
 def lease_release(*, lease_id, data: Any, user, actor: Actor, now=None) -> Lease:
@@ -602,7 +602,7 @@ def lease_report_event(*, lease_id, data: Any, node: Node, actor: Actor, now=Non
         else:
             if not claim.update(checkpoint_requested_at=None, **changes):
                 raise Conflict("The lease changed while reporting; read it again.", "concurrent_modification")
-    return Lease.objects.get(pk=lease.pk)
+    return Lease.objects.select_related("pool", "shape", "client").get(pk=lease.pk)
 
 
 def fencing_validate(*, data: Any) -> dict:
