@@ -134,11 +134,16 @@ def test_succeeded_event_ends_the_lease_and_frees_capacity(node_api, lease, node
     assert cpu_allocated(node_and_secret[0]) == 0
 
 
-def test_checkpointed_event_clears_a_checkpoint_request(node_api, operator_api, lease):
-    assert operator_api.post(f"/api/v1/node-leases/{lease['id']}/checkpoint").status_code == 200
+def test_checkpointed_event_clears_a_checkpoint_request(node_api, operator_api, client_api, lease):
+    url = f"/api/v1/node-leases/{lease['id']}/checkpoint"
+    assert operator_api.post(url).status_code == 428
+    assert operator_api.post(url, HTTP_IF_MATCH='"99"').status_code == 412
+    assert Lease.objects.get(pk=lease["id"]).checkpoint_requested_at is None
+    assert operator_api.post(url, HTTP_IF_MATCH=f'"{lease["version"]}"').status_code == 200
     assert Lease.objects.get(pk=lease["id"]).checkpoint_requested_at is not None
     post(node_api, lease, "events", fence(lease, state="checkpointed"))
     assert Lease.objects.get(pk=lease["id"]).checkpoint_requested_at is None
+    assert client_api.post(url, HTTP_IF_MATCH='"2"').status_code == 403
 
 
 def test_events_need_the_leases_own_node_credential(client_api, lease, pool):

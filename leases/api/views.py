@@ -11,7 +11,7 @@ from fleet.authentication import node_from_request
 from fleet.events import Actor
 from nodepool.api.permissions import IsClientOrOperator, IsOperator, is_client, is_operator
 from nodepool.api.problems import NotFound
-from nodepool.api.versioning import ETagMixin
+from nodepool.api.versioning import ETagMixin, check_version, expected_version
 
 from .. import services
 from ..filtersets import LeaseFilterSet, LeaseRequestFilterSet
@@ -105,7 +105,8 @@ class LeaseRelease(ETagMixin, APIView):
 
 
 class LeaseCheckpoint(ETagMixin, APIView):
-    """``POST /node-leases/{id}/checkpoint`` (operators): ask the node to checkpoint the job."""
+    """``POST /node-leases/{id}/checkpoint`` (operators, ``If-Match`` or ``expected_version``):
+    ask the node to checkpoint the job in its next heartbeat."""
 
     permission_classes = [IsOperator]
 
@@ -113,6 +114,7 @@ class LeaseCheckpoint(ETagMixin, APIView):
         lease = Lease.objects.filter(pk=pk).first()
         if lease is None:
             raise NotFound("No such lease.", "lease_not_found")
+        check_version(lease.version, expected_version(request))  # 428 without, 412 when stale
         services.request_checkpoint(lease=lease, actor=Actor.from_request(request))
         lease.refresh_from_db()
         return _lease_response(lease)
