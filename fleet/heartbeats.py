@@ -102,6 +102,7 @@ class HeartbeatOutcome:
     restarted: bool = False
     stop_leases: list[str] = field(default_factory=list)
     checkpoint_leases: list[str] = field(default_factory=list)
+    assigned_leases: list[dict] | None = None
     run_benchmark: dict | None = None
     rotate_credential: bool = False
     events: int = 0
@@ -352,6 +353,7 @@ def _after_apply(*, node, report, actor, received_at, timings, restarted, events
         restarted=restarted,
         stop_leases=[str(i) for i in leases.get("stop", [])],
         checkpoint_leases=[str(i) for i in leases.get("checkpoint", [])],
+        assigned_leases=leases.get("assigned"),
         run_benchmark={"nonce": benchmark[0], "deadline": benchmark[1]} if benchmark else None,
         events=events,
     )

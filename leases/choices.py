@@ -28,3 +28,28 @@ class LeaseRequestState(models.TextChoices):
     PLACED = "placed", "placed"
     CANCELLED = "cancelled", "cancelled"
     EXPIRED = "expired", "expired"
+
+
+class ReleaseOutcome(models.TextChoices):
+    """Why a client released a lease (``/release``'s ``outcome``)."""
+
+    SUCCEEDED = "succeeded", "succeeded"
+    FAILED = "failed", "failed"
+    CANCELLED = "cancelled", "cancelled"
+    PREEMPTED = "preempted", "preempted"
+    UNKNOWN = "unknown", "unknown"
+
+
+class SpreadMode(models.TextChoices):
+    SPREAD = "spread", "spread (soft: prefer the emptiest topology domain)"
+    ANTI_AFFINITY = "anti-affinity", "anti-affinity (hard: one per topology domain)"
+
+
+class UnschedulableCause(models.TextChoices):
+    """The headline of a 409 ``unschedulable``: told apart so a client knows whether to wait."""
+
+    NO_NODES = "no_nodes", "the pool has no nodes"
+    NO_READY_NODES = "no_ready_nodes", "no node in the pool is schedulable"
+    INSUFFICIENT_CAPACITY = "insufficient_capacity", "not enough free capacity"
+    FRAGMENTED = "fragmented", "enough free capacity in total, but no single node fits"
+    CONSTRAINTS = "constraints", "no node satisfies the constraints"

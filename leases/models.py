@@ -81,6 +81,8 @@ class Lease(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="leases"
     )
     idempotency_key = models.CharField(max_length=200, blank=True)
+    # sha256 of the request body: a retry under the same Idempotency-Key must carry the same body.
+    request_hash = models.CharField(max_length=64, blank=True)
     version = models.PositiveIntegerField(default=1)
 
     class Meta:
@@ -126,6 +128,9 @@ class LeaseRequest(models.Model):
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
     idempotency_key = models.CharField(max_length=200, blank=True)
+    request_hash = models.CharField(max_length=64, blank=True)
+    message = models.TextField(blank=True, help_text="The latest '0/N nodes are available' explanation.")
+    attempts = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
     placed_at = models.DateTimeField(null=True, blank=True)
     last_attempt_at = models.DateTimeField(null=True, blank=True)
@@ -133,6 +138,13 @@ class LeaseRequest(models.Model):
 
     class Meta:
         ordering = ["-priority", "created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["client", "idempotency_key"],
+                condition=~Q(idempotency_key=""),
+                name="leaserequest_unique_idempotency_key",
+            ),
+        ]
         indexes = [models.Index(fields=["state", "-priority", "created_at"], name="leaserequest_queue")]
 
     def __str__(self) -> str:
@@ -142,3 +154,19 @@ class LeaseRequest(models.Model):
     def pending_seconds(self) -> float | None:
         end = self.placed_at
         return (end - self.created_at).total_seconds() if end else None
+
+
+class ConsistencyReport(models.Model):
+    """One run of the capacity consistency check: ``NodeResource.allocated`` against the sum of
+    live leases. ``drift`` is ``[{"node_id", "resource", "allocated", "leased"}]``; empty = in step."""
+
+    checked_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    nodes_checked = models.PositiveIntegerField(default=0)
+    drift = models.JSONField(default=list, blank=True)
+    repaired = models.BooleanField(default=False)
+
+    class Meta:
+        ordering = ["-checked_at"]
+
+    def __str__(self) -> str:
+        return f"{self.checked_at:%Y-%m-%d %H:%M:%S}: {len(self.drift)} drift(s)"

@@ -1,96 +1,508 @@
-"""Lease services. The functions below are the interface other apps call; the leases issue
-implements them (placement, grants, renewals and the rest live here too)."""
+"""Lease services: grant (place + reserve), renew, release, job events, fencing, shapes.
+
+The interface other apps call — :func:`reconcile_heartbeat`, :func:`lose_node_leases`,
+:func:`revoke_node_leases`, :func:`simulate_placement` — is re-exported at the bottom from
+:mod:`leases.reconcile`.
+
+Every write follows the house pattern: ``atomic()`` → compare-and-swap on the lease row (or a
+conditional UPDATE on capacity) → event row in the same transaction. Capacity moves only in the
+transaction that changes a lease's liveness, so ``NodeResource.allocated`` is always the sum of the
+node's live leases (checked by :func:`leases.sweeps.check_consistency`).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+from datetime import timedelta
 from typing import Any
 
+from django.core.cache import cache
+from django.db import IntegrityError, connection, transaction
+from django.db.models import BigIntegerField, Case, F, Max, Value, When
+from django.db.models.functions import Greatest
+from django.utils import timezone
 
-def reconcile_heartbeat(
-    node, *, incarnation: int, reported: list[dict[str, Any]], restarted: bool, actor
-) -> dict[str, list[str]]:
-    """Compare the leases a node reports with what the control plane holds.
+from fleet.choices import Lifecycle, NodeEventType
+from fleet.events import Actor, record_event
+from fleet.models import NodeResource, Pool
+from nodepool.api.permissions import is_operator
+from nodepool.api.problems import Conflict, NotFound, Problem, Unprocessable
 
-    Args:
-        node: the fleet.Node that sent an applied heartbeat (already saved).
-        incarnation: the heartbeat's incarnation.
-        reported: ``[{"lease_id": str, "fencing_token": int, "state": str}]`` from the heartbeat.
-        restarted: True when this heartbeat started a new incarnation.
-        actor: fleet.events.Actor.
+from . import placement
+from .choices import LIVE_LEASE_STATES, LeaseRequestState, LeaseState
+from .models import FencingSequence, Lease, LeaseRequest, Shape
+from .spec import PlacementSpec, bad, parse_spec, request_fingerprint, resources_from_wire
 
-    Returns:
-        ``{"stop": [lease ids], "checkpoint": [lease ids]}`` instructions for the node.
-    """
-    return {"stop": [], "checkpoint": []}
-
-
-def lose_node_leases(node_ids, *, actor, reason: str) -> int:
-    """Declare every live lease on ``node_ids`` lost and free its capacity. Returns how many."""
-    return 0
+logger = logging.getLogger(__name__)
+PLACEMENT_ROUNDS = 2  # re-run placement once when every candidate was taken by racing requests
 
 
-def revoke_node_leases(node, *, actor, reason: str) -> int:
-    """Revoke every live lease on ``node`` (fenced: their tokens become stale). Returns how many."""
-    return 0
+class _LostRace(Exception):
+    """Raised inside the reservation transaction to roll it back: the node filled up meanwhile."""
 
 
-def simulate_placement(lease, *, exclude_node_ids) -> dict:
-    """Could ``lease``'s request be placed now on another node? Changes nothing.
+# --- resolving a request -------------------------------------------------------------------------
+def resolve_pool(name: str) -> Pool:
+    pool = Pool.objects.filter(name=name).first()
+    if pool is None:
+        raise bad("pool", f"no pool named {name!r}", "unknown_pool")
+    return pool
 
-    Returns ``{"placeable": bool, "node_id": str | None, "reasons": {code: count}, "message": str}``
-    using the same filter and score rules as a real request (for drain dry-runs).
-    """
-    return {"placeable": False, "node_id": None, "reasons": {}, "message": "placement not implemented"}
+
+def resolve_shape(spec: PlacementSpec) -> tuple[PlacementSpec, Shape | None]:
+    """Fill ``spec.resources`` (and features) from the named shape: its latest version unless
+    ``shape_version`` is given. Raises 400 ``unknown_shape``."""
+    if not spec.shape:
+        return spec, None
+    shapes = Shape.objects.filter(name=spec.shape)
+    if spec.shape_version:
+        shapes = shapes.filter(version=spec.shape_version)
+    shape = shapes.order_by("-version").first()
+    if shape is None:
+        version = f" v{spec.shape_version}" if spec.shape_version else ""
+        raise bad("shape", f"no shape named {spec.shape!r}{version}", "unknown_shape")
+    features = {**(shape.features or {}), **spec.features}
+    return dataclasses.replace(spec, resources=dict(shape.resources), features=features), shape
 
 
-def revoke_lease(lease, *, actor, reason: str, now=None) -> bool:
-    """Revoke one live lease (fenced) and free its capacity, in one transaction.
+def _visible(queryset, user):
+    """Operators see every lease; clients only their own (others' answer 404, never 403: no leak)."""
+    return queryset if is_operator(user) else queryset.filter(client=user)
 
-    Its fencing token becomes stale at once (a revoked lease accepts no renew, release or
-    event), and the workload may be placed again immediately: only live leases hold the
-    one-live-lease-per-workload constraint.
 
-    Args:
-        lease: a leases.Lease (its ``resources`` are subtracted from ``NodeResource.allocated``).
-        actor: fleet.events.Actor.
-        reason: why, recorded in ``end_reason`` and in the node's event log.
-        now: the time to record (default: now).
-
-    Returns:
-        True when this call revoked it; False when the lease was no longer live (nothing changed).
-    """
-    from django.db import transaction
-    from django.db.models import F, Value
-    from django.db.models.functions import Greatest
-    from django.utils import timezone
-
-    from fleet.choices import NodeEventType
-    from fleet.events import record_event
-    from fleet.models import NodeResource
-
-    from .choices import LIVE_LEASE_STATES, LeaseState
-    from .models import Lease
-
-    now = now or timezone.now()
-    with transaction.atomic():
-        # Compare-and-swap on the state: two revokers (deadline task and sweep) free capacity once.
-        claimed = Lease.objects.filter(pk=lease.pk, state__in=LIVE_LEASE_STATES).update(
-            state=LeaseState.REVOKED, ended_at=now, end_reason=reason[:2000], version=F("version") + 1
+# --- grant ---------------------------------------------------------------------------------------
+def _next_fencing_token(workload_id: str) -> int:
+    """Bump and return the workload's fencing token in one statement (an upsert that locks the
+    row until commit, so grants of one workload are serialised and tokens strictly increase)."""
+    table = connection.ops.quote_name(FencingSequence._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (workload_id, last_token) VALUES (%s, 1) "  # noqa: S608 (the table name comes from the model, not input)
+            f"ON CONFLICT (workload_id) DO UPDATE SET last_token = {table}.last_token + 1 RETURNING last_token",
+            [workload_id],
         )
-        if not claimed:
-            return False
-        for name, amount in sorted((lease.resources or {}).items()):
-            NodeResource.objects.filter(node_id=lease.node_id, name=name).update(
-                allocated=Greatest(F("allocated") - Value(int(amount)), Value(0))
+        return cursor.fetchone()[0]
+
+
+def _reserve(
+    *,
+    pool: Pool,
+    spec: PlacementSpec,
+    shape,
+    candidate,
+    client,
+    idempotency_key: str,
+    request_hash: str,
+    data: dict,
+    actor: Actor,
+    now,
+    lease_request: LeaseRequest | None = None,
+    examined: int = 0,
+) -> Lease:
+    """One transaction: fencing token, a conditional UPDATE per resource, the lease, the event.
+
+    ``UPDATE … SET allocated = allocated + x WHERE allocated + x <= allocatable`` is the whole
+    race guard: PostgreSQL re-evaluates the WHERE on the newest row version after waiting for a
+    competing writer, SQLite runs one writer at a time, so a slot is never given twice.
+
+    Raises:
+        _LostRace: a resource no longer fits on this node (the caller tries the next candidate).
+        Conflict: the workload already has a live lease (409 ``workload_has_live_lease``).
+    """
+    node = candidate.node
+    decision = {
+        "policy_version": placement.POLICY_VERSION,
+        "policy": pool.scheduling_policy,
+        "score": candidate.score["score"],
+        "score_parts": candidate.score["parts"],
+        "nodes_examined": examined,
+        "reasons": _why(pool, spec, candidate),
+    }
+    with transaction.atomic():
+        token = _next_fencing_token(spec.workload_id)
+        # The lease row first: the partial unique index refuses a second live lease of the workload
+        # (IntegrityError, answered as 409 by lease_create) before any capacity is touched.
+        lease = Lease.objects.create(
+            workload_id=spec.workload_id,
+            fencing_token=token,
+            node_id=node.pk,
+            node_incarnation=node.incarnation,
+            pool=pool,
+            resources=spec.resources,
+            shape=shape,
+            shape_version=shape.version if shape else None,
+            group=spec.spread_group,
+            priority=spec.priority,
+            command=list(spec.command),
+            spec=data,
+            decision=decision,
+            ttl_seconds=spec.ttl_seconds,
+            expires_at=now + timedelta(seconds=spec.ttl_seconds),
+            granted_at=now,
+            client=client,
+            idempotency_key=idempotency_key if lease_request is None else "",
+            request_hash=request_hash,
+        )
+        if lease_request is not None:
+            claimed = LeaseRequest.objects.filter(pk=lease_request.pk, state=LeaseRequestState.PENDING).update(
+                state=LeaseRequestState.PLACED, lease=lease, placed_at=now, version=F("version") + 1
             )
+            if not claimed:  # another worker placed or someone cancelled it: undo everything
+                raise _LostRace("lease_request")
+        record_event(
+            node.pk,
+            NodeEventType.LEASE,
+            actor,
+            to_state=LeaseState.GRANTED,
+            reason=f"lease granted to {spec.workload_id}",
+            data={"lease_id": str(lease.pk), "workload_id": spec.workload_id, "fencing_token": token},
+        )
+        # Capacity last: the node's rows stay locked only from here to COMMIT, which is what
+        # bounds grants per second on one busy node.
+        # One statement for every resource: each row must keep allocated <= allocatable, and the
+        # row count proves all of them did.
+        amount = Case(*(When(name=n, then=Value(a)) for n, a in spec.resources.items()), output_field=BigIntegerField())
+        updated = NodeResource.objects.filter(
+            node_id=node.pk, name__in=list(spec.resources), allocated__lte=F("allocatable") - amount
+        ).update(allocated=F("allocated") + amount)
+        if updated != len(spec.resources):
+            raise _LostRace("capacity")
+    return lease
+
+
+def _why(pool: Pool, spec: PlacementSpec, candidate) -> list[str]:
+    reasons = [
+        "fits: "
+        + ", ".join(
+            f"{n} {a} of {candidate.inventory.get(n, (0, 0))[0] - candidate.inventory.get(n, (0, 0))[1]} free"
+            for n, a in sorted(spec.resources.items())
+        )
+    ]
+    policy = "most allocated (binpack)" if pool.scheduling_policy == "binpack" else "least allocated (spread)"
+    reasons.append(f"pool policy {policy}: resources score {candidate.score['parts']['resources']}")
+    for part in ("spread", "affinity", "taints"):
+        if part in candidate.score["parts"]:
+            reasons.append(f"{part} score {candidate.score['parts'][part]}")
+    return reasons
+
+
+def place(
+    *,
+    pool: Pool,
+    spec: PlacementSpec,
+    shape,
+    client,
+    idempotency_key: str,
+    request_hash: str,
+    data: dict,
+    actor: Actor,
+    now,
+    lease_request: LeaseRequest | None = None,
+) -> Lease | None:
+    """Filter, score and reserve; None when nothing fits (after trying every candidate)."""
+    for _ in range(PLACEMENT_ROUNDS):
+        candidates, examined = placement.find_candidates(pool, spec, now=now)
+        if not candidates:
+            return None
+        for candidate in candidates:
+            try:
+                return _reserve(
+                    pool=pool,
+                    spec=spec,
+                    shape=shape,
+                    candidate=candidate,
+                    client=client,
+                    idempotency_key=idempotency_key,
+                    request_hash=request_hash,
+                    data=data,
+                    actor=actor,
+                    now=now,
+                    lease_request=lease_request,
+                    examined=examined,
+                )
+            except _LostRace as exc:
+                if str(exc) == "lease_request":
+                    return None
+                continue
+    return None
+
+
+def _replay(client, idempotency_key: str, request_hash: str) -> tuple[Any, int] | None:
+    """The lease (or lease request) an earlier call with this key produced, or None.
+
+    Raises:
+        Unprocessable: the key was used with a different body (422 ``idempotency_key_reused``).
+    """
+    previous = Lease.objects.filter(client=client, idempotency_key=idempotency_key).first() or (
+        LeaseRequest.objects.filter(client=client, idempotency_key=idempotency_key).first()
+    )
+    if previous is None:
+        return None
+    if previous.request_hash != request_hash:
+        raise Unprocessable(
+            "This Idempotency-Key was already used with a different request body.", "idempotency_key_reused"
+        )
+    return previous, 200
+
+
+def lease_create(*, data: Any, client, actor: Actor, idempotency_key: str = "", now=None) -> tuple[Any, int]:
+    """``POST /node-leases``: place and reserve, or explain, or queue.
+
+    Returns ``(Lease, 201)``, ``(LeaseRequest, 202)`` when queued, or the earlier result with 200
+    when ``idempotency_key`` repeats a request.
+
+    Raises:
+        Problem 400 (bad input, unknown pool or shape), Unprocessable 422 (key reused with another
+        body; a queued request no node of the pool could ever hold), Conflict 409 (``unschedulable``
+        with ``reasons``/``nodes_considered``/``fragmented``/``cause``; ``workload_has_live_lease``).
+    """
+    now = now or timezone.now()
+    if idempotency_key and len(idempotency_key) > 200:
+        raise bad("Idempotency-Key", "at most 200 characters")
+    request_hash = request_fingerprint(data) if idempotency_key else ""
+    if idempotency_key:
+        replay = _replay(client, idempotency_key, request_hash)
+        if replay:
+            return replay
+    try:
+        return _create(
+            data=data, client=client, actor=actor, idempotency_key=idempotency_key, request_hash=request_hash, now=now
+        )
+    except Conflict as exc:
+        # A concurrent retry under the same key won the race: answer with its lease.
+        replay = _replay(client, idempotency_key, request_hash) if idempotency_key else None
+        if replay and exc.get_codes() == "workload_has_live_lease":
+            return replay
+        raise
+
+
+def _create(*, data, client, actor, idempotency_key: str, request_hash: str, now) -> tuple[Any, int]:
+    spec = parse_spec(data)
+    pool = resolve_pool(spec.pool)
+    spec, shape = resolve_shape(spec)
+    try:
+        lease = place(
+            pool=pool,
+            spec=spec,
+            shape=shape,
+            client=client,
+            idempotency_key=idempotency_key,
+            request_hash=request_hash,
+            data=data,
+            actor=actor,
+            now=now,
+        )
+    except IntegrityError:
+        # A concurrent request with the same key (or the same workload) committed first.
+        replay = _replay(client, idempotency_key, request_hash) if idempotency_key else None
+        if replay:
+            return replay
+        _refuse_second_live_lease(spec.workload_id)
+        raise Conflict("A concurrent request for this workload won; retry.", "concurrent_modification") from None
+    if lease is not None:
+        return lease, 201
+    # Checked here rather than up front: the partial unique index already refuses a second live
+    # lease when a node fits, so only the nothing-fits answer needs to look.
+    _refuse_second_live_lease(spec.workload_id)
+    explanation = placement.diagnose(pool, spec, now=now)
+    if not spec.queue:
+        raise Conflict(
+            explanation["message"],
+            "unschedulable",
+            reasons=explanation["reasons"],
+            nodes_considered=explanation["nodes_considered"],
+            fragmented=explanation["fragmented"],
+            cause=explanation["cause"],
+            pending_admission=explanation["pending_admission"],
+        )
+    _refuse_impossible(pool, spec)
+    try:
+        request = LeaseRequest.objects.create(
+            workload_id=spec.workload_id,
+            pool=pool,
+            spec=data,
+            priority=spec.priority,
+            reasons=explanation["reasons"],
+            message=explanation["message"],
+            client=client,
+            idempotency_key=idempotency_key,
+            request_hash=request_hash,
+            last_attempt_at=now,
+            attempts=1,
+        )
+    except IntegrityError:
+        replay = _replay(client, idempotency_key, request_hash)
+        if replay:
+            return replay
+        raise
+    return request, 202
+
+
+def _refuse_second_live_lease(workload_id: str) -> None:
+    live = Lease.objects.filter(workload_id=workload_id, state__in=LIVE_LEASE_STATES).first()
+    if live is not None:
+        raise Conflict(
+            f"Workload {workload_id!r} already holds live lease {live.pk}; release it first.",
+            "workload_has_live_lease",
+            lease_id=str(live.pk),
+        )
+
+
+def _refuse_impossible(pool: Pool, spec: PlacementSpec) -> None:
+    """A queued request must be placeable some day: some live node of the pool must be big enough."""
+    for name, amount in spec.resources.items():
+        largest = (
+            NodeResource.objects.filter(node__pool=pool, name=name)
+            .exclude(node__lifecycle__in=(Lifecycle.RETIRED, Lifecycle.REJECTED))
+            .aggregate(m=Max("allocatable"))["m"]
+        )
+        if not largest or largest < amount:
+            raise Unprocessable(
+                f"No node in pool {pool.name!r} has {amount} {name} allocatable (largest: {largest or 0}); "
+                "this request could never be placed, so it is not queued.",
+                "impossible_request",
+                field=f"resources.{name}",
+            )
+
+
+# --- ending leases -------------------------------------------------------------------------------
+def return_capacity(lease: Lease) -> None:
+    """Subtract ``lease.resources`` from its node (never below zero: drift is reported, not hidden
+    behind a constraint error that would block ending the lease)."""
+    for name, amount in sorted((lease.resources or {}).items()):
+        NodeResource.objects.filter(node_id=lease.node_id, name=name).update(
+            allocated=Greatest(F("allocated") - amount, 0)
+        )
+
+
+def end_lease(
+    lease_id,
+    *,
+    to_state: str,
+    actor: Actor,
+    reason: str,
+    now,
+    outcome: str = "",
+    workload_state: str = "",
+    fence: dict | None = None,
+    expiring: bool = False,
+) -> Lease | None:
+    """Move a live lease to a terminal state and give its capacity back, exactly once.
+
+    The compare-and-swap (``state IN live`` plus the fence, if given) is the claim: of two sweeps
+    or two releases racing, one updates the row and returns the capacity, the other gets None.
+    """
+    with transaction.atomic():
+        claim = Lease.objects.filter(pk=lease_id, state__in=LIVE_LEASE_STATES, **(fence or {}))
+        if expiring:
+            claim = claim.filter(expires_at__lte=now)
+        changes = {"state": to_state, "ended_at": now, "end_reason": reason[:2000], "version": F("version") + 1}
+        if outcome:
+            changes["outcome"] = outcome
+        if workload_state:
+            changes["workload_state"] = workload_state
+        if not claim.update(**changes):
+            return None
+        lease = Lease.objects.get(pk=lease_id)
+        return_capacity(lease)
         record_event(
             lease.node_id,
             NodeEventType.LEASE,
             actor,
-            from_state=lease.state,
-            to_state=LeaseState.REVOKED,
+            to_state=to_state,
             reason=reason,
             data={"lease_id": str(lease.pk), "workload_id": lease.workload_id, "fencing_token": lease.fencing_token},
         )
-    lease.refresh_from_db()
-    return True
+        transaction.on_commit(kick_queue)
+    return lease
+
+
+def kick_queue() -> None:
+    """Ask a worker to place pending requests (deduplicated: at most one kick a second)."""
+    # The cache first: node saves and lease ends are frequent, pending requests rare.
+    if (
+        cache.add("leases:queue-kick", 1, timeout=1)
+        and LeaseRequest.objects.filter(state=LeaseRequestState.PENDING).exists()
+    ):
+        from .tasks import place_pending_requests
+
+        try:
+            place_pending_requests.delay()
+        except Exception:  # the beat entry retries; a broker hiccup must not fail the request
+            logger.exception("could not enqueue place_pending_requests")
+
+
+# --- shapes --------------------------------------------------------------------------------------
+def shape_create(*, name: str, resources: Any, features: Any = None, description: str = "", actor: Actor) -> Shape:
+    """A new version of shape ``name`` (v1 when new). Resources take Kubernetes quantities."""
+    from .spec import WORKLOAD_ID
+
+    if not isinstance(name, str) or not WORKLOAD_ID.match(name) or len(name) > 63:
+        raise bad("name", "required: a slug of at most 63 characters")
+    canonical = resources_from_wire(resources)
+    if not canonical:
+        raise bad("resources", "a shape needs at least one resource", "empty_request")
+    if features is not None and not isinstance(features, dict):
+        raise bad("features", "must be an object")
+    for _ in range(3):  # two operators publishing at once: the unique (name, version) decides
+        try:
+            with transaction.atomic():
+                latest = Shape.objects.filter(name=name).aggregate(v=Max("version"))["v"] or 0
+                return Shape.objects.create(
+                    name=name,
+                    version=latest + 1,
+                    resources=canonical,
+                    features=features or {},
+                    description=description or "",
+                )
+        except IntegrityError:
+            continue
+    raise Conflict("Another version of this shape was published at the same time; retry.", "concurrent_modification")
+
+
+def lease_request_cancel(*, request_id, user, actor: Actor) -> LeaseRequest:
+    request = _visible(LeaseRequest.objects.all(), user).filter(pk=request_id).first()
+    if request is None:
+        raise NotFound("No such lease request.", "lease_request_not_found")
+    if not LeaseRequest.objects.filter(pk=request.pk, state=LeaseRequestState.PENDING).update(
+        state=LeaseRequestState.CANCELLED, version=F("version") + 1
+    ):
+        raise Conflict(f"The lease request is {request.state}, not pending.", "lease_request_not_pending")
+    request.refresh_from_db()
+    return request
+
+
+__all__ = [
+    "check_fence",
+    "lease_request_cancel",
+    "request_checkpoint",
+    "Problem",
+    "lease_create",
+    "lease_renew",
+    "lease_release",
+    "lease_report_event",
+    "fencing_validate",
+    "shape_create",
+    "reconcile_heartbeat",
+    "lose_node_leases",
+    "revoke_node_leases",
+    "revoke_lease",
+    "simulate_placement",
+]
+
+from .fencing import (  # noqa: E402
+    check_fence,
+    fencing_validate,
+    lease_release,
+    lease_renew,
+    lease_report_event,
+    request_checkpoint,
+)
+from .reconcile import (  # noqa: E402
+    lose_node_leases,
+    reconcile_heartbeat,
+    revoke_lease,
+    revoke_node_leases,
+    simulate_placement,
+)

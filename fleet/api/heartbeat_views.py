@@ -150,7 +150,7 @@ class HeartbeatView(APIView):
 def heartbeat_response(outcome: hb.HeartbeatOutcome) -> dict:
     """The heartbeat response body of docs/api-contract.md."""
     node = outcome.node
-    return {
+    body = {
         "applied": outcome.applied,
         "code": outcome.code,
         "server_time": outcome.received_at,
@@ -167,6 +167,10 @@ def heartbeat_response(outcome: hb.HeartbeatOutcome) -> dict:
             "rotate_credential": outcome.rotate_credential,
         },
     }
+    if outcome.assigned_leases is not None:
+        # Omitted (not []) when the server does not say, e.g. for a heartbeat not applied.
+        body["leases"] = outcome.assigned_leases
+    return body
 
 
 class NodeMetricsThrottle(SimpleRateThrottle):

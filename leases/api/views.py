@@ -1,0 +1,210 @@
+"""Lease API: thin views over leases.services (validation and rules live there)."""
+
+from __future__ import annotations
+
+from rest_framework import generics, status
+from rest_framework.permissions import BasePermission
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from fleet.authentication import node_from_request
+from fleet.events import Actor
+from nodepool.api.permissions import IsClientOrOperator, IsOperator, is_client, is_operator
+from nodepool.api.problems import NotFound
+from nodepool.api.versioning import ETagMixin, check_version, expected_version
+
+from .. import services
+from ..filtersets import LeaseFilterSet, LeaseRequestFilterSet
+from ..models import ConsistencyReport, Lease, LeaseRequest, Shape
+from .serializers import ConsistencyReportSerializer, LeaseRequestSerializer, LeaseSerializer, ShapeSerializer
+
+
+class IsNode(BasePermission):
+    """A node credential (``Authorization: Node …``); which lease it may touch is checked by the service."""
+
+    message = "Only the lease's node may report job events (send its node credential)."
+
+    def has_permission(self, request, view):
+        return node_from_request(request) is not None
+
+
+class IsClientOperatorOrNode(BasePermission):
+    message = "Only lease clients, operators and nodes may validate fencing tokens."
+
+    def has_permission(self, request, view):
+        return node_from_request(request) is not None or is_client(request.user)
+
+
+def _visible_leases(user):
+    queryset = Lease.objects.select_related("pool", "shape", "client")
+    return queryset if is_operator(user) else queryset.filter(client=user)
+
+
+def _lease_response(lease: Lease, code: int = 200) -> Response:
+    return Response(LeaseSerializer(lease).data, status=code)
+
+
+class LeaseListCreate(ETagMixin, generics.ListAPIView):
+    """``GET /node-leases`` (own leases; operators all) and ``POST /node-leases`` (place work)."""
+
+    permission_classes = [IsClientOrOperator]
+    serializer_class = LeaseSerializer
+    filterset_class = LeaseFilterSet
+
+    def get_queryset(self):
+        return _visible_leases(self.request.user)
+
+    def post(self, request):
+        result, code = services.lease_create(
+            data=request.data,
+            client=request.user,
+            actor=Actor.from_request(request),
+            idempotency_key=request.headers.get("Idempotency-Key", "").strip(),
+        )
+        if isinstance(result, LeaseRequest):
+            body = LeaseRequestSerializer(result).data
+            if result.lease_id:
+                body["lease"] = LeaseSerializer(result.lease).data
+            return Response(body, status=status.HTTP_202_ACCEPTED if code == 202 else code)
+        response = _lease_response(result, code)
+        if code == 200:
+            response["Idempotent-Replayed"] = "true"
+        return response
+
+
+class LeaseDetail(ETagMixin, generics.RetrieveAPIView):
+    permission_classes = [IsClientOrOperator]
+    serializer_class = LeaseSerializer
+
+    def get_queryset(self):
+        return _visible_leases(self.request.user)
+
+
+class LeaseRenew(ETagMixin, APIView):
+    """``POST /node-leases/{id}/renew`` ``{fencing_token, node_incarnation, ttl_seconds}``."""
+
+    permission_classes = [IsClientOrOperator]
+
+    def post(self, request, pk):
+        lease = services.lease_renew(
+            lease_id=pk, data=request.data, user=request.user, actor=Actor.from_request(request)
+        )
+        return _lease_response(lease)
+
+
+class LeaseRelease(ETagMixin, APIView):
+    """``POST /node-leases/{id}/release`` ``{fencing_token, node_incarnation, outcome}``."""
+
+    permission_classes = [IsClientOrOperator]
+
+    def post(self, request, pk):
+        lease = services.lease_release(
+            lease_id=pk, data=request.data, user=request.user, actor=Actor.from_request(request)
+        )
+        return _lease_response(lease)
+
+
+class LeaseCheckpoint(ETagMixin, APIView):
+    """``POST /node-leases/{id}/checkpoint`` (operators, ``If-Match`` or ``expected_version``):
+    ask the node to checkpoint the job in its next heartbeat."""
+
+    permission_classes = [IsOperator]
+
+    def post(self, request, pk):
+        lease = Lease.objects.filter(pk=pk).first()
+        if lease is None:
+            raise NotFound("No such lease.", "lease_not_found")
+        check_version(lease.version, expected_version(request))  # 428 without, 412 when stale
+        services.request_checkpoint(lease=lease, actor=Actor.from_request(request))
+        lease.refresh_from_db()
+        return _lease_response(lease)
+
+
+class LeaseEvents(ETagMixin, APIView):
+    """``POST /node-leases/{lease_id}/events`` (node credential): the job's state on the node."""
+
+    permission_classes = [IsNode]
+    throttle_classes: list = []  # nodes are anonymous users; the anon rate is meant for strangers
+
+    def post(self, request, lease_id):
+        node = node_from_request(request)
+        lease = services.lease_report_event(
+            lease_id=lease_id, data=request.data, node=node, actor=Actor.for_node(node, request.request_id)
+        )
+        return _lease_response(lease)
+
+
+class FencingValidate(APIView):
+    """``POST /fencing/validate`` ``{workload_id, fencing_token}`` → ``{valid, current_token}``."""
+
+    permission_classes = [IsClientOperatorOrNode]
+    throttle_classes: list = []
+
+    def post(self, request):
+        return Response(services.fencing_validate(data=request.data))
+
+
+class LeaseRequestList(generics.ListAPIView):
+    permission_classes = [IsClientOrOperator]
+    serializer_class = LeaseRequestSerializer
+    filterset_class = LeaseRequestFilterSet
+
+    def get_queryset(self):
+        queryset = LeaseRequest.objects.select_related("pool")
+        return queryset if is_operator(self.request.user) else queryset.filter(client=self.request.user)
+
+
+class LeaseRequestDetail(ETagMixin, LeaseRequestList, generics.RetrieveAPIView):
+    """``GET /lease-requests/{id}`` (current reasons, pending time); ``DELETE`` cancels a pending one."""
+
+    def get(self, request, *args, **kwargs):
+        return generics.RetrieveAPIView.get(self, request, *args, **kwargs)
+
+    def delete(self, request, pk):
+        lease_request = services.lease_request_cancel(
+            request_id=pk, user=request.user, actor=Actor.from_request(request)
+        )
+        return Response(LeaseRequestSerializer(lease_request).data)
+
+
+class ShapePermission(BasePermission):
+    message = "Only operators may publish shapes."
+
+    def has_permission(self, request, view):
+        if request.method in ("GET", "HEAD", "OPTIONS"):
+            return is_client(request.user)
+        return is_operator(request.user)
+
+
+class ShapeListCreate(generics.ListAPIView):
+    """``GET /shapes`` (every version; ``?name=``) and ``POST /shapes`` (a new version)."""
+
+    permission_classes = [ShapePermission]
+    serializer_class = ShapeSerializer
+    filterset_fields = ["name", "version"]
+    queryset = Shape.objects.all()
+
+    def post(self, request):
+        data = request.data if isinstance(request.data, dict) else {}
+        shape = services.shape_create(
+            name=data.get("name"),
+            resources=data.get("resources"),
+            features=data.get("features"),
+            description=data.get("description") or "",
+            actor=Actor.from_request(request),
+        )
+        return Response(ShapeSerializer(shape).data, status=status.HTTP_201_CREATED)
+
+
+class ShapeDetail(generics.RetrieveAPIView):
+    permission_classes = [ShapePermission]
+    serializer_class = ShapeSerializer
+    queryset = Shape.objects.all()
+
+
+class ConsistencyReportList(generics.ListAPIView):
+    """``GET /lease-consistency-reports`` (operators): results of the capacity consistency check."""
+
+    permission_classes = [IsOperator]
+    serializer_class = ConsistencyReportSerializer
+    queryset = ConsistencyReport.objects.all()

@@ -1,0 +1,507 @@
+"""The scheduler: filter, score and explain. Reads only; reservation lives in services.
+
+Shaped after the Kubernetes scheduling framework (pkg/scheduler/framework): hard filters in the
+order NodeUnschedulable → TaintToleration → NodeAffinity (selector, required terms) → features →
+NodeResourcesFit → anti-affinity, then scores (NodeResourcesFit Least/MostAllocated by pool
+policy, PodTopologySpread, preferred NodeAffinity, PreferNoSchedule taints).
+
+Speed: the fast path never scans the pool in Python. A SQL query returns schedulable nodes of the
+pool whose free amount of the *primary* resource fits (``noderesource_free`` expression index on
+``(name, allocatable - allocated)``), with every other requested resource checked by ``EXISTS``,
+ordered by that free amount (ascending for binpack, descending for spread). The Python filters run
+on pages of that stream until :data:`FEASIBLE_TARGET` feasible nodes are found — the same idea as
+Kubernetes' ``percentageOfNodesToScore``, which also stops filtering once enough nodes fit. Only
+when nothing fits does :func:`diagnose` look at every node of the pool, to explain why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import re
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db.models import Exists, F, OuterRef, Subquery
+
+from fleet.choices import Lifecycle, SchedulingPolicy
+from fleet.models import Node, NodeResource, Pool
+from fleet.selectors import schedulable_q, unschedulable_reasons, valid_credential_exists
+
+from .choices import LIVE_LEASE_STATES, SpreadMode, UnschedulableCause
+from .models import Lease
+from .spec import PlacementSpec
+
+POLICY_VERSION = "placement/1"
+_SENTINEL_NOW = datetime(1971, 3, 4, 5, 6, 7, 89, tzinfo=UTC)
+FEASIBLE_TARGET = 16  # feasible nodes to score per request (percentageOfNodesToScore's idea)
+FIRST_PAGE_SIZE = 32  # most requests find enough feasible nodes in the first page
+PAGE_SIZE = 1024
+
+UNTOLERATED_TAINT = "untolerated_taint"
+NODE_SELECTOR_MISMATCH = "node_selector_mismatch"
+NODE_AFFINITY_MISMATCH = "node_affinity_mismatch"
+MISSING_FEATURE = "missing_feature"
+ANTI_AFFINITY_CONFLICT = "anti_affinity_conflict"
+EXCLUDED = "excluded"
+
+# Kubernetes-style phrases for "0/N nodes are available: …".
+PHRASES = {
+    "lifecycle_not_ready": "node(s) were not in lifecycle ready",
+    "not_alive": "node(s) were not alive",
+    "node_not_ready": "node(s) reported not ready",
+    "unhealthy": "node(s) were unhealthy",
+    "no_valid_credential": "node(s) had no valid credential",
+    UNTOLERATED_TAINT: "node(s) had untolerated taint",
+    NODE_SELECTOR_MISMATCH: "node(s) didn't match Pod's node selector",
+    NODE_AFFINITY_MISMATCH: "node(s) didn't match Pod's node affinity",
+    MISSING_FEATURE: "node(s) lacked a required feature",
+    ANTI_AFFINITY_CONFLICT: "node(s) didn't satisfy the group's anti-affinity rules",
+    EXCLUDED: "node(s) were excluded",
+}
+
+
+def insufficient_code(resource: str) -> str:
+    return "insufficient_" + re.sub(r"[^a-z0-9]+", "_", resource.lower()).strip("_")
+
+
+def phrase(code: str, resources: dict[str, int]) -> str:
+    for name in resources:
+        if insufficient_code(name) == code:
+            return f"Insufficient {name}"
+    return PHRASES.get(code, code.replace("_", " "))
+
+
+# --- what a node looks like to the filters ---------------------------------------------------------
+def node_label_view(node: Node, pool: Pool) -> dict[str, str]:
+    """Labels placement matches on: well-known labels, scalar verified features, pool labels,
+    node-declared labels only when ``pool.trust_node_labels``, then platform labels (which win)."""
+    cached = getattr(node, "_label_view", None)
+    if cached is not None:
+        return cached
+    labels = {
+        "kubernetes.io/hostname": node.hostname or str(node.pk),
+        "nodepool.dev/node-id": str(node.pk),
+        "nodepool.dev/pool": pool.name,
+    }
+    features = (node.verified or {}).get("features") or {}
+    for key, value in features.items():
+        if isinstance(value, str | int | bool) and not isinstance(value, dict):
+            labels[key] = str(value)
+    if "arch" in features:
+        labels["kubernetes.io/arch"] = str(features["arch"])
+    if "os" in features:
+        labels["kubernetes.io/os"] = str(features["os"])
+    labels.update({k: str(v) for k, v in (pool.labels or {}).items()})
+    if pool.trust_node_labels:
+        labels.update({k: str(v) for k, v in (node.node_labels or {}).items()})
+    labels.update({k: str(v) for k, v in (node.labels or {}).items()})
+    if isinstance(node, NodeView):
+        node._label_view = labels  # filters and scores of one request read it several times
+    return labels
+
+
+def node_taints(node: Node, pool: Pool) -> list[dict]:
+    return [t for t in [*(pool.taints or []), *(node.taints or [])] if isinstance(t, dict)]
+
+
+def has_feature(node: Node, key: str, want: Any) -> bool:
+    verified = node.verified or {}
+    if key == "accelerator_model":
+        return any(a.get("model") == want for a in verified.get("accelerators") or [] if isinstance(a, dict))
+    have = (verified.get("features") or {}).get(key)
+    if isinstance(have, list):
+        return want in have
+    return have is not None and str(have).lower() == str(want).lower()
+
+
+def topology_domain(labels: dict[str, str], spec: PlacementSpec) -> str | None:
+    for key in spec.topology_labels:
+        if key in labels:
+            return labels[key]
+    return None
+
+
+@dataclass
+class GroupCounts:
+    """Live leases of the spread group per topology domain (PodTopologySpread's counts)."""
+
+    by_domain: Counter = field(default_factory=Counter)
+
+    @property
+    def max(self) -> int:
+        return max(self.by_domain.values(), default=0)
+
+
+def group_counts(spec: PlacementSpec, pool: Pool, *, exclude_lease_id=None) -> GroupCounts:
+    counts = GroupCounts()
+    if not spec.spread_group:
+        return counts
+    leases = Lease.objects.filter(group=spec.spread_group, state__in=LIVE_LEASE_STATES)
+    if exclude_lease_id:
+        leases = leases.exclude(pk=exclude_lease_id)
+    rows = leases.values_list(
+        "node__pk",
+        "node__hostname",
+        "node__labels",
+        "node__node_labels",
+        "node__taints",
+        "node__verified",
+        "node__incarnation",
+        "node__pool__name",
+        "node__pool__labels",
+        "node__pool__trust_node_labels",
+    )
+    for row in rows:
+        node_pool = Pool(name=row[7], labels=row[8], trust_node_labels=row[9])
+        domain = topology_domain(node_label_view(NodeView(*row[:7]), node_pool), spec)
+        if domain is not None:
+            counts.by_domain[domain] += 1
+    return counts
+
+
+# --- filters ---------------------------------------------------------------------------------------
+def constraint_failure(node: Node, pool: Pool, spec: PlacementSpec, counts: GroupCounts) -> str | None:
+    """The first non-resource filter ``node`` fails, as a reason code, or None."""
+    for taint in node_taints(node, pool):
+        if taint.get("effect") in ("NoSchedule", "NoExecute") and not any(t.tolerates(taint) for t in spec.tolerations):
+            return UNTOLERATED_TAINT
+    labels = node_label_view(node, pool)
+    if any(labels.get(k) != v for k, v in spec.node_selector.items()):
+        return NODE_SELECTOR_MISMATCH
+    if not all(req.matches(labels) for req in spec.required):
+        return NODE_AFFINITY_MISMATCH
+    if not all(has_feature(node, k, v) for k, v in spec.features.items()):
+        return MISSING_FEATURE
+    if spec.spread_group and spec.spread_mode == SpreadMode.ANTI_AFFINITY:
+        domain = topology_domain(labels, spec)
+        if domain is not None and counts.by_domain.get(domain, 0) > 0:
+            return ANTI_AFFINITY_CONFLICT
+    return None
+
+
+def resource_failure(free: dict[str, int], spec: PlacementSpec) -> str | None:
+    for name, amount in sorted(spec.resources.items()):
+        if free.get(name, 0) < amount:
+            return insufficient_code(name)
+    return None
+
+
+# --- scores ----------------------------------------------------------------------------------------
+def score(node: Node, pool: Pool, spec: PlacementSpec, inventory: dict[str, tuple[int, int]], counts) -> dict:
+    """Score a feasible node, 0–100 per part. ``inventory`` is ``{resource: (allocatable, allocated)}``."""
+    fractions = []
+    for name, amount in spec.resources.items():
+        allocatable, allocated = inventory.get(name, (0, 0))
+        fractions.append(min(1.0, (allocated + amount) / allocatable) if allocatable else 1.0)
+    used = sum(fractions) / len(fractions) if fractions else 0.0
+    # Kubernetes NodeResourcesFit: MostAllocated packs, LeastAllocated spreads.
+    resources = used * 100 if pool.scheduling_policy == SchedulingPolicy.BINPACK else (1 - used) * 100
+    parts = {"resources": round(resources, 2)}
+    labels = node_label_view(node, pool)
+    if spec.spread_group and spec.spread_mode == SpreadMode.SPREAD:
+        domain = topology_domain(labels, spec)
+        count = counts.by_domain.get(domain, 0) if domain is not None else counts.max
+        parts["spread"] = round(100 * (1 - count / (counts.max + 1)), 2)
+    if spec.preferred:
+        total = sum(w for w, _ in spec.preferred)
+        parts["affinity"] = round(100 * sum(w for w, req in spec.preferred if req.matches(labels)) / total, 2)
+    prefer_no = [t for t in node_taints(node, pool) if t.get("effect") == "PreferNoSchedule"]
+    if prefer_no:
+        untolerated = sum(1 for t in prefer_no if not any(tol.tolerates(t) for tol in spec.tolerations))
+        parts["taints"] = round(100 * (1 - untolerated / len(prefer_no)), 2)
+    # Spread weighs double: a group's resilience matters more than packing density.
+    weights = {"resources": 1, "spread": 2, "affinity": 1, "taints": 1}
+    total = sum(parts[k] * weights[k] for k in parts) / sum(weights[k] for k in parts)
+    return {"score": round(total, 2), "parts": parts}
+
+
+# --- candidate query -------------------------------------------------------------------------------
+def _requalified(q, prefix: str):
+    """``schedulable_q()`` re-rooted on a related model (the single source of truth, not a copy)."""
+    clone = q.copy() if hasattr(q, "copy") else q
+    clone.children = [
+        _requalified(child, prefix)
+        if hasattr(child, "children")
+        else ((child[0] if child[0] == "has_valid_credential" else prefix + child[0]), child[1])
+        for child in q.children
+    ]
+    return clone
+
+
+def primary_resource(spec: PlacementSpec) -> str:
+    """The resource the SQL orders by: cpu when asked for, else the largest relative ask."""
+    return "cpu" if "cpu" in spec.resources else sorted(spec.resources)[0]
+
+
+def candidate_query(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_ids=()):
+    """Schedulable nodes of ``pool`` where every requested resource fits, best-first for the policy.
+
+    Driven from ``NodeResource`` through the ``noderesource_free`` index (``name``, free, node): the
+    planner walks the index in order and stops at the page's LIMIT. Yields tuples in the order of
+    :data:`ROW_FIELDS` plus ``(allocatable, allocated)`` of every other requested resource.
+    """
+    primary = primary_resource(spec)
+    qs = (
+        NodeResource.objects.alias(has_valid_credential=Exists(_credential_subquery(now)))
+        .annotate(free_amount=F("allocatable") - F("allocated"))
+        .filter(
+            _requalified(schedulable_q(now), "node__"),
+            name=primary,
+            node__pool=pool,
+            free_amount__gte=spec.resources[primary],
+        )
+    )
+    extra = []
+    for name, amount in sorted(spec.resources.items()):
+        if name == primary:
+            continue
+        other = NodeResource.objects.filter(node_id=OuterRef("node_id"), name=name)
+        qs = qs.filter(Exists(other.filter(allocatable__gte=F("allocated") + amount))).annotate(
+            **{f"r{len(extra)}_allocatable": Subquery(other.values("allocatable")[:1]),
+               f"r{len(extra)}_allocated": Subquery(other.values("allocated")[:1])}
+        )  # fmt: skip
+        extra += [f"r{len(extra)}_allocatable", f"r{len(extra)}_allocated"]
+    if exclude_node_ids:
+        qs = qs.exclude(node_id__in=list(exclude_node_ids))
+    # Kubernetes' MostAllocated wants the fullest node; LeastAllocated the emptiest.
+    order = (
+        ("free_amount", "node_id")
+        if pool.scheduling_policy == SchedulingPolicy.BINPACK
+        else ("-free_amount", "-node_id")
+    )
+    return qs.order_by(*order).values_list(*ROW_FIELDS, *extra)
+
+
+ROW_FIELDS = (
+    "node_id", "node__hostname", "node__labels", "node__node_labels", "node__taints", "node__verified",
+    "node__incarnation", "allocatable", "allocated",
+)  # fmt: skip
+
+
+@dataclass
+class NodeView:
+    """The few node fields placement reads, without building a full ``Node`` (and its FSM state)
+    for every row: model instantiation was most of the cost of a placement at 10,000 nodes."""
+
+    pk: Any
+    hostname: str
+    labels: dict
+    node_labels: dict
+    taints: list
+    verified: dict
+    incarnation: int
+    _label_view: dict | None = None
+
+    def __str__(self) -> str:
+        return self.hostname or str(self.pk)
+
+
+_COMPILED: dict[tuple, tuple[str, list, dict[int, Any]]] = {}
+_JSON_COLUMNS = (2, 3, 4, 5)  # labels, node_labels, taints, verified in ROW_FIELDS
+
+
+def _page_reader(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_ids=()):
+    """``read(offset, limit) -> [row tuples]`` for :func:`candidate_query`.
+
+    Building and compiling that queryset costs more than running it (several milliseconds of
+    ORM work per request), so its SQL is compiled once per query shape — policy and requested
+    resource names — with sentinel values that are swapped for the request's pool, amounts and
+    time. The ORM (and so ``fleet.selectors.schedulable_q``) stays the source of the SQL.
+    """
+    from django.db import connection
+    from django.utils import timezone
+
+    now = now or timezone.now()
+    if exclude_node_ids:  # drain dry-runs: rare, uncached
+        query = candidate_query(pool, spec, now=now, exclude_node_ids=exclude_node_ids)
+        return lambda offset, limit: list(query[offset : offset + limit])
+    names = tuple(sorted(spec.resources))
+    key = (connection.vendor, pool.scheduling_policy, names, primary_resource(spec))
+    if key not in _COMPILED:
+        sentinels = {"pool": -7_340_001, "now": _SENTINEL_NOW}
+        sentinels.update({f"r:{name}": 7_340_011 + 2 * i for i, name in enumerate(names)})
+        probe_pool = Pool(pk=sentinels["pool"], scheduling_policy=pool.scheduling_policy)
+        probe_spec = dataclasses.replace(spec, resources={n: sentinels[f"r:{n}"] for n in names})
+        queryset = candidate_query(probe_pool, probe_spec, now=_SENTINEL_NOW)
+        sql, params = queryset.query.sql_with_params()
+        # Backends adapt parameters while compiling (SQLite turns datetimes into strings).
+        by_value = {value: name for name, value in sentinels.items() if name != "now"}
+        by_value[connection.ops.adapt_datetimefield_value(_SENTINEL_NOW)] = "now"
+        slots = {i: by_value[p] for i, p in enumerate(params) if _hashable(p) and p in by_value}
+        if set(slots.values()) != set(sentinels):  # a shape the probe cannot see through: no cache
+            query = candidate_query(pool, spec, now=now)
+            return lambda offset, limit: list(query[offset : offset + limit])
+        _COMPILED[key] = (sql + " LIMIT %s OFFSET %s", list(params), slots)
+    sql, template, slots = _COMPILED[key]
+    values = {
+        "pool": pool.pk,
+        "now": connection.ops.adapt_datetimefield_value(now),
+        **{f"r:{n}": a for n, a in spec.resources.items()},
+    }
+    params = list(template)
+    for index, name in slots.items():
+        params[index] = values[name]
+
+    def read(offset: int, limit: int) -> list[tuple]:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [*params, limit, offset])
+            rows = cursor.fetchall()
+        out = []
+        for row in rows:
+            row = list(row)
+            if not isinstance(row[0], uuid.UUID):
+                row[0] = uuid.UUID(str(row[0]))  # SQLite stores UUIDs as 32 hex digits
+            for column in _JSON_COLUMNS:  # Django's JSONField leaves decoding to from_db_value
+                if isinstance(row[column], str):
+                    row[column] = json.loads(row[column])
+            out.append(tuple(row))
+        return out
+
+    return read
+
+
+def _hashable(value) -> bool:
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _credential_subquery(now):
+    from django.utils import timezone
+
+    from fleet.models import NodeCredential
+
+    now = now or timezone.now()
+    return NodeCredential.objects.filter(node=OuterRef("node_id"), revoked_at__isnull=True, expires_at__gt=now)
+
+
+@dataclass
+class Candidate:
+    node: NodeView
+    score: dict
+    inventory: dict[str, tuple[int, int]]
+
+
+def find_candidates(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_ids=(), exclude_lease_id=None):
+    """Feasible nodes, best score first (at most :data:`FEASIBLE_TARGET`). Reads only.
+
+    Returns ``(candidates, examined)``; an empty list means :func:`diagnose` should explain.
+    """
+    counts = group_counts(spec, pool, exclude_lease_id=exclude_lease_id)
+    query = _page_reader(pool, spec, now=now, exclude_node_ids=exclude_node_ids)
+    primary = primary_resource(spec)
+    others = [name for name in sorted(spec.resources) if name != primary]
+    feasible: list[Candidate] = []
+    examined, offset = 0, 0
+    page_size = FIRST_PAGE_SIZE
+    while len(feasible) < FEASIBLE_TARGET:
+        page = query(offset, page_size)
+        offset += page_size
+        for row in page:
+            examined += 1
+            node = NodeView(*row[:7])
+            if constraint_failure(node, pool, spec, counts) is None:
+                inventory = {primary: (row[7], row[8])}
+                for index, name in enumerate(others):
+                    inventory[name] = (row[9 + 2 * index], row[10 + 2 * index])
+                feasible.append(Candidate(node, {}, inventory))
+                if len(feasible) >= FEASIBLE_TARGET:
+                    break
+        if len(page) < page_size:
+            break
+        # Size the next page from the pass rate seen so far, so a selective request needs one
+        # more query rather than several.
+        rate = max(len(feasible), 1) / examined
+        page_size = min(PAGE_SIZE, max(FIRST_PAGE_SIZE, int((FEASIBLE_TARGET - len(feasible)) / rate * 1.5)))
+    for candidate in feasible:
+        candidate.score = score(candidate.node, pool, spec, candidate.inventory, counts)
+    feasible.sort(key=lambda c: -c.score["score"])
+    # Like Kubernetes' selectHost, pick at random among the nodes that share the best score: racing
+    # clients then spread over equal nodes instead of queueing on one node's capacity rows.
+    best = [c for c in feasible if feasible[0].score["score"] - c.score["score"] < 1e-6]
+    if len(best) > 1:
+        random.shuffle(best)
+        feasible[: len(best)] = best
+    return feasible, examined
+
+
+# --- explanation -----------------------------------------------------------------------------------
+def diagnose(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_ids=(), exclude_lease_id=None) -> dict:
+    """Why nothing fits: every non-retired node of the pool counted once, under its first failed filter.
+
+    Returns ``{"reasons": {code: count}, "nodes_considered": N, "fragmented": bool, "cause": str,
+    "pending_admission": int, "message": "0/N nodes are available: …"}``.
+    """
+    counts = group_counts(spec, pool, exclude_lease_id=exclude_lease_id)
+    # Plain rows, not Node instances: a 409 on a 100,000-node pool must stay affordable.
+    fields = ("lifecycle", "liveness", "ready", "ready_reason", "health", "health_reasons", "has_valid_credential")
+    nodes = []
+    for row in (
+        Node.objects.filter(pool=pool)
+        .exclude(lifecycle=Lifecycle.RETIRED)
+        .annotate(has_valid_credential=valid_credential_exists(now))
+        .values_list("id", "hostname", "labels", "node_labels", "taints", "verified", "incarnation", *fields)
+    ):
+        node = NodeView(*row[:7])
+        for name, value in zip(fields, row[7:], strict=True):
+            setattr(node, name, value)
+        nodes.append(node)
+    free_by_node: dict[Any, dict[str, int]] = {n.pk: {} for n in nodes}
+    for node_id, name, allocatable, allocated in NodeResource.objects.filter(
+        node__pool=pool, name__in=list(spec.resources)
+    ).values_list("node_id", "name", "allocatable", "allocated"):
+        if node_id in free_by_node:
+            free_by_node[node_id][name] = max(0, allocatable - allocated)
+    reasons: Counter = Counter()
+    schedulable = 0
+    pooled_free: Counter = Counter()
+    excluded = {str(pk) for pk in exclude_node_ids}
+    for node in nodes:
+        if str(node.pk) in excluded:
+            reasons[EXCLUDED] += 1
+            continue
+        not_schedulable = unschedulable_reasons(node, now=now)
+        if not_schedulable:
+            reasons[not_schedulable[0]["code"]] += 1
+            continue
+        schedulable += 1
+        code = constraint_failure(node, pool, spec, counts)
+        if code is None:
+            pooled_free.update(free_by_node[node.pk])
+            code = resource_failure(free_by_node[node.pk], spec) or "fits"
+        reasons[code] += 1
+    reasons.pop("fits", None)  # only possible in a race; the node was counted as fitting
+    insufficient = any(code.startswith("insufficient_") for code in reasons)
+    fragmented = insufficient and all(pooled_free.get(n, 0) >= a for n, a in spec.resources.items())
+    pending = sum(1 for n in nodes if n.lifecycle in (Lifecycle.PENDING, Lifecycle.ADMITTING))
+    if not nodes:
+        cause = UnschedulableCause.NO_NODES
+    elif schedulable == 0:
+        cause = UnschedulableCause.NO_READY_NODES
+    elif fragmented:
+        cause = UnschedulableCause.FRAGMENTED
+    elif insufficient:
+        cause = UnschedulableCause.INSUFFICIENT_CAPACITY
+    else:
+        cause = UnschedulableCause.CONSTRAINTS
+    parts = [f"{count} {phrase(code, spec.resources)}" for code, count in sorted(reasons.items(), key=lambda i: -i[1])]
+    message = f"0/{len(nodes)} nodes are available: " + (", ".join(parts) if parts else "no nodes in the pool") + "."
+    if cause == UnschedulableCause.NO_READY_NODES:
+        message += f" No ready nodes ({pending} pending admission)."
+    elif fragmented:
+        message += " The pool has enough free capacity in total, but it is fragmented: no single node fits."
+    return {
+        "reasons": dict(reasons),
+        "nodes_considered": len(nodes),
+        "fragmented": fragmented,
+        "cause": str(cause),
+        "pending_admission": pending,
+        "message": message,
+    }

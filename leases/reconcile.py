@@ -1,0 +1,203 @@
+"""What nodes report against what the control plane holds; the interface heartbeats and
+maintenance call (re-exported by :mod:`leases.services`, keep the signatures)."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from fleet.choices import NodeEventType
+from fleet.events import record_event
+from fleet.models import Node
+
+from . import placement
+from .choices import LIVE_LEASE_STATES, LeaseState
+from .models import Lease
+from .spec import parse_spec
+
+
+def missed_reports_limit() -> int:
+    """Heartbeats in a row a live lease may go unreported before it is declared lost (default 3)."""
+    return int(getattr(settings, "NODEPOOL", {}).get("LEASE_MISSED_REPORTS", 3))
+
+
+def _as_uuid(value: Any) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(value))
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+def reconcile_heartbeat(
+    node, *, incarnation: int, reported: list[dict[str, Any]], restarted: bool, actor
+) -> dict[str, list[str]]:
+    """Compare the leases a node reports with what the control plane holds.
+
+    Args:
+        node: the fleet.Node that sent an applied heartbeat (already saved).
+        incarnation: the heartbeat's incarnation.
+        reported: ``[{"lease_id": str, "fencing_token": int, "state": str}]`` from the heartbeat.
+        restarted: True when this heartbeat started a new incarnation.
+        actor: fleet.events.Actor.
+
+    Rules: a reported lease that is unknown, on another node, terminal, or carries a token that is
+    not the lease's (stale, superseded) → stop. A reported live lease is seen (its miss counter is
+    reset; after a restart the lease is adopted by the new incarnation). A live lease the node did
+    not report: after a restart, lost at once (the new process does not run it); otherwise lost
+    after :func:`missed_reports_limit` heartbeats in a row (a lease granted within the last
+    heartbeat interval is not counted yet: the agent may not have started it). Leases with
+    ``checkpoint_requested_at`` set come back in ``checkpoint``.
+
+    Returns:
+        ``{"stop": [lease ids], "checkpoint": [lease ids], "assigned": [{"lease_id", "fencing_token",
+        "command"}]}``: instructions for the node, and every live lease it holds (how an agent learns
+        its work; docs/api-contract.md).
+    """
+    from .services import end_lease
+
+    now = timezone.now()
+    stop: list[str] = []
+    seen: dict[uuid.UUID, int] = {}
+    for item in reported or []:
+        if not isinstance(item, dict):
+            continue
+        lease_id = _as_uuid(item.get("lease_id"))
+        token = item.get("fencing_token")
+        if lease_id is None:
+            stop.append(str(item.get("lease_id")))
+            continue
+        seen[lease_id] = token if isinstance(token, int) and not isinstance(token, bool) else -1
+    known = {lease.pk: lease for lease in Lease.objects.filter(pk__in=list(seen))}
+    for lease_id, token in seen.items():
+        lease = known.get(lease_id)
+        if lease is None or lease.node_id != node.pk or not lease.is_live or lease.fencing_token != token:
+            stop.append(str(lease_id))
+    stop_set = set(stop)
+    healthy_ids = [pk for pk in seen if str(pk) not in stop_set]
+    with transaction.atomic():
+        if healthy_ids:
+            seen_qs = Lease.objects.filter(pk__in=healthy_ids, state__in=LIVE_LEASE_STATES)
+            seen_qs.update(missed_reports=0, last_reported_at=now)
+            if restarted:
+                # The new incarnation says it runs these: it now owns them (older incarnations are fenced).
+                seen_qs.filter(node_incarnation__lt=incarnation).update(
+                    node_incarnation=incarnation, version=F("version") + 1
+                )
+        unreported = Lease.objects.filter(node=node, state__in=LIVE_LEASE_STATES).exclude(pk__in=healthy_ids)
+        if restarted:
+            lost_ids = list(unreported.filter(node_incarnation__lt=incarnation).values_list("pk", flat=True))
+            unreported = unreported.exclude(pk__in=lost_ids)
+        else:
+            lost_ids = []
+        grace = now - timedelta(seconds=node.pool.heartbeat_interval if node.pool_id else 10)
+        counted = unreported.filter(granted_at__lte=grace)
+        counted.update(missed_reports=F("missed_reports") + 1)
+        lost_ids += list(counted.filter(missed_reports__gte=missed_reports_limit()).values_list("pk", flat=True))
+    for lease_id in lost_ids:
+        reason = (
+            "the node restarted (new incarnation) and does not run this lease"
+            if restarted
+            else f"not reported by the node for {missed_reports_limit()} heartbeats"
+        )
+        end_lease(lease_id, to_state=LeaseState.LOST, actor=actor, reason=reason, now=now)
+    # A node that keeps listing a lease that has ended is still "reporting" it: a drain waits for
+    # the node to stop listing every lease before it completes (maintenance.drains).
+    still_listed = [pk for pk, lease in known.items() if lease.node_id == node.pk and not lease.is_live]
+    if still_listed:
+        Lease.objects.filter(pk__in=still_listed).update(last_reported_at=now)
+    # One query gives both the checkpoint instructions and the node's assigned work.
+    checkpoint: list[str] = []
+    assigned: list[dict[str, Any]] = []
+    live = Lease.objects.filter(node=node, state__in=LIVE_LEASE_STATES).values_list(
+        "pk", "fencing_token", "command", "checkpoint_requested_at"
+    )
+    for pk, token, command, checkpoint_requested_at in live:
+        if checkpoint_requested_at is not None:
+            checkpoint.append(str(pk))
+        assigned.append({"lease_id": str(pk), "fencing_token": token, "command": command or None})
+    return {"stop": stop, "checkpoint": checkpoint, "assigned": assigned}
+
+
+def _end_all(leases, *, to_state: str, actor, reason: str) -> int:
+    from .services import end_lease
+
+    now = timezone.now()
+    ended = 0
+    for lease_id in list(leases.values_list("pk", flat=True)):
+        if end_lease(lease_id, to_state=to_state, actor=actor, reason=reason, now=now) is not None:
+            ended += 1
+    return ended
+
+
+def lose_node_leases(node_ids, *, actor, reason: str) -> int:
+    """Declare every live lease on ``node_ids`` lost and free its capacity. Returns how many.
+
+    Safe to run twice at once: each lease is claimed by compare-and-swap, so it ends once."""
+    leases = Lease.objects.filter(node_id__in=list(node_ids), state__in=LIVE_LEASE_STATES)
+    return _end_all(leases, to_state=LeaseState.LOST, actor=actor, reason=reason)
+
+
+def revoke_node_leases(node, *, actor, reason: str) -> int:
+    """Revoke every live lease on ``node`` (fenced: their tokens become stale). Returns how many."""
+    node_id = node.pk if isinstance(node, Node) else node
+    leases = Lease.objects.filter(node_id=node_id, state__in=LIVE_LEASE_STATES)
+    count = _end_all(leases, to_state=LeaseState.REVOKED, actor=actor, reason=reason)
+    if count:
+        record_event(node_id, NodeEventType.LEASE, actor, reason=f"{count} lease(s) revoked: {reason}")
+    return count
+
+
+def simulate_placement(lease, *, exclude_node_ids) -> dict:
+    """Could ``lease``'s request be placed now on another node? Changes nothing.
+
+    Uses the same filter and score rules as a real request, with the lease's resolved resources
+    (its shape version, not the shape's latest) and without counting the lease in its own spread
+    group. ``exclude_node_ids`` typically holds the node being drained.
+
+    Returns ``{"placeable": bool, "node_id": str | None, "reasons": {code: count}, "message": str}``.
+    """
+    try:
+        spec = parse_spec(lease.spec)
+    except Exception:  # a lease granted before a validation rule tightened: place by resources only
+        spec = parse_spec({"workload_id": lease.workload_id, "pool": lease.pool.name, "resources": {"cpu": "1"}})
+    spec = dataclasses.replace(spec, resources=dict(lease.resources or {}), pool=lease.pool.name)
+    if not spec.resources:
+        return {"placeable": True, "node_id": None, "reasons": {}, "message": "the lease holds no resources"}
+    exclude = [str(pk) for pk in exclude_node_ids or []]
+    candidates, _ = placement.find_candidates(lease.pool, spec, exclude_node_ids=exclude, exclude_lease_id=lease.pk)
+    if candidates:
+        best = candidates[0]
+        return {
+            "placeable": True,
+            "node_id": str(best.node.pk),
+            "reasons": {},
+            "message": f"would be placed on {best.node} (score {best.score['score']})",
+        }
+    explanation = placement.diagnose(lease.pool, spec, exclude_node_ids=exclude, exclude_lease_id=lease.pk)
+    return {
+        "placeable": False,
+        "node_id": None,
+        "reasons": explanation["reasons"],
+        "message": explanation["message"],
+    }
+
+
+def revoke_lease(lease, *, actor, reason: str, now=None) -> bool:
+    """Revoke one live lease (fenced) and free its capacity, in one transaction.
+
+    Its fencing token becomes stale at once and the workload may be placed again immediately.
+    Returns True when this call revoked it, False when it was no longer live (nothing changed).
+    """
+    from .services import end_lease
+
+    return (
+        end_lease(lease.pk, to_state=LeaseState.REVOKED, actor=actor, reason=reason, now=now or timezone.now())
+        is not None
+    )

@@ -1,0 +1,14 @@
+"""Celery beat entries for the leases app (wired into Celery by the foundation)."""
+
+BEAT_SCHEDULE = {
+    # Leases past their TTL lose their capacity within ~5 s.
+    "leases.expire_leases": {"task": "leases.expire_leases", "schedule": 5.0, "options": {"expires": 4.0}},
+    # Queued requests are also placed on lease end and when a node turns schedulable; this entry
+    # catches the triggers that were missed (capacity raised by admission, a lost broker message).
+    "leases.place_pending_requests": {
+        "task": "leases.place_pending_requests",
+        "schedule": 15.0,
+        "options": {"expires": 14.0},
+    },
+    "leases.check_consistency": {"task": "leases.check_consistency", "schedule": 300.0, "options": {"expires": 290.0}},
+}

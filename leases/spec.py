@@ -1,0 +1,328 @@
+"""The placement request: validation of the wire shape into a :class:`PlacementSpec`.
+
+Every rule here is a 400 with the offending field named, raised before anything is stored.
+Selector, affinity and toleration semantics follow Kubernetes (k8s.io/api/core/v1 NodeSelector
+Requirement and Toleration; pkg/scheduler/framework/plugins/{nodeaffinity,tainttoleration}).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from nodepool.api.problems import Problem
+from nodepool.quantity import BYTE_RESOURCES, CPU, QuantityError, parse_resources
+
+from .choices import SpreadMode
+
+# Resources without a domain prefix that nodepool knows; anything else must be an extended
+# resource written ``<domain>/<name>`` (Kubernetes' rule for extended resources).
+STANDARD_RESOURCES = frozenset({CPU, *BYTE_RESOURCES, "pods"})
+OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+TOLERATION_OPERATORS = ("Equal", "Exists")
+# Topology aliases → the label keys looked up on a node, first present wins.
+TOPOLOGY_KEYS = {
+    "host": ("kubernetes.io/hostname",),
+    "rack": ("topology.kubernetes.io/rack", "rack"),
+    "zone": ("topology.kubernetes.io/zone", "zone"),
+    "region": ("topology.kubernetes.io/region", "region"),
+    "provider": ("nodepool.dev/provider", "provider"),
+}
+LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+WORKLOAD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,199}$")
+MAX_TTL = 7 * 24 * 3600
+MAX_TERMS = 32
+
+
+def bad(field_name: str, message: str, code: str = "invalid_request") -> Problem:
+    """A 400 naming ``field_name`` (also in ``errors`` like DRF validation errors)."""
+    return Problem(f"{field_name}: {message}", code, errors=[{"field": field_name, "code": code, "message": message}])
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """One node selector requirement: ``key`` ``operator`` ``values`` (Kubernetes semantics)."""
+
+    key: str
+    operator: str
+    values: tuple[str, ...] = ()
+
+    def matches(self, labels: dict[str, str]) -> bool:
+        present = self.key in labels
+        value = labels.get(self.key)
+        if self.operator == "In":
+            return present and value in self.values
+        if self.operator == "NotIn":
+            return not present or value not in self.values  # absent label satisfies NotIn
+        if self.operator == "Exists":
+            return present
+        if self.operator == "DoesNotExist":
+            return not present
+        # Gt/Lt: the label must parse as an integer (Kubernetes compares int64s).
+        try:
+            number = int(str(value))
+        except (TypeError, ValueError):
+            return False
+        bound = int(self.values[0])
+        return number > bound if self.operator == "Gt" else number < bound
+
+
+@dataclass(frozen=True)
+class Toleration:
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+
+    def tolerates(self, taint: dict) -> bool:
+        """Kubernetes' ``Toleration.ToleratesTaint``: empty effect matches all effects, empty key
+        with ``Exists`` matches every taint."""
+        if self.effect and self.effect != taint.get("effect"):
+            return False
+        if self.key and self.key != taint.get("key"):
+            return False
+        if self.operator == "Exists":
+            return True
+        return self.value == str(taint.get("value", "") or "")
+
+
+@dataclass(frozen=True)
+class PlacementSpec:
+    """A validated placement request. ``resources`` are canonical integers."""
+
+    workload_id: str
+    pool: str
+    resources: dict[str, int]
+    shape: str = ""
+    shape_version: int | None = None
+    node_selector: dict[str, str] = field(default_factory=dict)
+    required: tuple[Requirement, ...] = ()
+    preferred: tuple[tuple[int, Requirement], ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+    features: dict[str, Any] = field(default_factory=dict)
+    spread_group: str = ""
+    topology_key: str = ""
+    spread_mode: str = SpreadMode.SPREAD
+    ttl_seconds: int = 600
+    priority: int = 0
+    queue: bool = False
+    command: tuple[str, ...] = ()
+
+    @property
+    def topology_labels(self) -> tuple[str, ...]:
+        return TOPOLOGY_KEYS.get(self.topology_key, (self.topology_key,)) if self.topology_key else ()
+
+
+def _str_map(value: Any, field_name: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise bad(field_name, "must be an object of label key to string value", "invalid_selector")
+    out = {}
+    for key, val in value.items():
+        if not LABEL_KEY.match(str(key)):
+            raise bad(f"{field_name}.{key}", "not a valid label key", "invalid_selector")
+        if not isinstance(val, str) or len(val) > 63:
+            raise bad(f"{field_name}.{key}", "must be a string of at most 63 characters", "invalid_selector")
+        out[key] = val
+    return out
+
+
+def parse_requirement(term: Any, field_name: str) -> Requirement:
+    """Validate one ``{"key", "operator", "values"}`` term (Kubernetes NodeSelectorRequirement)."""
+    if not isinstance(term, dict):
+        raise bad(field_name, "must be an object with key, operator and values", "invalid_affinity")
+    unknown = set(term) - {"key", "operator", "values"}
+    if unknown:
+        raise bad(field_name, f"unknown member(s) {sorted(unknown)}", "invalid_affinity")
+    key, operator, values = term.get("key"), term.get("operator"), term.get("values", [])
+    if not isinstance(key, str) or not LABEL_KEY.match(key):
+        raise bad(f"{field_name}.key", "not a valid label key", "invalid_affinity")
+    if operator not in OPERATORS:
+        raise bad(f"{field_name}.operator", f"must be one of {', '.join(OPERATORS)}", "invalid_affinity")
+    if values is None:
+        values = []
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values) or len(values) > 64:
+        raise bad(f"{field_name}.values", "must be a list of strings", "invalid_affinity")
+    if operator in ("In", "NotIn") and not values:
+        raise bad(f"{field_name}.values", f"{operator} needs at least one value", "invalid_affinity")
+    if operator in ("Exists", "DoesNotExist") and values:
+        raise bad(f"{field_name}.values", f"{operator} takes no values", "invalid_affinity")
+    if operator in ("Gt", "Lt") and (len(values) != 1 or not re.fullmatch(r"-?\d{1,18}", values[0])):
+        raise bad(f"{field_name}.values", f"{operator} needs exactly one integer value", "invalid_affinity")
+    return Requirement(key, operator, tuple(values))
+
+
+def _affinity(value: Any) -> tuple[tuple[Requirement, ...], tuple[tuple[int, Requirement], ...]]:
+    if value is None:
+        return (), ()
+    if not isinstance(value, dict) or set(value) - {"required", "preferred"}:
+        raise bad("affinity", "must be an object with 'required' and/or 'preferred'", "invalid_affinity")
+    required_raw, preferred_raw = value.get("required") or [], value.get("preferred") or []
+    if not isinstance(required_raw, list) or len(required_raw) > MAX_TERMS:
+        raise bad("affinity.required", f"must be a list of at most {MAX_TERMS} terms", "invalid_affinity")
+    if not isinstance(preferred_raw, list) or len(preferred_raw) > MAX_TERMS:
+        raise bad("affinity.preferred", f"must be a list of at most {MAX_TERMS} terms", "invalid_affinity")
+    required = tuple(parse_requirement(t, f"affinity.required[{i}]") for i, t in enumerate(required_raw))
+    preferred = []
+    for i, item in enumerate(preferred_raw):
+        name = f"affinity.preferred[{i}]"
+        if not isinstance(item, dict) or "term" not in item:
+            raise bad(name, "must be {'weight': 1..100, 'term': {...}}", "invalid_affinity")
+        weight = item.get("weight")
+        if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 100:
+            raise bad(f"{name}.weight", "must be an integer from 1 to 100 (Kubernetes' range)", "invalid_affinity")
+        preferred.append((weight, parse_requirement(item["term"], f"{name}.term")))
+    return required, tuple(preferred)
+
+
+def _tolerations(value: Any) -> tuple[Toleration, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) > MAX_TERMS:
+        raise bad("tolerations", f"must be a list of at most {MAX_TERMS} tolerations", "invalid_toleration")
+    out = []
+    for i, item in enumerate(value):
+        name = f"tolerations[{i}]"
+        if not isinstance(item, dict) or set(item) - {"key", "operator", "value", "effect", "toleration_seconds"}:
+            raise bad(name, "must be {key, operator, value, effect}", "invalid_toleration")
+        key, operator = item.get("key") or "", item.get("operator") or "Equal"
+        val, effect = item.get("value") or "", item.get("effect") or ""
+        if not isinstance(key, str) or (key and not LABEL_KEY.match(key)):
+            raise bad(f"{name}.key", "not a valid taint key", "invalid_toleration")
+        if operator not in TOLERATION_OPERATORS:
+            raise bad(f"{name}.operator", "must be Equal or Exists", "invalid_toleration")
+        if not isinstance(val, str):
+            raise bad(f"{name}.value", "must be a string", "invalid_toleration")
+        if operator == "Exists" and val:
+            raise bad(f"{name}.value", "must be empty when operator is Exists", "invalid_toleration")
+        if not key and operator != "Exists":
+            raise bad(f"{name}.operator", "an empty key needs operator Exists", "invalid_toleration")
+        if effect and effect not in TAINT_EFFECTS:
+            raise bad(f"{name}.effect", f"must be one of {', '.join(TAINT_EFFECTS)}", "invalid_toleration")
+        out.append(Toleration(key, operator, val, effect))
+    return tuple(out)
+
+
+def _spread(value: Any) -> tuple[str, str, str]:
+    if value is None:
+        return "", "", SpreadMode.SPREAD
+    if not isinstance(value, dict) or set(value) - {"group", "topology_key", "mode"}:
+        raise bad("spread", "must be {group, topology_key, mode}", "invalid_spread")
+    group, key, mode = value.get("group"), value.get("topology_key") or "host", value.get("mode") or "spread"
+    if not isinstance(group, str) or not WORKLOAD_ID.match(group):
+        raise bad("spread.group", "must be a non-empty name", "invalid_spread")
+    if not isinstance(key, str) or not (key in TOPOLOGY_KEYS or LABEL_KEY.match(key)):
+        raise bad("spread.topology_key", f"must be one of {', '.join(TOPOLOGY_KEYS)} or a label key", "invalid_spread")
+    if mode not in SpreadMode.values:
+        raise bad("spread.mode", f"must be one of {', '.join(SpreadMode.values)}", "invalid_spread")
+    return group, key, mode
+
+
+def _int(data: dict, name: str, default: int, low: int, high: int) -> int:
+    value = data.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise bad(name, f"must be an integer from {low} to {high}")
+    return value
+
+
+def resources_from_wire(raw: Any, field_name: str = "resources") -> dict[str, int]:
+    """Quantities → canonical ints; unknown resource names are refused (400 ``unknown_resource``)."""
+    try:
+        resources = parse_resources(raw, field=field_name)
+    except QuantityError as exc:
+        name = str(exc).split(":", 1)[0]
+        raise bad(name, str(exc).split(": ", 1)[-1], "invalid_quantity") from exc
+    for name in resources:
+        if "/" not in name and name not in STANDARD_RESOURCES:
+            raise bad(
+                f"{field_name}.{name}",
+                f"unknown resource; use one of {sorted(STANDARD_RESOURCES)} or a '<domain>/<name>' extended resource",
+                "unknown_resource",
+            )
+    return {name: amount for name, amount in resources.items() if amount > 0}
+
+
+def parse_spec(data: Any) -> PlacementSpec:
+    """Validate a ``POST /node-leases`` body (without resolving the pool or shape).
+
+    Raises:
+        Problem (400): the first invalid member, named in ``detail`` and ``errors[0].field``.
+    """
+    if not isinstance(data, dict):
+        raise bad("", "the body must be a JSON object")
+    allowed = {
+        "workload_id",
+        "pool",
+        "resources",
+        "shape",
+        "shape_version",
+        "node_selector",
+        "affinity",
+        "tolerations",
+        "features",
+        "spread",
+        "ttl_seconds",
+        "priority",
+        "queue",
+        "command",
+    }
+    unknown = set(data) - allowed
+    if unknown:
+        raise bad(sorted(unknown)[0], "unknown member")
+    workload_id = data.get("workload_id")
+    if not isinstance(workload_id, str) or not WORKLOAD_ID.match(workload_id):
+        raise bad("workload_id", "required: 1-200 characters of letters, digits and ._:/@-")
+    pool = data.get("pool")
+    if not isinstance(pool, str) or not pool:
+        raise bad("pool", "required: the pool's name", "unknown_pool")
+    shape = data.get("shape") or ""
+    if not isinstance(shape, str):
+        raise bad("shape", "must be a shape name")
+    raw_resources = data.get("resources")
+    if shape and raw_resources:
+        raise bad("resources", "give either resources or a shape, not both")
+    resources = resources_from_wire(raw_resources) if raw_resources is not None else {}
+    if not shape and not resources:
+        raise bad("resources", "ask for at least one resource (or name a shape)", "empty_request")
+    features = data.get("features") or {}
+    if not isinstance(features, dict) or not all(isinstance(v, str | int | bool) for v in features.values()):
+        raise bad("features", "must be an object of feature name to a string, number or boolean")
+    command = data.get("command") or []
+    if not isinstance(command, list) or not all(isinstance(a, str) for a in command) or len(command) > 256:
+        raise bad("command", "must be a list of strings (argv)")
+    queue = data.get("queue", False)
+    if not isinstance(queue, bool):
+        raise bad("queue", "must be true or false")
+    required, preferred = _affinity(data.get("affinity"))
+    group, topology_key, mode = _spread(data.get("spread"))
+    return PlacementSpec(
+        workload_id=workload_id,
+        pool=pool,
+        resources=resources,
+        shape=shape,
+        shape_version=_int(data, "shape_version", 0, 0, 2**31) or None,
+        node_selector=_str_map(data.get("node_selector"), "node_selector"),
+        required=required,
+        preferred=preferred,
+        tolerations=_tolerations(data.get("tolerations")),
+        features=features,
+        spread_group=group,
+        topology_key=topology_key,
+        spread_mode=mode,
+        ttl_seconds=_int(data, "ttl_seconds", 600, 1, MAX_TTL),
+        priority=_int(data, "priority", 0, -1000, 1000),
+        queue=queue,
+        command=tuple(command),
+    )
+
+
+def request_fingerprint(data: Any) -> str:
+    """A stable hash of a request body, to tell a retry from a different request under one key."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

@@ -1,0 +1,165 @@
+"""Periodic jobs: lease expiry, queued-request placement, capacity consistency.
+
+Each is safe to run twice at once: expiry claims each lease by compare-and-swap
+(:func:`leases.services.end_lease`), placement claims each request in the grant's own
+transaction, and the consistency check confirms drift under row locks before reporting it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import defaultdict
+
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from fleet.choices import NodeEventType
+from fleet.events import Actor, record_event
+from fleet.models import NodeResource
+from nodepool.api.problems import Problem
+
+from . import placement
+from .choices import LIVE_LEASE_STATES, LeaseRequestState, LeaseState
+from .models import ConsistencyReport, Lease, LeaseRequest
+from .spec import parse_spec
+
+logger = logging.getLogger(__name__)
+EXPIRY_BATCH = 1000
+QUEUE_BATCH = 200
+
+
+def expire_leases(*, now=None, actor: Actor | None = None) -> int:
+    """End every live lease past ``expires_at`` as ``expired`` and return its capacity. Returns how many."""
+    from .services import end_lease
+
+    now = now or timezone.now()
+    actor = actor or Actor.system("leases.expire_leases")
+    due = Lease.objects.filter(state__in=LIVE_LEASE_STATES, expires_at__lte=now).order_by("expires_at")
+    expired = 0
+    for lease_id in list(due.values_list("pk", flat=True)[:EXPIRY_BATCH]):
+        try:
+            if end_lease(
+                lease_id,
+                to_state=LeaseState.EXPIRED,
+                actor=actor,
+                now=now,
+                expiring=True,
+                reason="the lease's TTL passed without renewal",
+            ):
+                expired += 1
+        except Exception:  # one bad row must not stop the sweep (healthchecks' sendalerts habit)
+            logger.exception("could not expire lease %s", lease_id)
+    return expired
+
+
+def place_pending_requests(*, now=None, actor: Actor | None = None) -> dict:
+    """Try to place pending lease requests, highest priority first, then oldest first.
+
+    Returns ``{"placed": n, "pending": m}``. A request that cannot be placed keeps waiting with
+    its reasons refreshed; one whose spec no longer validates (a pool deleted…) is cancelled.
+    """
+    from .services import place, resolve_pool, resolve_shape
+
+    now = now or timezone.now()
+    actor = actor or Actor.system("leases.place_pending_requests")
+    placed = pending = 0
+    queue = LeaseRequest.objects.filter(state=LeaseRequestState.PENDING).order_by("-priority", "created_at", "pk")
+    for request in list(queue[:QUEUE_BATCH]):
+        try:
+            spec = parse_spec(request.spec)
+            pool = resolve_pool(spec.pool)
+            spec, shape = resolve_shape(spec)
+        except Problem as exc:
+            LeaseRequest.objects.filter(pk=request.pk, state=LeaseRequestState.PENDING).update(
+                state=LeaseRequestState.CANCELLED, message=str(exc.detail), version=F("version") + 1
+            )
+            continue
+        if Lease.objects.filter(workload_id=spec.workload_id, state__in=LIVE_LEASE_STATES).exists():
+            pending += 1  # the workload still runs elsewhere; wait until that lease ends
+            continue
+        lease = place(
+            pool=pool,
+            spec=spec,
+            shape=shape,
+            client=request.client,
+            idempotency_key="",
+            request_hash=request.request_hash,
+            data=request.spec,
+            actor=actor,
+            now=now,
+            lease_request=request,
+        )
+        if lease is not None:
+            placed += 1
+            continue
+        pending += 1
+        explanation = placement.diagnose(pool, dataclasses.replace(spec), now=now)
+        LeaseRequest.objects.filter(pk=request.pk, state=LeaseRequestState.PENDING).update(
+            reasons=explanation["reasons"],
+            message=explanation["message"],
+            last_attempt_at=now,
+            attempts=F("attempts") + 1,
+        )
+    return {"placed": placed, "pending": pending}
+
+
+def check_consistency(*, repair: bool = False, actor: Actor | None = None) -> ConsistencyReport:
+    """Compare ``NodeResource.allocated`` with the sum of live leases, per node and resource.
+
+    A first pass reads without locks; every apparent drift is then confirmed under a row lock on
+    the node's resource rows (grants and releases update those rows, so they wait), which keeps a
+    lease committed between the two reads from being reported as drift. With ``repair`` the
+    counter is set to the sum. Drift is logged, stored in a :class:`ConsistencyReport` and written
+    as an event on the node.
+    """
+    actor = actor or Actor.system("leases.check_consistency")
+    leased: dict[tuple, int] = defaultdict(int)
+    for node_id, resources in Lease.objects.filter(state__in=LIVE_LEASE_STATES).values_list("node_id", "resources"):
+        for name, amount in (resources or {}).items():
+            leased[(node_id, name)] += int(amount)
+    rows = NodeResource.objects.filter(~Q(allocated=0) | Q(node_id__in={k[0] for k in leased}))
+    suspects = {
+        node_id
+        for node_id, name, allocated in rows.values_list("node_id", "name", "allocated")
+        if allocated != leased.get((node_id, name), 0)
+    }
+    suspects |= {node_id for (node_id, name) in leased if not rows.filter(node_id=node_id, name=name).exists()}
+    drift = []
+    for node_id in suspects:
+        with transaction.atomic():
+            locked = {r.name: r for r in NodeResource.objects.select_for_update().filter(node_id=node_id)}
+            sums: dict[str, int] = defaultdict(int)
+            for resources in Lease.objects.filter(node_id=node_id, state__in=LIVE_LEASE_STATES).values_list(
+                "resources", flat=True
+            ):
+                for name, amount in (resources or {}).items():
+                    sums[name] += int(amount)
+            for name in set(locked) | set(sums):
+                allocated = locked[name].allocated if name in locked else 0
+                if allocated == sums.get(name, 0):
+                    continue
+                item = {"node_id": str(node_id), "resource": name, "allocated": allocated, "leased": sums.get(name, 0)}
+                drift.append(item)
+                logger.warning(
+                    "capacity drift on node %s %s: allocated %s, live leases %s",
+                    node_id,
+                    name,
+                    allocated,
+                    sums.get(name, 0),
+                )
+                if repair and name in locked:
+                    NodeResource.objects.filter(pk=locked[name].pk).update(allocated=sums.get(name, 0))
+                record_event(
+                    node_id,
+                    NodeEventType.LEASE,
+                    actor,
+                    reason="capacity drift" + (" repaired" if repair else ""),
+                    data=item,
+                )
+    return ConsistencyReport.objects.create(
+        nodes_checked=len({k[0] for k in leased} | set(rows.values_list("node_id", flat=True))),
+        drift=drift,
+        repaired=repair and bool(drift),
+    )

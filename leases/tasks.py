@@ -1,0 +1,25 @@
+"""Celery tasks: thin wrappers over :mod:`leases.sweeps` (each safe to run twice at once)."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from fleet.events import Actor
+
+from . import sweeps
+
+
+@shared_task(name="leases.expire_leases", bind=True, ignore_result=True)
+def expire_leases(self) -> int:
+    return sweeps.expire_leases(actor=Actor.system("leases.expire_leases", self.request.id or ""))
+
+
+@shared_task(name="leases.place_pending_requests", bind=True, ignore_result=True)
+def place_pending_requests(self) -> dict:
+    return sweeps.place_pending_requests(actor=Actor.system("leases.place_pending_requests", self.request.id or ""))
+
+
+@shared_task(name="leases.check_consistency", bind=True, ignore_result=True)
+def check_consistency(self) -> int:
+    report = sweeps.check_consistency(actor=Actor.system("leases.check_consistency", self.request.id or ""))
+    return len(report.drift)

@@ -1,0 +1,113 @@
+"""Many clients racing for one node: never oversubscribed, never two live leases per workload."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+import time_machine
+from django.db import connection
+from django.utils import timezone
+
+from fleet.events import Actor
+from fleet.models import NodeResource
+from leases.models import Lease
+from leases.services import lease_create
+from leases.sweeps import check_consistency, expire_leases
+from tests.factories import PoolFactory, make_schedulable_node
+
+THREADS = 16
+
+
+def run_in_threads(count, target):
+    results, errors = [], []
+    barrier = threading.Barrier(count)
+
+    def worker(index):
+        try:
+            barrier.wait()
+            results.append(target(index))
+        except Exception as exc:  # collected for the assertion message
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results, errors
+
+
+def grant(user, workload_id, cpu="1"):
+    body = {"workload_id": workload_id, "pool": "race", "resources": {"cpu": cpu}}
+    try:
+        lease, status = lease_create(data=body, client=user, actor=Actor.system("test"))
+        return status
+    except Exception as exc:
+        return getattr(exc, "status_code", repr(exc))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_clients_never_oversubscribe_one_node(client_user):
+    node, _ = make_schedulable_node(PoolFactory(name="race"), resources={"cpu": 8000, "memory": 2**34})
+    results, errors = run_in_threads(THREADS, lambda i: grant(client_user, f"job-{i}"))
+    assert not errors
+    assert sorted(results, key=str).count(201) == 8
+    assert results.count(409) == THREADS - 8
+    assert NodeResource.objects.get(node=node, name="cpu").allocated == 8000
+    assert Lease.objects.filter(state="granted").count() == 8
+    assert check_consistency().drift == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_requests_for_one_workload_get_one_live_lease(client_user):
+    node, _ = make_schedulable_node(PoolFactory(name="race"), resources={"cpu": 64000, "memory": 2**34})
+    results, errors = run_in_threads(THREADS, lambda i: grant(client_user, "the-one-job"))
+    assert not errors
+    assert results.count(201) == 1
+    assert results.count(409) == THREADS - 1
+    assert Lease.objects.filter(workload_id="the-one-job").count() == 1
+    assert NodeResource.objects.get(node=node, name="cpu").allocated == 1000
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_retries_with_one_idempotency_key_share_one_lease(client_user):
+    make_schedulable_node(PoolFactory(name="race"), resources={"cpu": 64000, "memory": 2**34})
+    body = {"workload_id": "job-k", "pool": "race", "resources": {"cpu": "1"}}
+
+    def retry(_):
+        lease, status = lease_create(data=body, client=client_user, actor=Actor.system("t"), idempotency_key="k")
+        return str(lease.pk), status
+
+    results, errors = run_in_threads(8, retry)
+    assert not errors, errors
+    assert len({lease_id for lease_id, _ in results}) == 1
+    assert Lease.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_loser_of_the_race_takes_the_next_node(client_user):
+    pool = PoolFactory(name="race")
+    nodes = [make_schedulable_node(pool, resources={"cpu": 2000, "memory": 2**34})[0] for _ in range(4)]
+    results, errors = run_in_threads(8, lambda i: grant(client_user, f"job-{i}"))
+    assert not errors
+    assert results.count(201) == 8
+    for node in nodes:
+        assert NodeResource.objects.get(node=node, name="cpu").allocated == 2000
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_expiry_sweeps_at_once_return_capacity_once(client_user):
+    node, _ = make_schedulable_node(PoolFactory(name="race"), resources={"cpu": 8000, "memory": 2**34})
+    for i in range(6):
+        grant(client_user, f"job-{i}")
+    later = timezone.now() + timedelta(hours=1)
+    with time_machine.travel(later):
+        results, errors = run_in_threads(4, lambda i: expire_leases())
+    assert not errors
+    assert sum(results) == 6
+    assert NodeResource.objects.get(node=node, name="cpu").allocated == 0
+    assert Lease.objects.filter(state="expired").count() == 6

@@ -1,0 +1,98 @@
+"""Queued lease requests wait with their reasons and are placed in priority, then arrival, order."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.cache import cache
+
+from fleet.models import NodeResource
+from leases.models import Lease, LeaseRequest
+from leases.sweeps import place_pending_requests
+from tests.factories import PoolFactory, make_schedulable_node
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    cache.clear()  # the queue kick is deduplicated through the cache
+
+
+@pytest.fixture
+def node():
+    return make_schedulable_node(PoolFactory(name="general"), resources={"cpu": 4000, "memory": 2**34})[0]
+
+
+def ask(api, workload_id, cpu="4", **extra):
+    body = {"workload_id": workload_id, "pool": "general", "resources": {"cpu": cpu}, **extra}
+    return api.post("/api/v1/node-leases", body, format="json")
+
+
+def test_a_queued_request_waits_with_its_reasons(client_api, node):
+    first = ask(client_api, "job-1").json()
+    response = ask(client_api, "job-2", queue=True)
+    assert response.status_code == 202
+    body = response.json()
+    assert body["state"] == "pending"
+    assert body["reasons"] == {"insufficient_cpu": 1}
+    detail = client_api.get(f"/api/v1/lease-requests/{body['lease_request']}")
+    assert detail.status_code == 200
+    assert detail.json()["message"].startswith("0/1 nodes are available: 1 Insufficient cpu")
+    assert detail.json()["pending_seconds"] >= 0
+    assert first["state"] == "granted"
+
+
+def test_a_released_lease_places_the_waiting_request(client_api, node, django_capture_on_commit_callbacks):
+    first = ask(client_api, "job-1").json()
+    waiting = ask(client_api, "job-2", queue=True).json()
+    with django_capture_on_commit_callbacks(execute=True):
+        client_api.post(
+            f"/api/v1/node-leases/{first['id']}/release",
+            {"fencing_token": first["fencing_token"], "node_incarnation": first["node_incarnation"]},
+            format="json",
+        )
+    request = LeaseRequest.objects.get(pk=waiting["id"])
+    assert request.state == "placed"
+    assert request.lease.workload_id == "job-2"
+    assert request.placed_at is not None
+    shown = client_api.get(f"/api/v1/lease-requests/{request.pk}").json()
+    assert shown["lease_id"] == str(request.lease_id)
+    assert NodeResource.objects.get(node=node, name="cpu").allocated == 4000
+
+
+def test_higher_priority_goes_first_then_arrival_order(client_api, node):
+    first = ask(client_api, "job-0").json()
+    low = ask(client_api, "low", cpu="2", queue=True).json()
+    high = ask(client_api, "high", cpu="2", queue=True, priority=10).json()
+    later_high = ask(client_api, "high-later", cpu="2", queue=True, priority=10).json()
+    Lease.objects.filter(pk=first["id"]).update(state="released")
+    NodeResource.objects.filter(node=node, name="cpu").update(allocated=0)
+    assert place_pending_requests() == {"placed": 2, "pending": 1}
+    states = {str(r.pk): r.state for r in LeaseRequest.objects.all()}
+    assert states[high["id"]] == states[later_high["id"]] == "placed"
+    assert str(states[low["id"]]) == "pending"
+
+
+def test_a_pending_request_can_be_cancelled_by_its_client(client_api, node):
+    ask(client_api, "job-1")
+    waiting = ask(client_api, "job-2", queue=True).json()
+    assert client_api.delete(f"/api/v1/lease-requests/{waiting['id']}").json()["state"] == "cancelled"
+    assert client_api.delete(f"/api/v1/lease-requests/{waiting['id']}").status_code == 409
+
+
+def test_queued_retry_with_the_same_key_returns_the_same_request(client_api, node):
+    ask(client_api, "job-1")
+    body = {"workload_id": "job-2", "pool": "general", "resources": {"cpu": "4"}, "queue": True}
+    first = client_api.post("/api/v1/node-leases", body, format="json", HTTP_IDEMPOTENCY_KEY="q1")
+    again = client_api.post("/api/v1/node-leases", body, format="json", HTTP_IDEMPOTENCY_KEY="q1")
+    assert first.status_code == 202
+    assert again.status_code == 200
+    assert again.json()["id"] == first.json()["id"]
+    assert LeaseRequest.objects.count() == 1
+
+
+def test_other_clients_cannot_see_a_lease_request(client_api, operator_api, node):
+    ask(operator_api, "job-1")
+    waiting = ask(operator_api, "job-2", queue=True).json()
+    assert client_api.get(f"/api/v1/lease-requests/{waiting['id']}").status_code == 404
+    assert client_api.delete(f"/api/v1/lease-requests/{waiting['id']}").status_code == 404
