@@ -183,6 +183,19 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # One enum component per state machine, named after it (several models have a "state" field).
+    "ENUM_NAME_OVERRIDES": {
+        "LifecycleEnum": "fleet.choices.Lifecycle",
+        "LivenessEnum": "fleet.choices.Liveness",
+        "HealthEnum": "fleet.choices.Health",
+        "CheckStatusEnum": "fleet.choices.CheckStatus",
+        "BenchmarkStatusEnum": "fleet.choices.BenchmarkStatus",
+        "LeaseStateEnum": "leases.choices.LeaseState",
+        "WorkloadStateEnum": "leases.choices.WorkloadState",
+        "LeaseRequestStateEnum": "leases.choices.LeaseRequestState",
+        "DrainStateEnum": "maintenance.choices.DrainState",
+        "EvictionPolicyEnum": "maintenance.choices.EvictionPolicy",
+    },
 }
 
 CACHES = {"default": env.cache("CACHE_URL", default="locmemcache://")}

@@ -9,7 +9,6 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import connections, router
 from django.utils import timezone
-from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework.response import Response
@@ -24,17 +23,6 @@ from ..choices import Lifecycle
 from ..events import Actor
 from ..models import Node, NodeCredential, NodeMetrics, Pool
 from .heartbeat_serializers import parse_heartbeat, parse_metrics
-
-
-class NodeCredentialScheme(OpenApiAuthenticationExtension):
-    """OpenAPI: ``Authorization: Node npn_<prefix>.<secret>`` (for every node-credential view)."""
-
-    target_class = "fleet.authentication.NodeCredentialAuthentication"
-    name = "nodeCredential"
-
-    def get_security_definition(self, auto_schema):
-        return {"type": "apiKey", "in": "header", "name": "Authorization",
-                "description": "Node credential: `Node npn_<prefix>.<secret>`"}  # fmt: skip
 
 
 class HeartbeatAuthentication(NodeCredentialAuthentication):

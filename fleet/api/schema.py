@@ -1,22 +1,8 @@
-"""OpenAPI (drf-spectacular) descriptions for fleet: the node credential scheme and response shapes."""
+"""OpenAPI (drf-spectacular) response shapes of the fleet endpoints (the node credential scheme is
+registered once, in nodepool/api/schema.py)."""
 
-from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import inline_serializer
 from rest_framework import serializers
-
-
-class NodeCredentialScheme(OpenApiAuthenticationExtension):
-    target_class = "fleet.authentication.NodeCredentialAuthentication"
-    name = "nodeCredential"
-
-    def get_security_definition(self, auto_schema):
-        return {
-            "type": "apiKey",
-            "in": "header",
-            "name": "Authorization",
-            "description": "Node credentials: `Authorization: Node npn_<prefix>.<secret>`.",
-        }
-
 
 EnrollmentResponse = inline_serializer(
     "EnrollmentResponse",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema_serializer
 from rest_framework import serializers
 
 from nodepool.quantity import format_quantity
@@ -94,6 +95,7 @@ def lease_representation(lease: Lease) -> dict:
     }
 
 
+@extend_schema_serializer(component_name="QueuedLeaseRequest")  # "LeaseRequest" is Lease's request body
 class LeaseRequestSerializer(serializers.ModelSerializer):
     pool = serializers.SlugRelatedField(slug_field="name", read_only=True)
     lease_id = serializers.UUIDField(read_only=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema
 from rest_framework import generics, status
 from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
@@ -16,6 +17,7 @@ from nodepool.api.versioning import ETagMixin, check_version, expected_version
 from .. import services
 from ..filtersets import LeaseFilterSet, LeaseRequestFilterSet
 from ..models import ConsistencyReport, Lease, LeaseRequest, Shape
+from . import schema
 from .serializers import ConsistencyReportSerializer, LeaseRequestSerializer, LeaseSerializer, ShapeSerializer
 
 
@@ -52,8 +54,14 @@ class LeaseListCreate(ETagMixin, generics.ListAPIView):
     filterset_class = LeaseFilterSet
 
     def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):  # schema generation has no user
+            return Lease.objects.none()
         return _visible_leases(self.request.user)
 
+    @extend_schema(
+        request=schema.LeaseCreateRequest,
+        responses={201: LeaseSerializer, 200: LeaseSerializer, 202: LeaseRequestSerializer},
+    )
     def post(self, request):
         result, code = services.lease_create(
             data=request.data,
@@ -77,6 +85,8 @@ class LeaseDetail(ETagMixin, generics.RetrieveAPIView):
     serializer_class = LeaseSerializer
 
     def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return Lease.objects.none()
         return _visible_leases(self.request.user)
 
 
@@ -85,6 +95,7 @@ class LeaseRenew(ETagMixin, APIView):
 
     permission_classes = [IsClientOrOperator]
 
+    @extend_schema(request=schema.LeaseRenewRequest, responses=LeaseSerializer)
     def post(self, request, pk):
         lease = services.lease_renew(
             lease_id=pk, data=request.data, user=request.user, actor=Actor.from_request(request)
@@ -97,6 +108,7 @@ class LeaseRelease(ETagMixin, APIView):
 
     permission_classes = [IsClientOrOperator]
 
+    @extend_schema(request=schema.LeaseReleaseRequest, responses=LeaseSerializer)
     def post(self, request, pk):
         lease = services.lease_release(
             lease_id=pk, data=request.data, user=request.user, actor=Actor.from_request(request)
@@ -110,6 +122,7 @@ class LeaseCheckpoint(ETagMixin, APIView):
 
     permission_classes = [IsOperator]
 
+    @extend_schema(request=schema.ExpectedVersionRequest, responses=LeaseSerializer)
     def post(self, request, pk):
         lease = Lease.objects.filter(pk=pk).first()
         if lease is None:
@@ -126,6 +139,7 @@ class LeaseEvents(ETagMixin, APIView):
     permission_classes = [IsNode]
     throttle_classes: list = []  # nodes are anonymous users; the anon rate is meant for strangers
 
+    @extend_schema(request=schema.LeaseEventRequest, responses=LeaseSerializer)
     def post(self, request, lease_id):
         node = node_from_request(request)
         lease = services.lease_report_event(
@@ -140,6 +154,7 @@ class FencingValidate(APIView):
     permission_classes = [IsClientOperatorOrNode]
     throttle_classes: list = []
 
+    @extend_schema(request=schema.FencingValidateRequest, responses=schema.FencingValidateResponse)
     def post(self, request):
         return Response(services.fencing_validate(data=request.data))
 
@@ -150,6 +165,8 @@ class LeaseRequestList(generics.ListAPIView):
     filterset_class = LeaseRequestFilterSet
 
     def get_queryset(self):
+        if getattr(self, "swagger_fake_view", False):
+            return LeaseRequest.objects.none()
         queryset = LeaseRequest.objects.select_related("pool")
         return queryset if is_operator(self.request.user) else queryset.filter(client=self.request.user)
 
@@ -157,6 +174,7 @@ class LeaseRequestList(generics.ListAPIView):
 class LeaseRequestDetail(ETagMixin, LeaseRequestList, generics.RetrieveAPIView):
     """``GET /lease-requests/{id}`` (current reasons, pending time); ``DELETE`` cancels a pending one."""
 
+    @extend_schema(operation_id="v1_lease_requests_retrieve")
     def get(self, request, *args, **kwargs):
         return generics.RetrieveAPIView.get(self, request, *args, **kwargs)
 
@@ -184,6 +202,7 @@ class ShapeListCreate(generics.ListAPIView):
     filterset_fields = ["name", "version"]
     queryset = Shape.objects.all()
 
+    @extend_schema(request=schema.ShapeCreateRequest, responses={201: ShapeSerializer})
     def post(self, request):
         data = request.data if isinstance(request.data, dict) else {}
         shape = services.shape_create(

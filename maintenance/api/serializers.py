@@ -16,7 +16,7 @@ from ..selectors import active_drain, allowed_actions
 REASON_MAX = 2000
 
 
-class ReasonSerializer(serializers.Serializer):
+class ActionReasonSerializer(serializers.Serializer):
     """Every operator action says why (recorded with who and when in the node's events)."""
 
     reason = serializers.CharField(max_length=REASON_MAX, trim_whitespace=True)
@@ -42,25 +42,25 @@ class DeadlineMixin(serializers.Serializer):
         return attrs
 
 
-class DrainRequestSerializer(DeadlineMixin, ReasonSerializer):
+class DrainRequestSerializer(DeadlineMixin, ActionReasonSerializer):
     policy = serializers.ChoiceField(choices=EvictionPolicy.choices, default=EvictionPolicy.WAIT)
 
 
-class DeadlineChangeSerializer(DeadlineMixin, ReasonSerializer):
+class DeadlineChangeSerializer(DeadlineMixin, ActionReasonSerializer):
     pass
 
 
-class QuarantineRequestSerializer(ReasonSerializer):
+class QuarantineRequestSerializer(ActionReasonSerializer):
     evidence = serializers.DictField(required=False, default=dict, help_text="what was observed (JSON object)")
 
 
-class ReleaseRequestSerializer(ReasonSerializer):
+class ReleaseRequestSerializer(ActionReasonSerializer):
     issue_credential = serializers.BooleanField(
         default=False, help_text="issue a new node credential now (returned once) instead of re-enrollment"
     )
 
 
-class RetireRequestSerializer(ReasonSerializer):
+class RetireRequestSerializer(ActionReasonSerializer):
     force = serializers.BooleanField(default=False, help_text="revoke live leases instead of refusing")
 
 

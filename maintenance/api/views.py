@@ -40,7 +40,7 @@ class NodeActionView(ETagMixin, APIView):
 
     permission_classes = [IsAuthenticated, HasModelPermission]
     required_permission = "fleet.operate_node"
-    request_serializer = s.ReasonSerializer
+    request_serializer = s.ActionReasonSerializer
 
     def validated(self, request) -> dict:
         serializer = self.request_serializer(data=request.data)
@@ -59,19 +59,19 @@ class NodeActionView(ETagMixin, APIView):
         raise NotImplementedError
 
 
-@extend_schema(request=s.ReasonSerializer, responses=s.NodeStateSerializer)
+@extend_schema(request=s.ActionReasonSerializer, responses=s.NodeStateSerializer)
 class CordonView(NodeActionView):
     def act(self, **kwargs):
         return services.cordon_node(**kwargs)
 
 
-@extend_schema(request=s.ReasonSerializer, responses=s.NodeStateSerializer)
+@extend_schema(request=s.ActionReasonSerializer, responses=s.NodeStateSerializer)
 class UncordonView(NodeActionView):
     def act(self, **kwargs):
         return services.uncordon_node(**kwargs)
 
 
-@extend_schema(request=s.ReasonSerializer, responses=s.NodeStateSerializer)
+@extend_schema(request=s.ActionReasonSerializer, responses=s.NodeStateSerializer)
 class ReturnToServiceView(NodeActionView):
     def act(self, **kwargs):
         return services.return_node_to_service(**kwargs)
@@ -170,12 +170,12 @@ class DrainActionView(ETagMixin, APIView):
     required_permission = "fleet.operate_node"
 
 
-@extend_schema(request=s.ReasonSerializer, responses=s.DrainSerializer)
+@extend_schema(request=s.ActionReasonSerializer, responses=s.DrainSerializer)
 class DrainCancelView(DrainActionView):
     """``POST /drains/{id}/cancel`` with the drain's version: node back to cordoned (not ready)."""
 
     def post(self, request, pk):
-        serializer = s.ReasonSerializer(data=request.data)
+        serializer = s.ActionReasonSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         version = expected_version(request)
         drain = drains.cancel_drain(
