@@ -49,7 +49,7 @@ from .budgets import ration, statuses_for_groups
 from .choices import DrainState, EvictionKind, EvictionPolicy
 from .models import Drain, Eviction
 from .progress import PROGRESS_LIST_LIMIT, build_progress, live_leases, unconfirmed_leases, validate_deadline
-from .services import apply_transition, lock_node, save_transition
+from .services import apply_transition, lock_node, record_transition, save_transition
 
 logger = logging.getLogger(__name__)
 
@@ -102,15 +102,7 @@ def start_drain(
             leases_remaining=leases,
         )
         data = {"action": "drain", "drain_id": str(drain.pk), "policy": policy, "deadline": deadline.isoformat()}
-        record_event(
-            node,
-            NodeEventType.LIFECYCLE,
-            actor,
-            from_state=from_state,
-            to_state=node.lifecycle,
-            reason=reason,
-            data=data,
-        )
+        record_transition(node, actor, from_state=from_state, reason=reason, data=data)
         record_event(
             node, NodeEventType.DRAIN, actor, to_state=DrainState.ACTIVE, reason=reason, data={**data, "leases": leases}
         )
@@ -336,15 +328,7 @@ def _park_node(node: Node, *, actor: Actor, now, reason: str) -> None:
         return
     from_state = apply_transition(node, "complete_drain", action="complete-drain", reason=reason, now=now)
     save_transition(node)
-    record_event(
-        node,
-        NodeEventType.LIFECYCLE,
-        actor,
-        from_state=from_state,
-        to_state=node.lifecycle,
-        reason=reason,
-        data={"action": "complete-drain"},
-    )
+    record_transition(node, actor, from_state=from_state, reason=reason, data={"action": "complete-drain"})
 
 
 def cancel_drain(*, drain_id, expected_version: int, reason: str, actor: Actor, now=None) -> Drain:
@@ -373,15 +357,7 @@ def cancel_drain(*, drain_id, expected_version: int, reason: str, actor: Actor, 
         # Withdrawn requests no longer count against disruption budgets.
         requested.update(withdrawn_at=now)
         data = {"action": "cancel-drain", "drain_id": str(drain.pk), "checkpoints_withdrawn": withdrawn}
-        record_event(
-            node,
-            NodeEventType.LIFECYCLE,
-            actor,
-            from_state=from_state,
-            to_state=node.lifecycle,
-            reason=reason,
-            data=data,
-        )
+        record_transition(node, actor, from_state=from_state, reason=reason, data=data)
         record_event(
             node,
             NodeEventType.DRAIN,

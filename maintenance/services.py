@@ -100,6 +100,13 @@ def save_transition(node: Node, *extra_fields: str) -> None:
     node.save(update_fields=[*LIFECYCLE_FIELDS, *extra_fields])
 
 
+def record_transition(node: Node, actor: Actor, *, from_state: str, reason: str, data: dict):
+    """Append (and return) the ``lifecycle`` event of a transition just saved (same transaction)."""
+    return record_event(
+        node, NodeEventType.LIFECYCLE, actor, from_state=from_state, to_state=node.lifecycle, reason=reason, data=data
+    )
+
+
 def _check_expected(node: Node, expected_version: int | None) -> None:
     if expected_version is not None:
         check_version(node.version, expected_version)
@@ -114,15 +121,7 @@ def _simple_action(
         _check_expected(node, expected_version)
         from_state = apply_transition(node, transition, action=action, reason=reason, now=now)
         save_transition(node)
-        record_event(
-            node,
-            NodeEventType.LIFECYCLE,
-            actor,
-            from_state=from_state,
-            to_state=node.lifecycle,
-            reason=reason,
-            data={"action": action},
-        )
+        record_transition(node, actor, from_state=from_state, reason=reason, data={"action": action})
     return node
 
 
@@ -248,15 +247,7 @@ def quarantine_node(
             leases_revoked=len(revoked),
         )
         data = {"action": "quarantine", "rule": rule, "quarantine_id": quarantine.pk}
-        record_event(
-            node,
-            NodeEventType.LIFECYCLE,
-            actor,
-            from_state=from_state,
-            to_state=node.lifecycle,
-            reason=reason,
-            data=data,
-        )
+        record_transition(node, actor, from_state=from_state, reason=reason, data=data)
         record_event(
             node,
             NodeEventType.QUARANTINE,
@@ -297,12 +288,10 @@ def release_node(
             released_by_name=actor.name[:150],
             release_reason=reason,
         )
-        record_event(
+        record_transition(
             node,
-            NodeEventType.LIFECYCLE,
             actor,
             from_state=from_state,
-            to_state=node.lifecycle,
             reason=reason,
             data={"action": "release", "credential_issued": issue_credential},
         )
@@ -355,14 +344,8 @@ def return_node_to_service(*, node_id, expected_version: int, reason: str, actor
         _check_expected(node, expected_version)
         from_state = apply_transition(node, "return_to_service", action="return-to-service", reason=reason, now=now)
         save_transition(node)
-        event = record_event(
-            node,
-            NodeEventType.LIFECYCLE,
-            actor,
-            from_state=from_state,
-            to_state=node.lifecycle,
-            reason=reason,
-            data={"action": "return-to-service"},
+        event = record_transition(
+            node, actor, from_state=from_state, reason=reason, data={"action": "return-to-service"}
         )
         queued = queue_admission(node=node, actor=actor)
         event.data["admission_queued"] = queued
@@ -395,14 +378,8 @@ def retire_node(*, node_id, expected_version: int, reason: str, actor: Actor, fo
         save_transition(node)
         revoked = revoke_live_leases(node, actor=actor, reason=f"node retired: {reason}", now=now) if live else []
         abort_active_drain(node, actor=actor, reason="node retired", now=now)
-        record_event(
-            node,
-            NodeEventType.LIFECYCLE,
-            actor,
-            from_state=from_state,
-            to_state=node.lifecycle,
-            reason=reason,
-            data={"action": "retire", "leases_revoked": len(revoked)},
+        record_transition(
+            node, actor, from_state=from_state, reason=reason, data={"action": "retire", "leases_revoked": len(revoked)}
         )
     return node
 
