@@ -23,9 +23,10 @@ from django.db.models import BigIntegerField, Case, F, Max, Value, When
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from fleet.choices import Lifecycle, NodeEventType
+from fleet.choices import Lifecycle, Liveness, NodeEventType
 from fleet.events import Actor, record_event
-from fleet.models import NodeResource, Pool
+from fleet.models import Node, NodeResource, Pool
+from fleet.selectors import SCHEDULABLE_HEALTH
 from nodepool.api.permissions import is_operator
 from nodepool.api.problems import Conflict, NotFound, Problem, Unprocessable
 
@@ -85,6 +86,28 @@ def _next_fencing_token(workload_id: str) -> int:
         return cursor.fetchone()[0]
 
 
+def _hold_schedulable_node(node_id) -> bool:
+    """Re-check, inside the grant's transaction, that the node may still take work, and hold it.
+
+    The candidate was read before this transaction; a cordon, drain or quarantine may have
+    committed since. On PostgreSQL ``FOR SHARE`` also blocks one that has not committed yet until
+    this grant commits, so a quarantine's revocation always sees the new lease (the operator
+    actions lock the node ``FOR UPDATE``); grants on the same node still share the lock. SQLite
+    runs one write transaction at a time, so the plain read is enough there.
+    """
+    table = connection.ops.quote_name(Node._meta.db_table)
+    lock = " FOR SHARE" if connection.vendor == "postgresql" else ""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT lifecycle, liveness, ready, health FROM {table} WHERE id = %s{lock}",  # noqa: S608 (model table name)
+            [Node._meta.pk.get_db_prep_value(node_id, connection)],
+        )
+        row = cursor.fetchone()
+    return bool(
+        row and row[0] == Lifecycle.READY and row[1] == Liveness.ALIVE and row[2] and row[3] in SCHEDULABLE_HEALTH
+    )
+
+
 def _reserve(
     *,
     pool: Pool,
@@ -120,6 +143,8 @@ def _reserve(
         "reasons": _why(pool, spec, candidate),
     }
     with transaction.atomic():
+        if not _hold_schedulable_node(node.pk):
+            raise _LostRace("node")
         token = _next_fencing_token(spec.workload_id)
         # The lease row first: the partial unique index refuses a second live lease of the workload
         # (IntegrityError, answered as 409 by lease_create) before any capacity is touched.

@@ -11,7 +11,7 @@ from django.db import connection
 from django.utils import timezone
 
 from fleet.events import Actor
-from fleet.models import NodeResource
+from fleet.models import Node, NodeResource
 from leases.models import Lease
 from leases.services import lease_create
 from leases.sweeps import check_consistency, expire_leases
@@ -111,3 +111,50 @@ def test_two_expiry_sweeps_at_once_return_capacity_once(client_user):
     assert sum(results) == 6
     assert NodeResource.objects.get(node=node, name="cpu").allocated == 0
     assert Lease.objects.filter(state="expired").count() == 6
+
+
+@pytest.mark.django_db
+def test_a_node_cordoned_after_it_was_chosen_gets_no_lease(client_user, monkeypatch):
+    from fleet.choices import Lifecycle
+    from leases import placement
+    from tests.factories import set_lifecycle
+
+    pool = PoolFactory(name="race")
+    chosen, _ = make_schedulable_node(pool, resources={"cpu": 8000, "memory": 2**34})
+    other, _ = make_schedulable_node(pool, resources={"cpu": 1000, "memory": 2**34})
+    find = placement.find_candidates
+
+    def find_then_cordon(*args, **kwargs):
+        candidates, examined = find(*args, **kwargs)
+        # An operator cordons the best candidate between the read and the reservation.
+        set_lifecycle(chosen, Lifecycle.CORDONED)
+        return sorted(candidates, key=lambda c: c.node.pk != chosen.pk), examined
+
+    monkeypatch.setattr(placement, "find_candidates", find_then_cordon)
+    assert grant(client_user, "job-late-cordon") == 201
+    lease = Lease.objects.get(workload_id="job-late-cordon")
+    assert lease.node_id == other.pk
+    assert NodeResource.objects.get(node=chosen, name="cpu").allocated == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_grant_racing_a_quarantine_never_leaves_a_live_lease_on_the_quarantined_node(client_user, operator):
+    from fleet.choices import Lifecycle
+    from leases.choices import LIVE_LEASE_STATES
+    from maintenance.services import quarantine_node
+
+    node, _ = make_schedulable_node(PoolFactory(name="race"), resources={"cpu": 64000, "memory": 2**36})
+    version = node.version
+
+    def act(index):
+        if index == 0:
+            return quarantine_node(
+                node_id=node.pk, expected_version=version, reason="incident", evidence={}, actor=Actor.system("test")
+            )
+        return grant(client_user, f"job-q-{index}")
+
+    results, errors = run_in_threads(8, act)
+    assert not errors, errors
+    assert Node.objects.get(pk=node.pk).lifecycle == Lifecycle.QUARANTINED
+    assert not Lease.objects.filter(node=node, state__in=LIVE_LEASE_STATES).exists()
+    assert NodeResource.objects.get(node=node, name="cpu").allocated == 0
