@@ -10,5 +10,7 @@ BEAT_SCHEDULE = {
         "schedule": 15.0,
         "options": {"expires": 14.0},
     },
+    # NoExecute taints added while leases run (tolerationSeconds counts from the taint or the grant).
+    "leases.evict_noexecute": {"task": "leases.evict_noexecute", "schedule": 10.0, "options": {"expires": 9.0}},
     "leases.check_consistency": {"task": "leases.check_consistency", "schedule": 300.0, "options": {"expires": 290.0}},
 }

@@ -77,6 +77,9 @@ class Toleration:
     operator: str = "Equal"
     value: str = ""
     effect: str = ""
+    # Kubernetes' tolerationSeconds: how long a lease may stay once a matching NoExecute taint
+    # appears (None: for ever). Ignored for other effects.
+    toleration_seconds: int | None = None
 
     def tolerates(self, taint: dict) -> bool:
         """Kubernetes' ``Toleration.ToleratesTaint``: empty effect matches all effects, empty key
@@ -204,7 +207,10 @@ def _tolerations(value: Any) -> tuple[Toleration, ...]:
             raise bad(f"{name}.operator", "an empty key needs operator Exists", "invalid_toleration")
         if effect and effect not in TAINT_EFFECTS:
             raise bad(f"{name}.effect", f"must be one of {', '.join(TAINT_EFFECTS)}", "invalid_toleration")
-        out.append(Toleration(key, operator, val, effect))
+        seconds = item.get("toleration_seconds")
+        if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int) or seconds < 0):
+            raise bad(f"{name}.toleration_seconds", "must be a non-negative integer (seconds)", "invalid_toleration")
+        out.append(Toleration(key, operator, val, effect, seconds))
     return tuple(out)
 
 

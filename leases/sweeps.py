@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import defaultdict
+from datetime import timedelta
 
 from django.db import transaction
 from django.db.models import F, Q
@@ -163,3 +164,65 @@ def check_consistency(*, repair: bool = False, actor: Actor | None = None) -> Co
         drift=drift,
         repaired=repair and bool(drift),
     )
+
+
+def _taint_added_at(taint: dict):
+    """The taint's ``time_added`` / ``timeAdded`` (RFC 3339) as a datetime, or None."""
+    from django.utils.dateparse import parse_datetime
+
+    raw = taint.get("time_added") or taint.get("timeAdded")
+    try:
+        return parse_datetime(raw) if isinstance(raw, str) else None
+    except ValueError:
+        return None
+
+
+def noexecute_deadline(lease: Lease, taints: list[dict]):
+    """When ``lease`` must end because of its node's ``NoExecute`` taints, or None if never.
+
+    Kubernetes' taint manager (pkg/controller/tainteviction): a NoExecute taint the workload does
+    not tolerate evicts it at once; one tolerated with ``tolerationSeconds`` evicts it that many
+    seconds after the taint was added (or the lease granted, whichever is later); one tolerated
+    without a limit never does. With several taints the earliest deadline wins.
+    """
+    tolerations = parse_spec(lease.spec).tolerations if lease.spec else ()
+    deadline = None
+    for taint in taints:
+        if taint.get("effect") != "NoExecute":
+            continue
+        matching = [t for t in tolerations if t.tolerates(taint)]
+        if not matching:
+            return lease.granted_at
+        if any(t.toleration_seconds is None for t in matching):
+            continue
+        since = max(filter(None, [lease.granted_at, _taint_added_at(taint)]))
+        until = since + timedelta(seconds=min(t.toleration_seconds for t in matching))
+        deadline = until if deadline is None else min(deadline, until)
+    return deadline
+
+
+def evict_noexecute(*, now=None, actor: Actor | None = None) -> int:
+    """Revoke live leases that their node's ``NoExecute`` taints no longer let run. Returns how many.
+
+    Placement already keeps new leases off such nodes; this is the other half of the effect, for
+    taints added while leases run. Safe to run twice at once: each revocation is a compare-and-swap
+    (:func:`leases.services.end_lease`).
+    """
+    from .services import end_lease
+
+    now = now or timezone.now()
+    actor = actor or Actor.system("leases.evict_noexecute")
+    # A text match narrows the scan to nodes (or pools) that carry a NoExecute taint at all.
+    tainted = Q(node__taints__icontains="NoExecute") | Q(pool__taints__icontains="NoExecute")
+    evicted = 0
+    leases = Lease.objects.filter(tainted, state__in=LIVE_LEASE_STATES).select_related("node", "pool")
+    for lease in leases.iterator(chunk_size=500):
+        try:
+            deadline = noexecute_deadline(lease, placement.node_taints(lease.node, lease.pool))
+        except Problem:  # a spec stored before today's validation: judge it without tolerations
+            deadline = lease.granted_at
+        if deadline is not None and deadline <= now:
+            reason = "evicted: the node has a NoExecute taint this lease does not tolerate (any longer)"
+            if end_lease(lease.pk, to_state=LeaseState.REVOKED, actor=actor, reason=reason, now=now) is not None:
+                evicted += 1
+    return evicted

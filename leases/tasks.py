@@ -23,3 +23,8 @@ def place_pending_requests(self) -> dict:
 def check_consistency(self) -> int:
     report = sweeps.check_consistency(actor=Actor.system("leases.check_consistency", self.request.id or ""))
     return len(report.drift)
+
+
+@shared_task(name="leases.evict_noexecute", bind=True, ignore_result=True)
+def evict_noexecute(self) -> int:
+    return sweeps.evict_noexecute(actor=Actor.system("leases.evict_noexecute", self.request.id or ""))
