@@ -365,7 +365,6 @@ class NodeCredential(models.Model):
     expires_at = models.DateTimeField()
     rotated_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
-    last_used_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-issued_at"]

@@ -119,7 +119,6 @@ class NodeSerializer(serializers.ModelSerializer):
                 "expires_at": c.expires_at,
                 "rotated_at": c.rotated_at,
                 "revoked_at": c.revoked_at,
-                "last_used_at": c.last_used_at,
             }
             for c in _loaded(node, "recent_credentials", "credentials", RECENT_CREDENTIALS)
         ]
