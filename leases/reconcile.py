@@ -50,9 +50,11 @@ def reconcile_heartbeat(
     Rules: a reported lease that is unknown, on another node, terminal, or carries a token that is
     not the lease's (stale, superseded) → stop. A reported live lease is seen (its miss counter is
     reset; after a restart the lease is adopted by the new incarnation). A live lease the node did
-    not report: after a restart, lost at once (the new process does not run it); otherwise lost
-    after :func:`missed_reports_limit` heartbeats in a row (a lease granted within the last
-    heartbeat interval is not counted yet: the agent may not have started it). Leases with
+    not report: after a restart, lost at once (the new process does not run it); otherwise, if it
+    has a ``command`` (something the node runs), lost after :func:`missed_reports_limit` heartbeats
+    in a row (a lease granted within the last heartbeat interval is not counted yet: the agent may
+    not have started it). A lease without a command is placement only: the agent does not list it,
+    so it is never counted missing; its TTL, release and the node's liveness end it. Leases with
     ``checkpoint_requested_at`` set come back in ``checkpoint``. A node that keeps listing a lease
     that has ended is still reporting it (``last_reported_at``): a drain waits until it stops.
 
@@ -103,7 +105,10 @@ def reconcile_heartbeat(
             continue
         if restarted and row["node_incarnation"] < incarnation:
             lost_ids.append(pk)
-        elif row["granted_at"] <= grace:
+        elif row["command"] and row["granted_at"] <= grace:
+            # Only leases the node runs are expected back: the agent lists what it runs, and a lease
+            # without a command is placement only (docs/api-contract.md). Counting those would declare
+            # every placement-only lease lost after three heartbeats while its workload still runs.
             counted.append(pk)
             if row["missed_reports"] + 1 >= limit:
                 lost_ids.append(pk)

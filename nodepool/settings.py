@@ -69,6 +69,7 @@ INSTALLED_APPS = [
     "rest_framework.authtoken",
     "django_filters",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI served from our static files, not a CDN
     "django_celery_beat",
     "nodepool.apps.NodepoolConfig",
     "fleet",
@@ -196,6 +197,10 @@ SPECTACULAR_SETTINGS = {
         "DrainStateEnum": "maintenance.choices.DrainState",
         "EvictionPolicyEnum": "maintenance.choices.EvictionPolicy",
     },
+    # /api/docs/ must work on a control plane without internet access (and not follow "@latest").
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 CACHES = {"default": env.cache("CACHE_URL", default="locmemcache://")}

@@ -37,7 +37,9 @@ def node(pool):
 
 
 def grant(client_user, workload_id="job-1", cpu="1", **extra):
-    body = {"workload_id": workload_id, "pool": "general", "resources": {"cpu": cpu}, **extra}
+    # A command by default: the node runs the lease, so it is expected in the node's reports.
+    body = {"workload_id": workload_id, "pool": "general", "resources": {"cpu": cpu}, "command": ["sleep", "30"]}
+    body.update(extra)
     lease, _ = lease_create(data=body, client=client_user, actor=ACTOR)
     return lease
 
@@ -78,6 +80,18 @@ def test_a_lease_not_reported_for_three_heartbeats_is_lost(client_user, node):
         heartbeat(node, [])
     assert Lease.objects.get(pk=lease.pk).state == "lost"
     assert NodeResource.objects.get(node=node, name="cpu").allocated == 0
+
+
+def test_a_placement_only_lease_the_node_does_not_list_is_never_lost(client_user, node):
+    # The agent lists only the leases it runs; a lease without a command is placement only.
+    lease = grant(client_user, command=[])
+    with time_machine.travel(timezone.now() + timedelta(seconds=30)):
+        for _ in range(10):
+            heartbeat(node, [])
+    stored = Lease.objects.get(pk=lease.pk)
+    assert stored.state == "granted"
+    assert stored.missed_reports == 0
+    assert NodeResource.objects.get(node=node, name="cpu").allocated == 1000
 
 
 def test_a_reported_lease_resets_its_miss_count(client_user, node):
