@@ -12,7 +12,7 @@ from __future__ import annotations
 import honcho.manager
 from honcho.command import main
 
-GRACE_SECONDS = 20
+GRACE_SECONDS = 30
 
 if __name__ == "__main__":
     honcho.manager.KILL_WAIT = GRACE_SECONDS

@@ -75,7 +75,7 @@ def test_make_run_serves_docs_and_admin_and_stops_every_process(tmp_path, sig):
         assert set(pids) == {"web", "worker", "beat"}
 
         os.killpg(make.pid, sig)  # what a terminal does on Ctrl-C; a supervisor's stop for SIGTERM
-        make.wait(timeout=45)
+        make.wait(timeout=60)
 
         for name, pid in pids.items():
             wait_for(lambda pid=pid: not group_alive(pid), 5, f"{name} (pid {pid}) to exit", log)
