@@ -69,8 +69,11 @@ class Supervisor:
         if proc is None:
             return None
         if proc.poll() is None:
+            # SIGTERM to the main process only: gunicorn's master, Celery's main process and the
+            # agent each stop their own children (a Celery worker whose pool processes are
+            # signalled directly can hang in its warm shutdown). The group is killed after.
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
+                os.kill(proc.pid, signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(grace)
         # Whatever is left of the group (a pool child that outlived its parent) is killed.

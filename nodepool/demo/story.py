@@ -48,7 +48,7 @@ class Story:
         self.timeout = timeout
         self.say = say
         self.results: list[StepResult] = []
-        self.used: set[str] = set(bad.values())  # simulated nodes a step already disturbed
+        self.busy: set[str] = set()  # nodes holding a lease of the story: each fault gets its own node
         self._ids = itertools.count(1)
         self.run_tag = time.strftime("%H%M%S")
 
@@ -94,7 +94,9 @@ class Story:
             "workload_id": workload_id, "pool": pool, "resources": resources or SMALL,
             "ttl_seconds": 3600, "command": SLEEP_FOREVER, **extra,
         }  # fmt: skip
-        return self.api.post("/node-leases", body)
+        lease = self.api.post("/node-leases", body)
+        self.busy.add(lease["node_id"])
+        return lease
 
     def wait_lease(self, lease_id: str, states: set[str], what: str) -> dict:
         return poll(lambda: self.api.lease(lease_id), lambda le: le["state"] in states, timeout=self.timeout, what=what)
@@ -109,15 +111,12 @@ class Story:
         raise AssertionError(f"node {node_id} is not a simulated node")
 
     def running_lease_on_sim_node(self, label: str) -> tuple[dict, str]:
-        """A lease (with a command) on a simulated general node no step has disturbed, active."""
-        exclude = [self.api.get("/nodes", hostname=self.this_machine)]  # never this machine
-        avoid = [n["id"] for page in exclude for n in page.get("results", [])]
-        avoid += [self.fleet.sim.nodes[name].node_id for name in self.used if self.fleet.sim.nodes[name].node_id]
-        term = {"key": "nodepool.dev/node-id", "operator": "NotIn", "values": avoid}
-        affinity = {"required": [term]} if avoid else {}
+        """A lease (with a command) on a simulated general node holding no other lease of the story,
+        once the node reports it running. Returns the lease and the node's simulator name."""
+        term = {"key": "nodepool.dev/node-id", "operator": "NotIn", "values": sorted(self.busy)}
+        affinity = {"required": [term]} if self.busy else {}
         lease = self.lease(self.workload(label), node_selector={"simulated": "true"}, affinity=affinity)
         name = self.sim_name(lease["node_id"])
-        self.used.add(name)
         lease = self.wait_lease(lease["id"], {"active"}, f"the simulated node {name} to report its lease running")
         return lease, name
 
