@@ -113,6 +113,9 @@ class Demo:
             progress=self.progress,
             concurrency=8,
             max_backoff=10.0,
+            # Requests in flight at once: the rest wait in the simulator, not in gunicorn's queue
+            # where their 10 s timeout would run out on a loaded machine.
+            max_connections=24,
         )
         fleet = FleetThread(sim).open()
         fleet.sim = sim
