@@ -93,10 +93,15 @@ class Demo:
         self.say(f"var dir: {self.var_dir}")
         self.supervisor.start("web", processes.web_command(self.port, self.web_workers))
         self.supervisor.start("worker", processes.worker_command(2))
-        self.supervisor.start("beat", processes.beat_command(self.var_dir))
-        up = processes.wait_until(lambda: api.ready() or self.supervisor.dead(), timeout=90)
+        # Beat starts once the worker is ready: on a fresh embedded broker, kombu's SQLAlchemy
+        # transport creates the queue row with a check-then-insert, and a beat racing the worker
+        # there can lose with "UNIQUE constraint failed: kombu_queue.name" and stop sending.
+        worker_ready = lambda: " ready." in self.supervisor.tail("worker", 200)  # noqa: E731
+        up = processes.wait_until(lambda: (api.ready() and worker_ready()) or self.supervisor.dead(), timeout=120)
+        if up and not self.supervisor.dead():
+            self.supervisor.start("beat", processes.beat_command(self.var_dir))
         if not up or self.supervisor.dead():
-            for name in self.supervisor.dead() or ["web"]:
+            for name in self.supervisor.dead() or ["web", "worker"]:
                 self.say(f"{name} did not start:\n{self.supervisor.tail(name)}")
             raise SystemExit("the control plane did not start")
         self.say(f"web {self.base_url}, worker and beat started (logs in {self.supervisor.log_dir})")
