@@ -62,6 +62,7 @@ class FleetSimulator:
         self.nodes: dict[str, VirtualNode] = {}
         self.client: httpx.AsyncClient | None = None
         self._loops: dict[str, asyncio.Task] = {}
+        self._gate: asyncio.Semaphore | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
     def _client(self) -> httpx.AsyncClient:
@@ -75,12 +76,20 @@ class FleetSimulator:
             )
         return self.client
 
+    def gate(self) -> asyncio.Semaphore:
+        """Requests in flight at once, fewer than the pool's connections (see ``VirtualNode._post``)."""
+        if self._gate is None:
+            self._gate = asyncio.Semaphore(max(1, self.max_connections - 4))
+        return self._gate
+
     def add_nodes(self, count: int) -> list[VirtualNode]:
         """Create ``count`` more virtual nodes (not enrolled yet) from the seed."""
         specs = generate(count, seed=self.seed, pools=self.pools, zones=self.zones, start=len(self.nodes))
         added = []
         for spec in specs:
-            node = VirtualNode(spec, rng=random.Random(f"{self.seed}:{spec.name}"), max_backoff=self.max_backoff)
+            node = VirtualNode(
+                spec, rng=random.Random(f"{self.seed}:{spec.name}"), max_backoff=self.max_backoff, gate=self.gate()
+            )
             self.nodes[spec.name] = node
             added.append(node)
         return added

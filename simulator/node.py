@@ -15,6 +15,7 @@ reads them at each beat:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -60,8 +61,16 @@ class Unavailable(Exception):
 class VirtualNode:
     """A simulated machine. ``spec`` is what it declares; the rest is its session and faults."""
 
-    def __init__(self, spec: NodeSpec, *, rng: random.Random | None = None, max_backoff: float = 60.0):
+    def __init__(
+        self,
+        spec: NodeSpec,
+        *,
+        rng: random.Random | None = None,
+        max_backoff: float = 60.0,
+        gate: asyncio.Semaphore | None = None,
+    ):
         self.spec = spec
+        self.gate = gate  # shared by the fleet: requests in flight at once
         self.name = spec.name
         self.rng = rng or random.Random(spec.name)
         self.node_id = ""
@@ -99,7 +108,12 @@ class VirtualNode:
     async def _post(self, client: httpx.AsyncClient, path: str, body: dict, *, auth: bool = True) -> httpx.Response:
         headers = {"Authorization": f"Node {self.credential}"} if auth else {}
         try:
-            response = await client.post(path, json=body, headers=headers)
+            # Wait here, not in httpcore's connection pool: with httpcore 1.0.9, requests that
+            # time out (are cancelled) while queued for a pooled connection can leak the pool's
+            # slots until every request fails (encode/httpcore#1093). The gate is smaller than
+            # the pool, and a non-streaming post has released its connection when it returns.
+            async with self.gate or contextlib.nullcontext():
+                response = await client.post(path, json=body, headers=headers)
         except httpx.HTTPError as exc:
             self.counters["transport_error"] += 1
             raise Unavailable(str(exc)) from exc

@@ -1,0 +1,79 @@
+"""``manage.py demo``: the whole control plane, this machine and a simulated fleet, and a story.
+
+See docs/demo.md. ``--once`` runs the story and exits 0 only if every step passed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import sys
+from pathlib import Path
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
+
+CHILD_FLAG = "NODEPOOL_DEMO_VAR_READY"
+
+
+class Command(BaseCommand):
+    help = "Run the demo: web, worker, beat, this machine's agent, a simulated fleet and a checked story."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--once", action="store_true", help="run the story, print the summary, stop, exit 0/1")
+        parser.add_argument("--nodes", type=int, default=None, help="simulated nodes (default 300, --once 120)")
+        parser.add_argument("--port", type=int, default=None, help="web port (default 8000, --once a free one)")
+        parser.add_argument("--seed", type=int, default=1)
+        parser.add_argument("--var-dir", default=None, help="default var/demo (var/demo-once with --once)")
+        parser.add_argument("--keep", action="store_true", help="do not wipe the var dir first")
+        parser.add_argument("--timeout", type=float, default=120.0, help="longest wait of a step, seconds")
+        parser.add_argument("--web-workers", type=int, default=2)
+        parser.add_argument("--no-agent", action="store_true", help="do not enroll this machine")
+        parser.add_argument("--no-progress", action="store_true")
+
+    def handle(self, *args, **opts):
+        var_dir = Path(opts["var_dir"] or ("var/demo-once" if opts["once"] else "var/demo"))
+        if not var_dir.is_absolute():
+            var_dir = Path(settings.BASE_DIR) / var_dir
+        if os.environ.get(CHILD_FLAG) != str(var_dir):
+            self._reexec(var_dir, keep=opts["keep"])  # does not return
+        from nodepool.demo.runner import Demo
+
+        nodes = opts["nodes"] if opts["nodes"] is not None else (120 if opts["once"] else 300)
+        if nodes < 20:
+            raise CommandError("--nodes must be at least 20 (the story disturbs a handful of them)")
+        call_command("migrate", verbosity=0, interactive=False)
+        demo = Demo(
+            var_dir=var_dir,
+            nodes=nodes,
+            port=opts["port"],
+            once=opts["once"],
+            seed=opts["seed"],
+            timeout=opts["timeout"],
+            web_workers=opts["web_workers"],
+            agent=not opts["no_agent"],
+            progress=not opts["no_progress"],
+            out=self.stdout,
+        )
+        connections.close_all()  # the subprocesses own the database from here on
+        # SIGTERM (from CI or a supervisor) stops the demo as Ctrl-C does.
+        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        ok = demo.run()
+        if opts["once"] and not ok:
+            raise SystemExit(1)
+
+    def _reexec(self, var_dir: Path, *, keep: bool) -> None:
+        """Settings are read at import: run again with NODEPOOL_VAR_DIR set to the demo's own dir."""
+        if not keep and var_dir.exists():
+            shutil.rmtree(var_dir)
+        var_dir.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, NODEPOOL_VAR_DIR=str(var_dir), **{CHILD_FLAG: str(var_dir)})
+        if "DATABASE_URL" in env:
+            self.stderr.write(f"note: DATABASE_URL is set; the demo uses it as it is ({socket.gethostname()})")
+        sys.stdout.flush()
+        argv = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), *sys.argv[1:]]
+        os.execve(sys.executable, argv, env)  # noqa: S606 (our own interpreter and arguments)

@@ -1,0 +1,67 @@
+"""``manage.py demo --once``: the story passes against real processes, and everything is stopped."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from nodepool.demo.client import TimedOut, poll
+from nodepool.demo.processes import Supervisor, port_in_use
+from tests.processes import ROOT, free_port
+
+
+def test_poll_returns_the_first_value_that_passes_the_check():
+    values = iter([1, 2, 3])
+    assert poll(lambda: next(values), lambda v: v >= 2, timeout=5, what="two", interval=0) == 2
+
+
+def test_poll_names_what_it_waited_for_and_the_last_value_seen():
+    with pytest.raises(TimedOut, match=r"waiting for the node to be lost; last seen: \{'liveness': 'alive'\}"):
+        poll(lambda: {"liveness": "alive"}, lambda n: False, timeout=0, what="the node to be lost", interval=0)
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan may wait for a reaper that a container does not have)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_the_supervisor_stops_a_process_and_its_children(tmp_path):
+    supervisor = Supervisor(tmp_path, dict(os.environ))
+    child = tmp_path / "child.pid"
+    proc = supervisor.start("sleeper", ["sh", "-c", f"sleep 60 & echo $! > {child}; wait"])
+    poll(lambda: child.exists() and child.read_text().strip(), bool, timeout=10, what="the child", interval=0.05)
+    assert supervisor.dead() == {}
+    status = supervisor.stop("sleeper", grace=5)
+    assert status is not None and proc.poll() is not None
+    pid = int(child.read_text())
+    poll(lambda: not running(pid), bool, timeout=5, what="the child to be killed with its group", interval=0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    bool(os.environ.get("DATABASE_URL")), reason="the demo runs on the embedded default; once per suite run is enough"
+)
+def test_the_one_shot_demo_passes_every_step_and_stops_every_process(tmp_path):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CELERY_", "DATABASE_", "PYTEST_", "DJANGO_"))}
+    env.pop("SECRET_KEY", None)
+    env.pop("NODEPOOL_VAR_DIR", None)
+    args = [sys.executable, "manage.py", "demo", "--once", "--nodes", "30", "--port", str(port)]
+    args += ["--var-dir", str(tmp_path / "demo"), "--no-progress"]
+    result = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert "9/9 steps passed" in output
+    assert "[FAIL]" not in output
+    stopped = re.search(r"stopped: (.*)", output).group(1)
+    assert set(re.findall(r"(\w+) \(", stopped)) == {"web", "worker", "beat", "agent"}
+    assert "None" not in stopped  # every process ended (killed at worst), none left behind
+    assert not port_in_use(port)
