@@ -20,6 +20,7 @@ from __future__ import annotations
 from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import sqlalchemy as kombu_sqla
 from sqlalchemy import create_engine
+from sqlalchemy.exc import IntegrityError
 
 # Transport options that configure kombu itself and must not reach create_engine().
 KOMBU_OPTIONS = frozenset(
@@ -43,6 +44,19 @@ class Channel(kombu_sqla.Channel):
         conninfo = self.connection.client
         engine_options = {k: v for k, v in conninfo.transport_options.items() if k not in KOMBU_OPTIONS}
         return create_engine(conninfo.hostname, **engine_options)
+
+    def _get_or_create(self, queue):
+        """kombu's get-or-create of the queue row, safe across processes.
+
+        kombu guards the insert with a thread lock only, so two processes starting together on a
+        fresh broker file (``make run`` starts the worker and beat at once) can both insert and
+        one dies on ``UNIQUE constraint failed: kombu_queue.name``. The loser reads the winner's row.
+        """
+        try:
+            return super()._get_or_create(queue)
+        except IntegrityError:
+            self.session.rollback()
+            return self.session.query(self.queue_cls).filter(self.queue_cls.name == queue).one()
 
 
 class Transport(kombu_sqla.Transport):

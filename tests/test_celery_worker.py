@@ -167,3 +167,23 @@ def test_beat_sends_a_one_second_schedule_that_the_worker_executes(broker):
     assert elapsed > 1.0
     assert "Sending due task" in broker.log_text()
     assert_clean_log(broker)
+
+
+def test_two_processes_creating_the_same_queue_on_a_fresh_embedded_broker_both_succeed(tmp_path):
+    """``make run`` starts worker and beat at once: kombu's insert of the queue row raced across
+    processes (UNIQUE constraint failed: kombu_queue.name); the loser now reads the winner's row."""
+    import subprocess
+    import sys
+
+    url = f"sqla+sqlite:///{tmp_path / 'broker.sqlite3'}"
+    script = (
+        "import sys, nodepool.broker\n"
+        "from kombu import Connection\n"
+        "with Connection(sys.argv[1]) as conn:\n"
+        "    ch = conn.channel()\n"
+        "    for i in range(40):\n"
+        "        ch._get_or_create(f'q{i}')\n"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", script, url], stderr=subprocess.PIPE) for _ in range(4)]
+    results = [(p.wait(timeout=60), p.stderr.read().decode()) for p in procs]
+    assert all(code == 0 for code, _ in results), results
