@@ -1,15 +1,98 @@
-"""A JSON parser that bounds body size and nesting depth before the view sees anything."""
+"""A JSON parser that bounds body size and nesting depth before the view sees anything.
+
+It also refuses JSON that no column can store faithfully, so that every endpoint answers 400
+instead of a 409/500 from the database: ``NaN``/``Infinity`` (and floats that overflow to
+infinity), integers outside the signed 64-bit range, ``\\u0000`` (PostgreSQL refuses NUL in text
+and jsonb), lone surrogates (not encodable as UTF-8) and duplicate object keys (ambiguous: which
+one wins depends on the reader).
+"""
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from django.conf import settings
 from rest_framework import exceptions
 from rest_framework.parsers import JSONParser
 
-from .problems import PayloadTooLarge, Unprocessable
+from .problems import PayloadTooLarge, Problem, Unprocessable
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _refuse_constant(name: str) -> Any:
+    raise Problem(f"{name} is not a JSON number; send a finite number.", "non_finite_number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise Problem(f"The number {text[:40]} is too large to be stored.", "non_finite_number")
+    return value
+
+
+def _int64(text: str) -> int:
+    # Python refuses integers of more than 4300 digits itself (ValueError: malformed_body).
+    value = int(text)
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise Problem(
+            f"The integer {text[:40]}{'…' if len(text) > 40 else ''} is outside the signed 64-bit range.",
+            "number_out_of_range",
+        )
+    return value
+
+
+def _check_string(value: str) -> str:
+    if "\x00" in value:
+        raise Problem("Strings may not contain the NUL character (\\u0000).", "nul_character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise Problem("A string contains a lone UTF-16 surrogate (e.g. \\ud800).", "invalid_unicode") from exc
+    return value
+
+
+def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise Problem(f"The key {key[:40]!r} appears twice in one JSON object.", "duplicate_key")
+        obj[_check_string(key)] = value
+    return obj
+
+
+def _check_strings(value: Any) -> None:
+    """Check every string value (keys are checked while parsing) without recursion."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            _check_string(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+def loads_strict(text: str) -> Any:
+    """``json.loads`` that refuses what nodepool cannot store (see the module docstring).
+
+    Raises:
+        Problem: 400 with code ``non_finite_number``, ``number_out_of_range``, ``nul_character``,
+            ``invalid_unicode`` or ``duplicate_key``.
+        ValueError: not JSON at all.
+    """
+    data = json.loads(
+        text,
+        parse_constant=_refuse_constant,
+        parse_float=_finite_float,
+        parse_int=_int64,
+        object_pairs_hook=_unique_object,
+    )
+    _check_strings(data)
+    return data
 
 
 def json_depth(value: Any, limit: int) -> int:
@@ -37,6 +120,7 @@ class BoundedJSONParser(JSONParser):
     ``NODEPOOL_MAX_BODY_BYTES`` / ``NODEPOOL_MAX_JSON_DEPTH``.
 
     Raises:
+        Problem: JSON nodepool cannot store (400; see :func:`loads_strict` for the codes).
         PayloadTooLarge: body longer than the limit (413, code ``payload_too_large``).
         ParseError: not JSON (400, code ``malformed_body``).
         Unprocessable: nested deeper than the limit (422, code ``json_too_deep``).
@@ -54,7 +138,7 @@ class BoundedJSONParser(JSONParser):
         if len(raw) > limit:
             raise PayloadTooLarge(f"The request body exceeds the limit of {limit} bytes.")
         try:
-            data = json.loads(raw.decode("utf-8"))
+            data = loads_strict(raw.decode("utf-8"))
         except RecursionError as exc:
             raise Unprocessable("The JSON document is nested too deeply.", "json_too_deep") from exc
         except (ValueError, UnicodeDecodeError) as exc:

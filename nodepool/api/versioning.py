@@ -30,8 +30,11 @@ def expected_version(request) -> int:
 
     Raises:
         PreconditionRequired: neither was sent (428, ``version_required``).
-        Problem: malformed value (400, ``invalid_version``).
+        Problem: malformed value (400, ``invalid_version``); a body the parser refuses (400).
     """
+    # Parse the body first even when If-Match answers: an action whose view never reads the body
+    # must still refuse one the parser refuses (NaN, NUL, not JSON) instead of acting on it.
+    data = getattr(request, "data", None)
     header = request.headers.get("If-Match")
     if header is not None:
         if header.strip() == "*":
@@ -40,8 +43,7 @@ def expected_version(request) -> int:
         if not match:
             raise Problem(f"If-Match must be an ETag such as '\"3\"', not {header!r}.", "invalid_version")
         return int(match.group(1) or match.group(2))
-    data = request.data if isinstance(getattr(request, "data", None), dict) else {}
-    value = data.get("expected_version")
+    value = data.get("expected_version") if isinstance(data, dict) else None
     if value is None:
         raise PreconditionRequired()
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
