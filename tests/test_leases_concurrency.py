@@ -158,3 +158,20 @@ def test_a_grant_racing_a_quarantine_never_leaves_a_live_lease_on_the_quarantine
     assert Node.objects.get(pk=node.pk).lifecycle == Lifecycle.QUARANTINED
     assert not Lease.objects.filter(node=node, state__in=LIVE_LEASE_STATES).exists()
     assert NodeResource.objects.get(node=node, name="cpu").allocated == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_operators_checkpointing_one_lease_on_the_same_version_one_wins(client_user, operator_api):
+    make_schedulable_node(PoolFactory(name="race"), resources={"cpu": 8000, "memory": 2**34})
+    assert grant(client_user, "job-checkpoint") == 201
+    lease = Lease.objects.get(workload_id="job-checkpoint")
+
+    def checkpoint(index):
+        return operator_api.post(
+            f"/api/v1/node-leases/{lease.pk}/checkpoint", {}, format="json", HTTP_IF_MATCH=f'"{lease.version}"'
+        ).status_code
+
+    results, errors = run_in_threads(4, checkpoint)
+    assert not errors, errors
+    assert sorted(results) == [200, 412, 412, 412]
+    assert Lease.objects.get(pk=lease.pk).version == lease.version + 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.db import transaction
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, status
 from rest_framework.permissions import BasePermission
@@ -12,7 +13,7 @@ from fleet.authentication import node_from_request
 from fleet.events import Actor
 from nodepool.api.permissions import IsClientOrOperator, IsOperator, is_client, is_operator
 from nodepool.api.problems import NotFound
-from nodepool.api.versioning import ETagMixin, check_version, expected_version
+from nodepool.api.versioning import ETagMixin, expected_version, lock_for_action
 
 from .. import services
 from ..filtersets import LeaseFilterSet, LeaseRequestFilterSet
@@ -124,11 +125,13 @@ class LeaseCheckpoint(ETagMixin, APIView):
 
     @extend_schema(request=schema.ExpectedVersionRequest, responses=LeaseSerializer)
     def post(self, request, pk):
-        lease = Lease.objects.filter(pk=pk).first()
-        if lease is None:
+        expected = expected_version(request)  # 428 without, 412 when stale
+        if not Lease.objects.filter(pk=pk).exists():
             raise NotFound("No such lease.", "lease_not_found")
-        check_version(lease.version, expected_version(request))  # 428 without, 412 when stale
-        services.request_checkpoint(lease=lease, actor=Actor.from_request(request))
+        with transaction.atomic():
+            # The version is checked under the row lock: of two operators on one version, one wins.
+            lease = lock_for_action(Lease.objects, expected=expected, pk=pk)
+            services.request_checkpoint(lease=lease, actor=Actor.from_request(request))
         lease.refresh_from_db()
         return _lease_response(lease)
 
