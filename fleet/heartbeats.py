@@ -280,9 +280,10 @@ def _try_apply(
             setattr(node, name, value)
         if events:
             NodeEvent.objects.bulk_create(events)
-        with transaction.atomic(savepoint=False):
-            return _after_apply(node=node, report=report, actor=actor, received_at=received_at, timings=timings,
-                                restarted=restarted, events=len(events))  # fmt: skip
+        # Reads in autocommit on the fast path; the writers inside (lease reconciliation, an
+        # automatic quarantine) open their own transactions.
+        return _after_apply(node=node, report=report, actor=actor, received_at=received_at, timings=timings,
+                            restarted=restarted, events=len(events))  # fmt: skip
 
 
 def _conditional_update(*, node: Node, report: HeartbeatReport, values: dict[str, Any]) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from contextlib import nullcontext
 from datetime import timedelta
 from typing import Any
 
@@ -13,7 +14,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from fleet.choices import NodeEventType
+from fleet.choices import Lifecycle, NodeEventType
 from fleet.events import record_event
 from fleet.models import Node
 
@@ -112,7 +113,11 @@ def reconcile_heartbeat(
             counted.append(pk)
             if row["missed_reports"] + 1 >= limit:
                 lost_ids.append(pk)
-    with transaction.atomic():
+    # Only drains read when a node last listed an ended lease (maintenance.drains): skip the write
+    # for other nodes, so a node still listing a lease it was told to stop costs no UPDATE.
+    if node.lifecycle != Lifecycle.DRAINING:
+        not_live = []
+    with transaction.atomic(savepoint=False) if (healthy or counted or not_live) else nullcontext():
         if healthy:
             seen_qs = Lease.objects.filter(pk__in=healthy, state__in=LIVE_LEASE_STATES)
             seen_qs.update(missed_reports=0, last_reported_at=now)

@@ -45,7 +45,7 @@ class HeartbeatAuthentication(NodeCredentialAuthentication):
     )  # fmt: skip
     POOL_FIELDS = (
         "id", "name", "heartbeat_interval", "heartbeat_grace", "loss_threshold", "unhealthy_conditions",
-        "degraded_conditions", "trust_node_labels",
+        "degraded_conditions", "trust_node_labels", "allowed_agent_versions",
     )  # fmt: skip
     _statements: dict = {}
 
