@@ -1,7 +1,8 @@
 """``nodepool-agent`` (or ``python -m agent``): run the agent, or inspect the host and state.
 
 Subcommands: ``run`` (the default), ``inventory`` (print what would be declared), ``benchmark``
-(run the admission benchmark locally) and ``status`` (print the state file without the secret).
+(run the admission benchmark locally), ``status`` (print the state file without the secret) and
+``preempt`` (tell the control plane this spot machine is being reclaimed; agent/preemption.py).
 """
 
 from __future__ import annotations
@@ -10,14 +11,18 @@ import argparse
 import json
 import logging
 import os
+import re
+import shlex
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 from . import __version__, benchmark, inventory
+from .client import ApiError, NodeClient, ServerUnavailable
 from .conditions import Thresholds, measure
-from .runner import EXIT_CONFIG, Agent, AgentConfig
+from .runner import EXIT_CONFIG, EXIT_RESTART, Agent, AgentConfig, parse_time, rfc3339
 from .state import StateError, StateFile, default_state_path
 
 
@@ -28,7 +33,14 @@ def _label(text: str) -> tuple[str, str]:
     return key, value
 
 
-COMMANDS = ("run", "inventory", "benchmark", "status")
+COMMANDS = ("run", "inventory", "benchmark", "status", "preempt")
+
+
+def _header(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition(":")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not 'Name: value'")
+    return name.strip(), value.strip()
 
 
 def _common(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
@@ -98,6 +110,32 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--insecure", action="store_true", help="do not verify TLS certificates")
     run.add_argument("--ca-bundle", help="CA bundle to verify the control plane's certificate")
     run.add_argument("--once", action="store_true", help="send one heartbeat, then stop")
+    run.add_argument(
+        "--no-renewals", action="store_true", help="send a full status report every interval (no renewals)"
+    )
+    run.add_argument(
+        "--upgrade-action",
+        action="append",
+        type=_label,
+        default=[],
+        metavar="NAME=COMMAND",
+        help="command run for an upgrade instruction with this action (repeatable; the only commands it runs)",
+    )
+    run.add_argument("--version-file", type=Path, help="the version reported is this file's first line")
+    run.add_argument(
+        "--preemption-url",
+        default="",
+        help="instance metadata polled for a spot reclaim (EC2 spot/instance-action, GCE instance/preempted)",
+    )
+    run.add_argument(
+        "--preemption-header",
+        action="append",
+        type=_header,
+        default=[],
+        metavar="'NAME: VALUE'",
+        help="header sent with each poll (repeatable; GCE needs 'Metadata-Flavor: Google')",
+    )
+    run.add_argument("--preemption-poll", type=float, default=5.0, help="seconds between two polls")
 
     inv = sub.add_parser("inventory", parents=[common], help="print the host inventory and conditions as JSON")
     inv.add_argument("--disk-path", default="/")
@@ -105,6 +143,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--cpu-seconds", type=float, default=2.0)
     bench.add_argument("--memory-bytes", type=int, default=None)
     sub.add_parser("status", parents=[common], help="print the state file (without the credential secret)")
+    preempt = sub.add_parser(
+        "preempt", parents=[common], help="tell the control plane this spot machine is reclaimed soon"
+    )
+    when = preempt.add_mutually_exclusive_group(required=True)
+    when.add_argument("--in", dest="seconds", type=float, help="the machine goes away in this many seconds")
+    when.add_argument("--deadline", help="the machine goes away at this RFC 3339 time (with Z or an offset)")
+    preempt.add_argument("--url", default="", help="control plane URL (default: the one the agent enrolled with)")
+    preempt.add_argument("--timeout", type=float, default=10.0, help="seconds per HTTP request")
+    preempt.add_argument("--insecure", action="store_true", help="do not verify TLS certificates")
+    preempt.add_argument("--ca-bundle", help="CA bundle to verify the control plane's certificate")
     return parser
 
 
@@ -135,15 +183,62 @@ def _run(args) -> int:
         benchmark_memory_bytes=args.benchmark_memory_bytes,
         timeout=args.timeout,
         verify=args.ca_bundle or not args.insecure,
+        upgrade_actions={name: shlex.split(command) for name, command in args.upgrade_action},
+        version_file=args.version_file,
+        renewals=not args.no_renewals,
+        preemption_url=args.preemption_url,
+        preemption_headers=dict(args.preemption_header),
+        preemption_poll=args.preemption_poll,
     )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stop.set())
     try:
-        return Agent(config).run(stop, once=args.once)
+        code = Agent(config).run(stop, once=args.once)
     except StateError as exc:
         logging.getLogger("agent").error("%s", exc)
         return EXIT_CONFIG
+    if code == EXIT_RESTART:
+        # After an upgrade: replace this process with a fresh one (same arguments), which starts
+        # a new incarnation and reports the version the upgrade installed.
+        logging.getLogger("agent").info("restarting after the upgrade")
+        os.execv(sys.executable, [sys.executable, "-m", "agent", *sys.argv[1:]])  # noqa: S606 (our own interpreter)
+    return code
+
+
+def _preempt(args, *, transport=None) -> int:
+    """``nodepool-agent preempt``: send the node's preemption notice with its own credential.
+
+    Exit status: 0 sent (or already recorded), 1 refused or unreachable, 2 no usable state or
+    deadline.
+    """
+    try:
+        state = StateFile(args.state_file).load()
+    except StateError as exc:
+        print(f"nodepool-agent: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if not state.enrolled:
+        print("nodepool-agent: this machine has not enrolled (no node id in the state file)", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.deadline is not None:
+        if parse_time(args.deadline) is None or not re.search(r"(Z|[+-]\d\d:?\d\d)$", args.deadline.strip()):
+            print("nodepool-agent: --deadline must be an RFC 3339 time with Z or an offset", file=sys.stderr)
+            return EXIT_CONFIG
+        deadline = args.deadline.strip()
+    else:
+        deadline = rfc3339(time.time() + args.seconds)
+    url = args.url or state.server_url
+    client = NodeClient(url, timeout=args.timeout, verify=args.ca_bundle or not args.insecure, transport=transport)
+    client.credential = state.credential
+    try:
+        answer = client.preemption_notice(state.node_id, deadline)
+    except (ApiError, ServerUnavailable) as exc:
+        print(f"nodepool-agent: preemption notice not accepted: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        client.close()
+    print(json.dumps(answer, indent=2))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,4 +264,6 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_CONFIG
         print(json.dumps(state.public(), indent=2))
         return 0
+    if command == "preempt":
+        return _preempt(args)
     return _run(args)

@@ -105,11 +105,19 @@ class NodeClient:
     def heartbeat(self, node_id: str, payload: dict) -> dict:
         return self._request("POST", f"/nodes/{node_id}/heartbeats", json=payload)
 
+    def renew(self, node_id: str, payload: dict) -> dict:
+        """``POST /nodes/{id}/renewals`` with ``{"incarnation", "sequence"}`` (docs/api-contract.md)."""
+        return self._request("POST", f"/nodes/{node_id}/renewals", json=payload)
+
     def rotate_credential(self, node_id: str) -> dict:
         return self._request("POST", f"/nodes/{node_id}/credentials/rotate", json={})
 
     def post_benchmark(self, node_id: str, nonce: str, result: dict) -> dict:
         return self._request("POST", f"/nodes/{node_id}/benchmarks/{nonce}", json=result)
+
+    def preemption_notice(self, node_id: str, deadline: str) -> dict:
+        """``POST /nodes/{id}/preemption-notice`` ``{"deadline": RFC 3339}`` (a spot reclaim)."""
+        return self._request("POST", f"/nodes/{node_id}/preemption-notice", json={"deadline": deadline})
 
     def lease_event(self, lease_id: str, payload: dict) -> dict:
         return self._request("POST", f"/node-leases/{lease_id}/events", json=payload)

@@ -18,16 +18,22 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from . import __version__, benchmark, conditions, inventory
+from . import benchmark, conditions, inventory, preemption
 from .backoff import Backoff, jittered
 from .client import ApiError, NodeClient, NodeRetired, ServerUnavailable
 from .state import AgentState, StateFile
+from .upgrade import current_version, run_upgrade
 from .workloads import LeaseEvent, Supervisor
 
 log = logging.getLogger("agent")
 
 EXIT_OK, EXIT_CONFIG, EXIT_RETIRED = 0, 2, 3
+# The agent stopped to be started again (after an upgrade): the CLI re-executes itself.
+EXIT_RESTART = 75
 # Instructions that mean "this lease is no longer yours" when a lease event is refused.
+# The renewal answer's flags (docs/api-contract.md): any bit but ROTATE_CREDENTIAL means "send a
+# status report now": its answer carries the instructions themselves.
+FLAG_ROTATE_CREDENTIAL = 16
 NOT_OURS = {"stale_fencing_token", "lease_superseded", "stale_incarnation", "lease_ended", "not_found"}
 
 
@@ -64,6 +70,17 @@ class AgentConfig:
     timeout: float = 10.0
     verify: bool | str = True
     tick: float = 0.5
+    # Rolling upgrades: action name -> argv run for an ``upgrade`` instruction; the version file it updates.
+    upgrade_actions: dict = field(default_factory=dict)
+    version_file: Path | None = None
+    # Renew between status reports (docs/heartbeats.md); False sends a full heartbeat every time,
+    # as agents did before renewals.
+    renewals: bool = True
+    # Spot preemption (agent/preemption.py): the instance-metadata URL polled every
+    # ``preemption_poll`` seconds, with these request headers; "" polls nothing.
+    preemption_url: str = ""
+    preemption_headers: dict = field(default_factory=dict)
+    preemption_poll: float = 5.0
 
 
 def rfc3339(ts: float) -> str:
@@ -92,6 +109,7 @@ class Agent:
         collect_inventory=None,
         measure_conditions=None,
         run_benchmark=None,
+        preemption_probe=None,
     ):
         self.config = config
         self.client = client or NodeClient(config.url, timeout=config.timeout, verify=config.verify)
@@ -118,6 +136,26 @@ class Agent:
         self.pending_benchmark: tuple[str, dict] | None = None
         self.last_response: dict = {}
         self.heartbeats_applied = 0
+        self.restart_requested = False
+        self.upgrades_refused: set[tuple[str, str]] = set()
+        # Renewals plus status-on-change (docs/heartbeats.md). A server without the renewal
+        # endpoint (404/405) gets full heartbeats, as before.
+        self.renewals_supported = config.renewals
+        self.renewals_applied = 0
+        self.report_wanted = True  # the first message of an incarnation is a status report
+        self.status_report_interval = 60.0
+        self.last_report_at: float | None = None  # time.monotonic() of the last status report answered
+        self.reported_fingerprint: tuple | None = None
+        self.preemption_probe = preemption_probe
+        if preemption_probe is None and config.preemption_url:
+            self.preemption_probe = preemption.metadata_probe(config.preemption_url, headers=config.preemption_headers)
+        self.next_preemption_poll = 0.0  # time.monotonic()
+        self.preemption_deadline: float | None = None  # the reclaim time seen, until the notice is sent
+        self.preemption_sent = False
+
+    @property
+    def version(self) -> str:
+        return current_version(self.config.version_file)
 
     # -- start ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -155,7 +193,7 @@ class Agent:
             "hostname": self.config.hostname or facts["hostname"],
             "display_name": self.config.display_name,
             "addresses": facts["addresses"],
-            "agent_version": __version__,
+            "agent_version": self.version,
             "labels": self.config.labels,
             "capability": facts["capability"],
         }
@@ -227,7 +265,7 @@ class Agent:
             "incarnation": self.state.incarnation,
             "sequence": sequence,
             "observed_at": rfc3339(self.clock()),
-            "agent_version": __version__,
+            "agent_version": self.version,
             "ready": ready,
             "ready_reason": ready_reason,
             "conditions": conditions_now,
@@ -245,8 +283,30 @@ class Agent:
             delay = max(delay, min(exc.retry_after, self.config.max_backoff))
         return delay
 
+    @staticmethod
+    def fingerprint(payload: dict) -> tuple:
+        """What a status report says that matters for change detection: readiness, each
+        condition's status and reason, and the leases run. Usage drifts all the time; it goes
+        with the periodic report (at least every ``status_report_interval``)."""
+        return (
+            payload["ready"],
+            payload["ready_reason"],
+            tuple(sorted((c["type"], c["status"], c.get("reason", "")) for c in payload["conditions"])),
+            tuple(sorted((lease["lease_id"], lease["fencing_token"]) for lease in payload["leases"])),
+        )
+
+    def wants_status_report(self, payload: dict) -> bool:
+        """A status report when renewals are unavailable, when asked (a flag, a new incarnation),
+        when the last one is ``status_report_interval`` old, or when the observations changed."""
+        if not self.renewals_supported or self.report_wanted or self.last_report_at is None:
+            return True
+        if time.monotonic() - self.last_report_at >= self.status_report_interval:
+            return True
+        return self.fingerprint(payload) != self.reported_fingerprint
+
     def step(self) -> float:
-        """Rotate if due, send one heartbeat, act on the answer. Returns seconds until the next step.
+        """Rotate if due, send one renewal or status report, act on the answer. Returns seconds
+        until the next step (0 when a flag asked for a status report at once).
 
         Raises:
             AgentExit: the node was retired (410).
@@ -256,7 +316,14 @@ class Agent:
                 self.rotate()
             payload = self.heartbeat_payload()
             self.state_file.save(self.state)  # the sequence is spent even if the answer is lost
+            if not self.wants_status_report(payload):
+                delay = self.renew(payload)
+                if delay is not None:
+                    return delay
             answer = self.client.heartbeat(self.state.node_id, payload)
+            self.last_report_at = time.monotonic()
+            self.reported_fingerprint = self.fingerprint(payload)
+            self.report_wanted = False
         except NodeRetired as exc:
             raise AgentExit(EXIT_RETIRED, f"node {self.state.node_id} was retired: {exc.detail}") from exc
         except ServerUnavailable as exc:
@@ -273,6 +340,41 @@ class Agent:
         self.handle_answer(answer)
         return jittered(self.interval, rng=self.rng)
 
+    def renew(self, payload: dict) -> float | None:
+        """Send the renewal of ``payload``'s incarnation and sequence; act on its flags. Returns
+        the delay to the next step, or None when the server has no renewals (send the report).
+
+        Raises the client's errors (the caller's ``step`` handles them)."""
+        try:
+            answer = self.client.renew(
+                self.state.node_id, {"incarnation": payload["incarnation"], "sequence": payload["sequence"]}
+            )
+        except ApiError as exc:
+            if exc.status in (404, 405):
+                log.warning("the control plane has no renewal endpoint; sending full heartbeats")
+                self.renewals_supported = False
+                return None
+            raise
+        self.backoff.reset()
+        if answer.get("next_renewal_in"):
+            self.interval = max(1.0, float(answer["next_renewal_in"]))
+        code = answer.get("code", "applied")
+        if answer.get("applied"):
+            self.renewals_applied += 1
+        elif code in ("stale_incarnation", "stale_sequence"):
+            self.state.begin_incarnation()
+            self.state_file.save(self.state)
+            self._set_workload_env()
+            self.report_wanted = True
+            log.warning("renewal not applied (%s); now incarnation %s", code, self.state.incarnation)
+        flags = int(answer.get("flags") or 0)
+        if flags & FLAG_ROTATE_CREDENTIAL:
+            self.rotate_requested = True
+        if flags & ~FLAG_ROTATE_CREDENTIAL or code == "status_report_required":
+            self.report_wanted = True
+            return 0.0  # something waits: the status report's answer says what, now
+        return jittered(self.interval, rng=self.rng)
+
     def handle_answer(self, answer: dict) -> None:
         """Act on a heartbeat answer: sequence verdict, timing, instructions, assigned leases."""
         self.last_response = answer
@@ -281,6 +383,8 @@ class Agent:
             self.clock_offset = server_time - self.clock()
         if answer.get("next_heartbeat_in"):
             self.interval = max(1.0, float(answer["next_heartbeat_in"]))
+        if answer.get("status_report_interval"):
+            self.status_report_interval = max(self.interval, float(answer["status_report_interval"]))
         code = answer.get("code", "applied")
         if answer.get("applied", True):
             self.heartbeats_applied += 1
@@ -290,6 +394,7 @@ class Agent:
             self.state.begin_incarnation()
             self.state_file.save(self.state)
             self._set_workload_env()
+            self.report_wanted = True
             log.warning("heartbeat not applied (%s); now incarnation %s", code, self.state.incarnation)
         instructions = answer.get("instructions") or {}
         for lease_id in instructions.get("stop_leases") or []:
@@ -302,8 +407,27 @@ class Agent:
             self.begin_benchmark(instructions["run_benchmark"])
         if instructions.get("rotate_credential"):
             self.rotate_requested = True
+        if instructions.get("upgrade"):
+            self.upgrade(instructions["upgrade"])
         if "leases" in answer:
             self.reconcile_leases(answer.get("leases") or [])
+
+    def upgrade(self, instruction: dict) -> None:
+        """Run the configured command for the instruction's action; on success, restart.
+
+        A refused or failed upgrade is not retried for the same (upgrade, version): the control
+        plane's node timeout fails the node, and the operator sees why in the agent's log.
+        """
+        key = (str(instruction.get("upgrade_id", "")), str(instruction.get("version", "")))
+        if key in self.upgrades_refused or self.restart_requested:
+            return
+        result = run_upgrade(instruction, actions=self.config.upgrade_actions, version=self.version)
+        if result.ok and result.ran:
+            log.info("%s; restarting", result.detail)
+            self.restart_requested = True
+        elif not result.ok:
+            log.error("upgrade to %s not done: %s", key[1], result.detail)
+            self.upgrades_refused.add(key)
 
     def reconcile_leases(self, assigned: list[dict]) -> None:
         """Start assigned leases that carry a command; stop local work no longer assigned here."""
@@ -317,9 +441,12 @@ class Agent:
                 self.supervisor.stop(lease_id, f"superseded by fencing token {token}")
                 continue
             command = lease.get("command")
+            secret = lease.get("lease_secret") if isinstance(lease.get("lease_secret"), str) else ""
+            if local:
+                self.supervisor.refresh_secret(lease_id, secret)
             if not command or local or lease_id in self.supervisor.finished:
                 continue
-            self.outbox.append(self.supervisor.start(lease_id, token, command))
+            self.outbox.append(self.supervisor.start(lease_id, token, command, secret=secret))
         for w in self.supervisor.running():
             if w.lease_id not in assigned_ids:
                 self.supervisor.stop(w.lease_id, "lease no longer assigned to this node")
@@ -384,10 +511,42 @@ class Agent:
             self.outbox.pop(0)
 
     def tick(self) -> None:
-        """Between heartbeats: reap workloads, escalate stops, send events and benchmark results."""
+        """Between heartbeats: reap workloads, escalate stops, send events and benchmark results,
+        watch for a spot preemption."""
         self.outbox.extend(self.supervisor.poll())
         self.flush_events()
         self.post_benchmark()
+        self.watch_preemption()
+
+    def server_now(self) -> float:
+        """The control plane's time as this agent knows it (local clock + the offset answers showed)."""
+        return self.clock() + self.clock_offset
+
+    def watch_preemption(self) -> None:
+        """Poll the preemption probe (every ``preemption_poll`` s) and send the notice once.
+
+        A notice the server refuses (409 ``pool_not_spot``, 422 ``invalid_deadline``: the reclaim
+        time already passed) is logged and not sent again; an unreachable server is retried at the
+        next poll with the same deadline.
+        """
+        if self.preemption_probe is None or self.preemption_sent or not self.state.enrolled:
+            return
+        if time.monotonic() < self.next_preemption_poll:
+            return
+        self.next_preemption_poll = time.monotonic() + self.config.preemption_poll
+        if self.preemption_deadline is None:
+            self.preemption_deadline = self.preemption_probe(self.server_now())
+            if self.preemption_deadline is None:
+                return
+            log.warning("spot preemption announced for %s", rfc3339(self.preemption_deadline))
+        try:
+            self.client.preemption_notice(self.state.node_id, rfc3339(self.preemption_deadline))
+        except ServerUnavailable as exc:
+            log.warning("preemption notice not delivered (%s); retrying in %.0fs", exc, self.config.preemption_poll)
+            return
+        except ApiError as exc:
+            log.error("preemption notice refused: %s", exc)
+        self.preemption_sent = True
 
     # -- run and stop --------------------------------------------------------------------------
     def run(self, stop: threading.Event, *, once: bool = False) -> int:
@@ -397,6 +556,8 @@ class Agent:
                 return EXIT_OK
             next_step = time.monotonic()
             while not stop.is_set():
+                if self.restart_requested:
+                    return EXIT_RESTART
                 if time.monotonic() >= next_step:
                     next_step = time.monotonic() + self.step()
                     if once:

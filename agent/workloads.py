@@ -16,6 +16,7 @@ escalates overdue stops) and returns the events to report, which the agent sends
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import shlex
@@ -44,6 +45,10 @@ class Workload:
     stop_reason: str = ""
     killed: bool = False
     log_path: str = ""
+    # The per-lease secret's file (0600, refreshed when a renewal re-derives the secret, removed when
+    # the workload ends). The secret itself is never kept on this object, logged or reported.
+    secret_path: str = ""
+    secret_digest: str = field(default="", repr=False)
 
     @property
     def pid(self) -> int:
@@ -88,13 +93,24 @@ class Supervisor:
     def running(self) -> list[Workload]:
         return [w for w in self.workloads.values() if w.state != EXITED]
 
-    def start(self, lease_id: str, fencing_token: int, command: list[str]) -> LeaseEvent:
-        """Start ``command`` for a lease; returns the ``running`` event (or ``failed`` if it cannot start)."""
+    def start(self, lease_id: str, fencing_token: int, command: list[str], secret: str = "") -> LeaseEvent:
+        """Start ``command`` for a lease; returns the ``running`` event (or ``failed`` if it cannot start).
+
+        ``secret`` is the lease's secret from the heartbeat answer: given to the workload as
+        ``NODEPOOL_LEASE_SECRET`` (and ``NODEPOOL_LEASE_SECRET_FILE``), never logged, removed at its end.
+        """
         self.work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         if isinstance(command, str):  # tolerate "sleep 30"; the contract's shape is an argv list
             command = shlex.split(command)
         log_path = self.work_dir / f"{lease_id}.log"
         env = {**os.environ, **self.env, "NODEPOOL_LEASE_ID": lease_id, "NODEPOOL_FENCING_TOKEN": str(fencing_token)}
+        secret_path = ""
+        if secret:
+            # The workload reads its lease secret from its environment; the file holds the current
+            # one after renewals (the environment of a running process cannot be changed).
+            secret_path = str(self._write_secret(lease_id, secret))
+            env["NODEPOOL_LEASE_SECRET"] = secret
+            env["NODEPOOL_LEASE_SECRET_FILE"] = secret_path
         try:
             with open(log_path, "ab") as out:
                 process = subprocess.Popen(
@@ -108,10 +124,42 @@ class Supervisor:
                 )
         except (OSError, ValueError) as exc:
             self._remember_finished(lease_id, fencing_token)
+            self._remove_secret(secret_path)
             return LeaseEvent(lease_id, fencing_token, "failed", f"could not start {command[:1]}: {exc}")
-        self.workloads[lease_id] = Workload(lease_id, fencing_token, list(command), process, log_path=str(log_path))
+        self.workloads[lease_id] = Workload(
+            lease_id,
+            fencing_token,
+            list(command),
+            process,
+            log_path=str(log_path),
+            secret_path=secret_path,
+            secret_digest=hashlib.sha256(secret.encode()).hexdigest() if secret else "",
+        )
         log.info("lease %s: started pid %s: %s", lease_id, process.pid, command)
         return LeaseEvent(lease_id, fencing_token, "running", f"pid {process.pid}")
+
+    def _write_secret(self, lease_id: str, secret: str) -> Path:
+        path = self.work_dir / f"{lease_id}.secret"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secret)
+        return path
+
+    @staticmethod
+    def _remove_secret(path: str) -> None:
+        if path:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+    def refresh_secret(self, lease_id: str, secret: str) -> None:
+        """A renewal re-derived the lease's secret: replace the file the workload reads."""
+        w = self.workloads.get(lease_id)
+        if w is None or not w.secret_path or w.state != RUNNING or not secret:
+            return
+        digest = hashlib.sha256(secret.encode()).hexdigest()
+        if digest != w.secret_digest:  # only when it changed: not a file write per heartbeat
+            self._write_secret(lease_id, secret)
+            w.secret_digest = digest
 
     def _remember_finished(self, lease_id: str, fencing_token: int, keep: int = 10_000) -> None:
         self.finished[lease_id] = fencing_token
@@ -152,6 +200,7 @@ class Supervisor:
             # The leader exited: make sure nothing it left behind in its group keeps running.
             _signal_group(w.process, signal.SIGKILL)
             w.state = EXITED
+            self._remove_secret(w.secret_path)  # the lease's secret goes with its workload
             self._remember_finished(w.lease_id, w.fencing_token)
             del self.workloads[w.lease_id]
             events.append(self._terminal_event(w, code))

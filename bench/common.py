@@ -3,7 +3,7 @@
 ``prepare_database(url)``          create the PostgreSQL database if missing and migrate it
 ``django_setup(url)``              configure Django in this process against ``url`` (before any model import)
 ``Gunicorn(url, workers=2)``       context manager: gunicorn on a free port with ``DATABASE_URL`` and
-                                   ``NODEPOOL_BENCH=1`` (which serves the baseline view); ``.base`` is its URL
+                                   ``NODEPOOL_BENCH=1`` (which serves the baseline views); ``.base`` is its URL
 ``wrk(base, script, duration=, connections=, threads=, env=)``
                                    run ``wrk`` with a Lua script; returns the JSON the script's ``done()``
                                    prints (``requests``, ``rps``, ``p50_ms``, ``p99_ms``, plus counters)
@@ -12,8 +12,10 @@
 ``percentile(values, p)``          for in-process timings
 ``emit(figures)``                  print the final one-line JSON every bench ends with
 
-The baseline the issue asks for is ``POST /bench/one-update/<node id>``: a bare Django view that
-parses the JSON body and runs one UPDATE (nodepool/bench_views.py), served by the same gunicorn.
+The baselines the issue asks for are bare Django views served by the same gunicorn
+(nodepool/bench_views.py): ``POST /bench/one-update/<node id>`` parses the JSON body and runs one
+UPDATE (bench/heartbeats.py); ``POST /bench/one-grant`` runs a grant's transaction, the conditional
+capacity UPDATE plus the INSERT of a lease row (bench/placement.py).
 ``wrk`` comes from ``apt-get install -y wrk``; nothing here falls back to a Python client because
 a Python load generator on a 2-core machine would measure itself more than the server.
 """

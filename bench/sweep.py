@@ -37,7 +37,7 @@ def seed(count: int):
     from fleet.models import Node, Pool
 
     with connection.cursor() as cursor:
-        cursor.execute("TRUNCATE fleet_node, fleet_pool, fleet_livenesssweepstate CASCADE")
+        cursor.execute("TRUNCATE fleet_node, fleet_pool, fleet_livenesssweepstate, fleet_controlplaneclock CASCADE")
     pool = Pool.objects.create(name="sweep-bench")
     now = timezone.now()
     template = Node(pool=pool, lifecycle="ready", liveness="alive", ready=True, health="healthy",
@@ -118,7 +118,10 @@ def main() -> None:
     parser.add_argument("--database-url", default=os.environ.get("BENCH_SWEEP_DATABASE_URL", default_url))
     parser.add_argument("--nodes", type=int, default=100_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="smoke mode for CI: 300 nodes, one run")
     args = parser.parse_args()
+    if args.quick:
+        args.nodes, args.repeat = 300, 1
 
     prepare_database(args.database_url)
     django_setup(args.database_url)

@@ -10,18 +10,38 @@ import uuid
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.db.models import Count, F, OuterRef, Q, Subquery
+from django.contrib.admin.utils import unquote
+from django.db.models import Count, F, Prefetch
+from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
+from django.urls import reverse
 from django.utils import timezone
+from django.utils.html import format_html
+from django.utils.http import url_has_allowed_host_and_scheme
 
+from nodepool.admin_mixins import AppendOnlyAdminMixin
 from nodepool.api.permissions import is_operator, is_owner
 from nodepool.api.problems import Problem
+from nodepool.quantity import CPU, MEMORY, humanize_quantity
 
 from . import services
+from .admin_display import (
+    GPU,
+    OwnerFilter,
+    SchedulableFilter,
+    UnschedulableReasonFilter,
+    age,
+    annotate_free,
+    schedulable_cell,
+    short_id,
+    state_badge,
+)
+from .admin_sections import node_sections
 from .capability import CapabilityError, parse_labels, parse_taints
 from .events import Actor
-from .models import AdmissionCheck, BootstrapToken, Node, NodeCredential, NodeEvent, NodeResource, Pool
+from .models import AdmissionCheck, BootstrapToken, Node, NodeCredential, NodeHold, Pool
 from .policy import check_pool, parse_required_capabilities, parse_required_labels, parse_reservations, parse_specifier
+from .selectors import unschedulable_reasons, valid_credential_exists
 
 RECENT_EVENTS_INLINE = 50
 
@@ -68,7 +88,7 @@ class PoolAdminForm(forms.ModelForm):
             "allowed_agent_versions", "required_capabilities", "required_labels", "benchmark_required",
             "benchmark_tolerance", "benchmark_timeout", "attestation_required", "attestation_public_key",
             "trust_node_labels", "heartbeat_interval", "heartbeat_grace", "loss_threshold", "unhealthy_conditions",
-            "degraded_conditions", "scheduling_policy",
+            "degraded_conditions", "allowed_undeclared_resources", "scheduling_policy",
         ]  # fmt: skip
 
     def __init__(self, *args, **kwargs):
@@ -151,7 +171,9 @@ class BootstrapTokenAdminForm(forms.ModelForm):
 
 
 @admin.register(BootstrapToken)
-class BootstrapTokenAdmin(OperatorOnlyAdmin):
+class BootstrapTokenAdmin(AppendOnlyAdminMixin, OperatorOnlyAdmin):
+    """Tokens are revoked (an action), never deleted: the nodes they enrolled name them."""
+
     form = BootstrapTokenAdminForm
     list_display = ["prefix", "pool", "description", "uses", "max_uses", "expires_at", "revoked_at", "owner"]
     list_filter = ["pool"]
@@ -220,46 +242,145 @@ class AdmissionCheckInline(ReadOnlyInline):
     ordering = ["-attempt", "id"]
 
 
-class NodeResourceInline(ReadOnlyInline):
-    model = NodeResource
-    fields = ["name", "capacity", "reserved", "allocatable", "allocated"]
-
-
 class NodeCredentialInline(ReadOnlyInline):
     model = NodeCredential
     fields = ["prefix", "issuer", "agent_version", "issued_at", "expires_at", "rotated_at", "revoked_at"]
 
 
-class NodeEventInline(ReadOnlyInline):
-    model = NodeEvent
-    fields = ["created_at", "type", "from_state", "to_state", "actor_type", "actor_name", "reason"]
-    ordering = ["-created_at", "-id"]
+class NodeHoldInline(ReadOnlyInline):
+    """Every cordon hold of the node, active ones first (removed ones stay as the record)."""
 
-    def get_queryset(self, request):
-        # The most recent events only: a node's history can be long, the page must not be.
-        recent = NodeEvent.objects.filter(node=OuterRef("node")).order_by("-created_at", "-id")
-        cutoff = Subquery(recent.values("created_at")[RECENT_EVENTS_INLINE - 1 : RECENT_EVENTS_INLINE])
-        qs = super().get_queryset(request).annotate(cutoff=cutoff)
-        return qs.filter(Q(cutoff__isnull=True) | Q(created_at__gte=F("cutoff")))
+    model = NodeHold
+    verbose_name = "cordon hold"
+    fields = [
+        "owner",
+        "reason",
+        "created_at",
+        "created_by_name",
+        "expires_at",
+        "removed_at",
+        "removed_by_name",
+        "forced",
+    ]
+    ordering = [F("removed_at").desc(nulls_first=True), "-created_at"]
 
 
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
-    """Operators: everything read-only plus the Admit action. Owners: their own nodes, read-only."""
+    """Operators: the fleet at a glance, a node page in sections, actions as buttons. Owners: their
+    own nodes, read-only. Actions of higher apps (cordon, drain…) are added by maintenance.admin."""
 
-    list_display = ["__str__", "id", "pool", "owner", "lifecycle", "liveness", "ready", "health", "version"]
-    list_filter = ["pool", "lifecycle", "liveness", "owner"]
+    list_display = [
+        "hostname_cell", "id_cell", "pool", "lifecycle_cell", "liveness_cell", "health_cell", "schedulable_cell",
+        "reported_readiness", "free_cpu_cell", "free_memory_cell", "free_gpu_cell", "heartbeat_cell",
+    ]  # fmt: skip
+    list_display_links = ["hostname_cell"]
+    list_filter = [
+        "pool", "lifecycle", "liveness", "health", SchedulableFilter, UnschedulableReasonFilter, ("owner", OwnerFilter),
+    ]  # fmt: skip
+    ordering = ["pool__name", "hostname"]
     search_fields = ["hostname", "display_name"]
     list_select_related = ["pool", "owner"]
     actions = ["admit_nodes"]
-    inlines = [AdmissionCheckInline, NodeResourceInline, NodeCredentialInline, NodeEventInline]
+    inlines = [NodeHoldInline, AdmissionCheckInline, NodeCredentialInline]
+    change_form_template = "admin/fleet/node/node_page.html"
+
+    class Media:
+        css = {"all": ["fleet/admin/nodepool.css"]}
+        js = ["fleet/admin/copy.js"]
+
+    @admin.display(description="hostname", ordering="hostname")
+    def hostname_cell(self, node):
+        return str(node)
+
+    @admin.display(description="id")
+    def id_cell(self, node):
+        return short_id(node)
+
+    @admin.display(description="lifecycle", ordering="lifecycle")
+    def lifecycle_cell(self, node):
+        return state_badge("lifecycle", node.lifecycle)
+
+    @admin.display(description="liveness", ordering="liveness")
+    def liveness_cell(self, node):
+        return state_badge("liveness", node.liveness)
+
+    @admin.display(description="health", ordering="health")
+    def health_cell(self, node):
+        return state_badge("health", node.health)
+
+    @admin.display(description="schedulable")
+    def schedulable_cell(self, node):
+        return schedulable_cell(node)
+
+    @admin.display(description="free cpu", ordering="free_cpu")
+    def free_cpu_cell(self, node):
+        return humanize_quantity(CPU, node.free_cpu)
+
+    @admin.display(description="free memory", ordering="free_memory")
+    def free_memory_cell(self, node):
+        return humanize_quantity(MEMORY, node.free_memory)
+
+    @admin.display(description="free gpu", ordering="free_gpu")
+    def free_gpu_cell(self, node):
+        return humanize_quantity(GPU, node.free_gpu)
+
+    @admin.display(description="last heartbeat", ordering="last_heartbeat_at")
+    def heartbeat_cell(self, node):
+        return format_html('<span title="{}">{}</span>', node.last_heartbeat_at or "", age(node.last_heartbeat_at))
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        node = self.get_object(request, unquote(object_id))
+        extra_context = dict(extra_context or {})
+        if node is not None:
+            extra_context["node_sections"] = node_sections(request, node)
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    def get_fields(self, request, obj=None):
+        return []  # the node page draws its own sections (node_page.html), not a form of raw fields
+
+    def response_action(self, request, queryset):
+        """After an action started from the node page, go back to that node's page."""
+        response = super().response_action(request, queryset)
+        back = request.POST.get("_node_page", "")
+        safe = back.startswith(reverse("admin:fleet_node_changelist")) and url_has_allowed_host_and_scheme(
+            back, allowed_hosts={request.get_host()}
+        )
+        if isinstance(response, HttpResponseRedirect) and safe:
+            return HttpResponseRedirect(back)
+        return response
 
     def get_queryset(self, request):
-        qs = super().get_queryset(request).select_related("pool", "owner")
+        qs = annotate_free(super().get_queryset(request).select_related("pool", "owner"))
+        active_holds = NodeHold.objects.filter(removed_at__isnull=True).order_by("created_at", "pk")
+        qs = qs.annotate(has_valid_credential=valid_credential_exists()).prefetch_related(
+            Prefetch("holds", queryset=active_holds, to_attr="prefetched_active_holds")
+        )
         return qs if is_operator(request.user) else qs.filter(owner=request.user)
 
     def get_readonly_fields(self, request, obj=None):
-        return [f.name for f in Node._meta.fields]
+        return ["schedulable", "reported_readiness", *[f.name for f in Node._meta.fields]]
+
+    @admin.display(description="schedulable")
+    def schedulable(self, node: Node) -> str:
+        """``yes``, or ``no`` with the reason codes (fleet.selectors.unschedulable_reasons)."""
+        reasons = unschedulable_reasons(node)
+        if not reasons:
+            return "yes"
+        return "no: " + ", ".join(r["code"] for r in reasons)
+
+    @admin.display(description="readiness (reported by the node)")
+    def reported_readiness(self, node: Node) -> str:
+        """The node's own word and when it said it — never a verdict (see schedulable)."""
+        if node.last_heartbeat_at is None:
+            return "never reported"
+        said = "ready" if node.ready else f"not ready ({node.ready_reason})" if node.ready_reason else "not ready"
+        return f"{said}, reported {node.last_heartbeat_at:%Y-%m-%d %H:%M:%S} UTC"
+
+    def get_actions(self, request):
+        # Every node action is an operator's (admit, cordon, drain, quarantine…): owners get none,
+        # so their node list shows no action menu at all.
+        return super().get_actions(request) if is_operator(request.user) else {}
 
     def get_inline_instances(self, request, obj=None):
         inlines = super().get_inline_instances(request, obj)
@@ -268,7 +389,9 @@ class NodeAdmin(admin.ModelAdmin):
         return [i for i in inlines if not isinstance(i, NodeCredentialInline)]
 
     def get_list_filter(self, request):
-        return self.list_filter if is_operator(request.user) else ["lifecycle", "liveness"]
+        if is_operator(request.user):
+            return self.list_filter
+        return ["lifecycle", "liveness", "health", SchedulableFilter]
 
     def get_search_results(self, request, queryset, search_term):
         """Search also by node id (a UUID) and by label (``key=value`` on platform or node labels)."""

@@ -30,11 +30,13 @@ from django.utils import timezone
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from nodepool import metrics
 from nodepool.api.problems import Conflict, Gone, NotFound
 
 from .capability import CapabilityError, implausible_values
 from .choices import BenchmarkStatus, CheckStatus, Lifecycle, NodeEventType, PoolKind
 from .events import Actor, record_event
+from .instructions import Instruction, post_instructions
 from .models import AdmissionCheck, Benchmark, Node, Pool
 from .policy import load_attestation_key
 from .services import node_inventory_set
@@ -185,9 +187,33 @@ QUICK_CHECKS: list[tuple[str, Callable[[Node, Pool], Outcome]]] = [
 ]
 
 
+# Checks contributed by higher apps, registered from their ``AppConfig.ready()`` (fleet never imports
+# them: docs/foundation.md, "Which way dependencies point"). The operations app adds ``upgrade_target``.
+# Each entry: (name, check function, applies(pool) -> bool or None for "always").
+EXTRA_CHECKS: list[tuple[str, Callable[[Node, Pool], Outcome], Callable[[Pool], bool] | None]] = []
+
+
+def register_check(
+    name: str, function: Callable[[Node, Pool], Outcome], *, applies: Callable[[Pool], bool] | None = None
+) -> None:
+    """Add a quick admission check ``function(node, pool) -> Outcome`` run after the built-in ones,
+    in pools where ``applies(pool)`` (default: every pool).
+
+    Idempotent by name (``ready()`` may run twice in tests). The function must be pure: admission
+    may run it twice (see the module docstring).
+    """
+    if all(existing != name for existing, _, _ in EXTRA_CHECKS):
+        EXTRA_CHECKS.append((name, function, applies))
+
+
+def all_quick_checks() -> list[tuple[str, Callable[[Node, Pool], Outcome]]]:
+    return [*QUICK_CHECKS, *((name, function) for name, function, _ in EXTRA_CHECKS)]
+
+
 def check_names(pool: Pool) -> list[str]:
     """The checks an admission in ``pool`` runs, in order."""
     names = [name for name, _ in QUICK_CHECKS]
+    names += [name for name, _, applies in EXTRA_CHECKS if applies is None or applies(pool)]
     return [*names, BENCHMARK] if pool.benchmark_required else names
 
 
@@ -233,6 +259,7 @@ def _request_benchmark(node: Node, check: AdmissionCheck, actor: Actor, now: dat
         bench = Benchmark.objects.create(
             node=node, nonce=secrets.token_urlsafe(24), requested_at=now, deadline=deadline
         )
+        post_instructions([node.pk], Instruction.BENCHMARK)
         AdmissionCheck.objects.filter(pk=check.pk).update(
             detail="waiting for the node's benchmark", data={"nonce": bench.nonce, "deadline": deadline.isoformat()}
         )
@@ -260,7 +287,7 @@ def run_admission(*, node_id, attempt: int, actor: Actor, now: datetime | None =
         [AdmissionCheck(node=node, attempt=attempt, name=name) for name in check_names(pool)], ignore_conflicts=True
     )
     checks = {c.name: c for c in AdmissionCheck.objects.filter(node=node, attempt=attempt)}
-    for name, function in QUICK_CHECKS:
+    for name, function in all_quick_checks():
         check = checks.get(name)
         if check is None or check.status != CheckStatus.PENDING:
             continue
@@ -285,7 +312,7 @@ def finalize_admission(*, node_id, attempt: int, actor: Actor, now: datetime | N
     """
     now = now or timezone.now()
     with transaction.atomic():
-        node = Node.objects.select_for_update().select_related("pool").filter(pk=node_id).first()
+        node = Node.objects.select_for_update(no_key=True).select_related("pool").filter(pk=node_id).first()
         if node is None or node.lifecycle != Lifecycle.ADMITTING or node.admission_attempt != attempt:
             return "stale"
         checks = list(AdmissionCheck.objects.filter(node=node, attempt=attempt))
@@ -310,12 +337,16 @@ def finalize_admission(*, node_id, attempt: int, actor: Actor, now: datetime | N
             node_inventory_set(node=node, resources=node.verified["resources"])
             node.admit()
             node.lifecycle_reason = "every admission check passed"
+            if node.enrolled_at is not None:
+                seconds, pool_name = max(0.0, (now - node.enrolled_at).total_seconds()), node.pool.name
+                transaction.on_commit(lambda: metrics.ADMISSION_SECONDS.labels(pool_name).observe(seconds))
             data = {"attempt": attempt, "checks": [c.name for c in checks]}
         node.lifecycle_changed_at = now
         node.version += 1
         node.save(
             update_fields=["lifecycle", "lifecycle_reason", "lifecycle_changed_at", "verified", "version", "updated_at"]
         )
+        post_instructions([node.pk], Instruction.LIFECYCLE)
         record_event(
             node, NodeEventType.LIFECYCLE, actor, from_state=before, to_state=node.lifecycle,
             reason=node.lifecycle_reason, data=data,

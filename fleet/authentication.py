@@ -13,19 +13,21 @@ from django.utils import timezone
 from rest_framework import authentication, exceptions
 from rest_framework.permissions import BasePermission
 
+from . import clock
 from . import secrets as node_secrets
 from .choices import Lifecycle
+from .credentials import CREDENTIAL_KIND, is_superseded, revoke_lineage_on_reuse
 from .models import NodeCredential
 
 KEYWORD = "Node"
-CREDENTIAL_KIND = "npn"
 
 
 class NodeCredentialAuthentication(authentication.BaseAuthentication):
     """Authenticate ``Authorization: Node npn_<prefix>.<secret>``.
 
     Raises:
-        AuthenticationFailed (401): unknown, expired, revoked or malformed credential.
+        AuthenticationFailed (401): unknown, expired, revoked or malformed credential; a superseded
+            credential after its rotation overlap (``credential_superseded``, the lineage is revoked).
     """
 
     def authenticate(self, request):
@@ -44,7 +46,19 @@ class NodeCredentialAuthentication(authentication.BaseAuthentication):
         now = timezone.now()
         if credential.revoked_at is not None and credential.revoked_at <= now:
             raise exceptions.AuthenticationFailed("This node credential was revoked.", "credential_revoked")
-        if credential.expires_at <= now:
+        if credential.expires_at <= now and is_superseded(credential):
+            # No grace of any kind (clock jumps included): the overlap was the grace.
+            revoke_lineage_on_reuse(
+                credential=credential, request_id=getattr(request._request, "request_id", ""), now=now
+            )
+            raise exceptions.AuthenticationFailed(
+                "This node credential was replaced by a rotation and its overlap is over; every credential "
+                "of this node is now revoked. Enroll again with a bootstrap token.",
+                "credential_superseded",
+            )
+        # Judged again at control-plane time when it looks expired: a forward clock jump the
+        # sweep has not noticed yet must not turn away the fleet's next heartbeats (fleet.clock).
+        if credential.expires_at <= now and not clock.still_valid(credential.expires_at, now):
             raise exceptions.AuthenticationFailed(
                 "This node credential expired; re-enroll or rotate sooner.", "credential_expired"
             )

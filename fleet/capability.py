@@ -46,10 +46,11 @@ GPU_RESOURCE_SUFFIX = "/gpu"
 class CapabilityError(ValueError):
     """Invalid input; ``field`` is the dotted path of the offending member."""
 
-    def __init__(self, field: str, message: str):
+    def __init__(self, field: str, message: str, code: str = "invalid"):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+        self.code = code
 
 
 def label_key_ok(key: Any) -> bool:
@@ -143,7 +144,7 @@ def parse_accelerators(raw: Any, *, field: str = "accelerators") -> list[dict[st
         try:
             memory = to_canonical(MEMORY, item.get("memory", 0))
         except QuantityError as exc:
-            raise CapabilityError(f"{where}.memory", str(exc)) from exc
+            raise CapabilityError(f"{where}.memory", str(exc), "invalid_quantity") from exc
         out.append(
             {
                 "type": _short_string(item.get("type", ""), f"{where}.type"),
@@ -172,7 +173,7 @@ def parse_capability(raw: Any, *, field: str = "capability") -> dict[str, Any]:
         resources = parse_resources(raw.get("resources") or {}, field=f"{field}.resources")
     except QuantityError as exc:
         path, _, message = str(exc).partition(": ")
-        raise CapabilityError(path, message or str(exc)) from exc
+        raise CapabilityError(path, message or str(exc), "invalid_quantity") from exc
     return {
         "resources": resources,
         "accelerators": parse_accelerators(raw.get("accelerators"), field=f"{field}.accelerators"),
@@ -211,3 +212,57 @@ def implausible_values(capability: dict[str, Any]) -> list[str]:
     if any(isinstance(a.get("count"), int) and a["count"] < 0 for a in accelerators):
         problems.append("an accelerator count is negative")
     return problems
+
+
+MAX_REQUEST_CLASSES = 32
+_CLASS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def parse_request_classes(raw: Any, *, field: str = "request_classes") -> list[dict[str, Any]]:
+    """Validate a pool's request classes: the named shapes its health answers "can serve N now" for.
+
+    Each entry is ``{"name": slug, "shape": shape name}`` (resolved to the shape's latest version
+    when evaluated) or ``{"name": slug, "resources": {name: quantity}, "features": {...}}``; names
+    are unique, at most :data:`MAX_REQUEST_CLASSES` entries. Resources come back canonical.
+
+    Raises:
+        CapabilityError: the first invalid member, with its dotted path.
+    """
+    if raw in (None, ""):
+        return []
+    if not isinstance(raw, list):
+        raise CapabilityError(field, "must be a list of request classes")
+    if len(raw) > MAX_REQUEST_CLASSES:
+        raise CapabilityError(field, f"at most {MAX_REQUEST_CLASSES} request classes")
+    out, seen = [], set()
+    for index, entry in enumerate(raw):
+        path = f"{field}[{index}]"
+        if not isinstance(entry, dict) or set(entry) - {"name", "shape", "resources", "features"}:
+            raise CapabilityError(path, "must be an object with name and either shape or resources (and features)")
+        name = entry.get("name")
+        if not isinstance(name, str) or not _CLASS_NAME.match(name):
+            raise CapabilityError(f"{path}.name", "required: a lowercase slug of at most 63 characters")
+        if name in seen:
+            raise CapabilityError(f"{path}.name", f"{name!r} is listed twice")
+        seen.add(name)
+        shape, resources = entry.get("shape"), entry.get("resources")
+        if bool(shape) == bool(resources):
+            raise CapabilityError(path, "give either shape or resources")
+        parsed: dict[str, Any] = {"name": name}
+        if shape:
+            if not isinstance(shape, str) or not _CLASS_NAME.match(shape):
+                raise CapabilityError(f"{path}.shape", "must be a shape name")
+            parsed["shape"] = shape
+        else:
+            try:
+                parsed["resources"] = parse_resources(resources, field=f"{path}.resources")
+            except QuantityError as exc:
+                where, _, message = str(exc).partition(": ")
+                raise CapabilityError(where, message or str(exc)) from exc
+        features = entry.get("features") or {}
+        if not isinstance(features, dict) or not all(isinstance(v, str | int | bool) for v in features.values()):
+            raise CapabilityError(f"{path}.features", "must map feature names to strings, numbers or booleans")
+        if features:
+            parsed["features"] = features
+        out.append(parsed)
+    return out

@@ -17,13 +17,17 @@ class SchedulingPolicy(models.TextChoices):
 
 
 class Lifecycle(models.TextChoices):
-    """The administrative lifecycle: what the control plane intends for the node."""
+    """The administrative lifecycle: what the control plane intends for the node.
+
+    There is no ``cordoned`` state: a cordon is a hold (fleet.models.NodeHold), a dimension of its
+    own beside the lifecycle, like taints (fleet migration 0003 turned cordoned nodes into ready
+    nodes with one hold each).
+    """
 
     PENDING = "pending", "pending"
     ADMITTING = "admitting", "admitting"
     READY = "ready", "ready"
     REJECTED = "rejected", "rejected"
-    CORDONED = "cordoned", "cordoned"
     DRAINING = "draining", "draining"
     MAINTENANCE = "maintenance", "maintenance"
     QUARANTINED = "quarantined", "quarantined"
@@ -84,3 +88,14 @@ class NodeEventType(models.TextChoices):
     LEASE = "lease", "lease"
     DRAIN = "drain", "drain"
     QUARANTINE = "quarantine", "quarantine"
+    HOLD = "hold", "cordon hold placed or removed"
+    GUARD = "guard", "mass-silence guard engaged or released"
+    CLOCK_JUMP = "clock_jump", "control-plane clock jump"
+    SECURITY = "security", "security event"
+    UPGRADE = "upgrade", "upgrade step"
+    SCALE = "scale", "autoscaling decision"
+    PREEMPTION = "preemption", "preemption notice"
+    CHECKPOINT = "checkpoint", "checkpoint requested or taken"
+    USAGE = "usage", "usage evidence or reconciliation"
+    STATEMENT = "statement", "owner statement"
+    APPEAL = "appeal", "quarantine appeal"

@@ -44,8 +44,8 @@ class Actor:
         return cls(ActorType.NODE, f"node:{node.pk}", request_id=request_id)
 
 
-def record_event(
-    node: Node | Any,
+def event_row(
+    node: Node | Any | None,
     type: str,
     actor: Actor,
     *,
@@ -53,14 +53,23 @@ def record_event(
     to_state: str = "",
     reason: str = "",
     data: dict | None = None,
+    pool: Any = None,
+    lease_id: Any = None,
+    workload_id: str = "",
+    subject_type: str = "",
+    subject_id: Any = "",
 ) -> NodeEvent:
-    """Append one :class:`NodeEvent`. Call it inside the transaction of the change it records.
-
-    ``node`` may be a Node or a node primary key.
-    """
+    """An unsaved event (for ``bulk_create`` in set-based sweeps); see :func:`record_event`."""
     node_id = node.pk if isinstance(node, Node) else node
-    return NodeEvent.objects.create(
+    if pool is None and isinstance(node, Node):
+        pool = node.pool_id
+    return NodeEvent(
         node_id=node_id,
+        pool_id=getattr(pool, "pk", pool),
+        lease_id=lease_id,
+        workload_id=(workload_id or "")[:200],
+        subject_type=subject_type or "",
+        subject_id=str(subject_id or "")[:64],
         type=type,
         from_state=from_state or "",
         to_state=to_state or "",
@@ -73,26 +82,15 @@ def record_event(
     )
 
 
-def event_row(
-    node_id,
-    type: str,
-    actor: Actor,
-    *,
-    from_state: str = "",
-    to_state: str = "",
-    reason: str = "",
-    data: dict | None = None,
-) -> NodeEvent:
-    """An unsaved NodeEvent, for ``bulk_create`` in set-based sweeps."""
-    return NodeEvent(
-        node_id=node_id,
-        type=type,
-        from_state=from_state,
-        to_state=to_state,
-        actor_type=actor.type,
-        actor_user=actor.user if actor.type == ActorType.USER else None,
-        actor_name=actor.name[:150],
-        reason=reason,
-        request_id=(actor.request_id or "")[:64],
-        data=data or {},
-    )
+def record_event(node: Node | Any | None, type: str, actor: Actor, **fields: Any) -> NodeEvent:
+    """Append one event. Call it inside the transaction of the change it records.
+
+    ``node`` is a Node, a node primary key, or None for an event that belongs to no node (a pool's
+    mass-silence guard, an upgrade, an appeal). Keyword ``fields``: ``from_state``, ``to_state``,
+    ``reason``, ``data`` (a JSON object), ``pool`` (a Pool or its primary key; for a Node instance
+    it defaults to the node's pool), ``lease_id`` (UUID), ``workload_id`` and
+    ``subject_type``/``subject_id`` (the other things the event belongs to).
+    """
+    event = event_row(node, type, actor, **fields)
+    event.save(force_insert=True)
+    return event

@@ -1,33 +1,34 @@
-"""Filters of the node list: pool, lifecycle, liveness, owner, label, schedulable."""
+"""Filters of the node list (pool, lifecycle, liveness, owner, label, schedulable) and of events."""
 
 from __future__ import annotations
 
+import re
+
 import django_filters
-from django.db.models.fields.json import KeyTransform
+from django.db.models import Q
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 
 from nodepool.api.problems import Problem
 
-from .capability import label_key_ok
-from .choices import Lifecycle, Liveness
-from .models import Node
+from .choices import Lifecycle, Liveness, NodeEventType
+from .labelselector import SelectorError, filter_by_selector
+from .models import Node, NodeEvent
 from .selectors import schedulable_q
 
 
 def _label_filter(queryset, column: str, values: list[str]):
-    """``key=value`` (exact) or ``key`` (present) on a JSON label column; repeatable (AND)."""
+    """Each value a Kubernetes label selector (``zone=a,gpu``, ``zone in (a,b)``, ``!spot``…; see
+    :mod:`fleet.labelselector`) on a JSON label column; repeated values must all hold (AND).
+
+    Raises:
+        Problem: 400 ``invalid_filter`` for a malformed selector (nothing is filtered then).
+    """
     for index, raw in enumerate(values):
-        key, eq, value = raw.partition("=")
-        if not label_key_ok(key):
-            raise Problem(f"label filter {raw!r}: expected key=value or key", "invalid_filter")
-        if eq:
-            # KeyTransform compares JSON values on SQLite and PostgreSQL alike, and takes the
-            # key whole, so keys with dots, slashes or '__' (topology.kubernetes.io/zone) stay one key.
-            alias = f"_{column}_{index}"
-            queryset = queryset.alias(**{alias: KeyTransform(key, column)}).filter(**{alias: value})
-        else:
-            queryset = queryset.filter(**{f"{column}__has_key": key})
+        try:
+            queryset = filter_by_selector(queryset, column, raw, alias_prefix=str(index))
+        except SelectorError as exc:
+            raise Problem(f"label selector {raw[:200]!r}: {exc}", "invalid_filter") from exc
     return queryset
 
 
@@ -37,8 +38,11 @@ class NodeFilterSet(django_filters.FilterSet):
     liveness = django_filters.MultipleChoiceFilter(choices=Liveness.choices)
     owner = django_filters.CharFilter(field_name="owner__username")
     hostname = django_filters.CharFilter(field_name="hostname")
-    label = django_filters.CharFilter(method="filter_label", help_text="key=value or key; repeat for AND")
-    node_label = django_filters.CharFilter(method="filter_node_label", help_text="on node-declared labels")
+    label = django_filters.CharFilter(
+        method="filter_label",
+        help_text="Kubernetes label selector on platform labels: k=v,k!=v,k in (a,b),k notin (a),k,!k; repeat for AND",
+    )
+    node_label = django_filters.CharFilter(method="filter_node_label", help_text="the same, on node-declared labels")
     # A strict choice, not BooleanFilter: "perhaps" must be a 400, not silently ignored.
     schedulable = django_filters.TypedChoiceFilter(
         choices=[("true", "true"), ("false", "false")], coerce=lambda v: v == "true", method="filter_schedulable"
@@ -61,3 +65,35 @@ class NodeFilterSet(django_filters.FilterSet):
     def filter_schedulable(self, queryset, name, value):
         query = schedulable_q()
         return queryset.filter(query) if value in (True, "true") else queryset.exclude(query)
+
+
+class EventFilterSet(django_filters.FilterSet):
+    """Filters of ``GET /events`` and ``GET /nodes/{id}/events``; every filter combines with AND."""
+
+    node = django_filters.UUIDFilter(field_name="node_id")
+    pool = django_filters.CharFilter(field_name="pool__name")
+    lease = django_filters.UUIDFilter(method="filter_lease")
+    workload = django_filters.CharFilter(field_name="workload_id")
+    type = django_filters.MultipleChoiceFilter(choices=NodeEventType.choices)
+    actor = django_filters.CharFilter(field_name="actor_name")
+    since = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
+    until = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")
+
+    class Meta:
+        model = NodeEvent
+        fields = ["node", "pool", "lease", "workload", "type", "actor", "since", "until"]
+
+    def filter_lease(self, queryset, name, value):
+        # Lease events written before lease_id existed carry it in data only.
+        return queryset.filter(Q(lease_id=value) | Q(data__lease_id=str(value)))
+
+    def filter_queryset(self, queryset):
+        for name in ("since", "until"):
+            raw = self.data.get(name) or ""
+            # The form would read a time without an offset in the server's zone: refuse it instead.
+            if raw and not re.search(r"(Z|[+-]\d\d:?\d\d)$", raw.strip()):
+                raise Problem(f"{name}: give a time zone offset (e.g. 2026-01-01T00:00:00Z)", "timezone_required")
+        since, until = self.form.cleaned_data.get("since"), self.form.cleaned_data.get("until")
+        if since and until and since >= until:
+            raise Problem("since must be before until", "invalid_filter")
+        return super().filter_queryset(queryset)

@@ -9,7 +9,10 @@ condition types make a node *unhealthy* (``Pool.unhealthy_conditions``, by defau
 Polarity follows Kubernetes: ``Ready`` (and any type ending in ``Ready`` or ``Available``) is a
 *positive* condition, bad when ``"False"``; pressure-style conditions (``MemoryPressure``,
 ``NetworkUnavailable``, ``ClockSkew``…) are bad when ``"True"``. ``Ready=False`` is always
-unhealthy, whatever the policy lists. An ``"Unknown"`` status of a listed condition degrades.
+unhealthy, whatever the policy lists; ``Ready=Unknown`` makes health ``unknown`` (the node's own
+view of itself is unknown; Kubernetes schedules only on ``Ready=True``). Both are unschedulable,
+with their own reason codes (fleet.selectors). An ``"Unknown"`` status of another listed condition
+degrades.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from .models import DEFAULT_DEGRADED_CONDITIONS, DEFAULT_UNHEALTHY_CONDITIONS
 
 READY = "Ready"
 CLOCK_SKEW = "ClockSkew"
+# Server-owned: set by the liveness sweep when status reports stop (fleet.status_reports).
+STATUS_REPORT_OVERDUE = "StatusReportOverdue"
 TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
 CONDITION_STATUSES = (TRUE, FALSE, UNKNOWN)
 
@@ -53,17 +58,21 @@ def evaluate(conditions: Iterable[dict], *, unhealthy: Iterable[str], degraded: 
 
     Returns:
         ``(Health value, ["MemoryPressure=True (KubeletHasInsufficientMemory)", ...])``; the
-        reasons list the conditions that set the verdict, worst first. No conditions at all is
+        reasons list the conditions that set the verdict, worst first. ``Ready=Unknown`` (and no
+        condition in its bad state) is ``unknown``. No conditions at all is
         ``healthy``: a node that reports nothing wrong is judged on what it reports.
     """
     unhealthy_types, degraded_types = set(unhealthy) | {READY}, set(degraded)
     bad_unhealthy: list[str] = []
     bad_degraded: list[str] = []
+    ready_unknown: list[str] = []
     for condition in conditions:
         kind = condition["type"]
         status = condition.get("status")
         label = f"{kind}={status}" + (f" ({condition['reason']})" if condition.get("reason") else "")
-        if kind in unhealthy_types:
+        if kind == READY and status == UNKNOWN:
+            ready_unknown.append(label)
+        elif kind in unhealthy_types:
             if is_bad(condition):
                 bad_unhealthy.append(label)
             elif status == UNKNOWN:
@@ -71,10 +80,20 @@ def evaluate(conditions: Iterable[dict], *, unhealthy: Iterable[str], degraded: 
         elif kind in degraded_types and (is_bad(condition) or status == UNKNOWN):
             bad_degraded.append(label)
     if bad_unhealthy:
-        return Health.UNHEALTHY, bad_unhealthy + bad_degraded
+        return Health.UNHEALTHY, bad_unhealthy + ready_unknown + bad_degraded
+    if ready_unknown:
+        return Health.UNKNOWN, ready_unknown + bad_degraded
     if bad_degraded:
         return Health.DEGRADED, bad_degraded
     return Health.HEALTHY, []
+
+
+def ready_status(conditions: Iterable[dict] | None) -> str | None:
+    """The status of the ``Ready`` condition (``"True"``, ``"False"``, ``"Unknown"``), None when not reported."""
+    for condition in conditions or []:
+        if isinstance(condition, dict) and condition.get("type") == READY:
+            return condition.get("status")
+    return None
 
 
 def evaluate_for_pool(conditions: Iterable[dict], pool) -> tuple[str, list[str]]:

@@ -34,7 +34,7 @@ from django.utils import timezone
 
 from nodepool.api.problems import Conflict, Gone
 
-from . import health, liveness
+from . import health, liveness, signals
 from .choices import BenchmarkStatus, Lifecycle, Liveness, NodeEventType
 from .events import Actor, event_row
 from .models import Benchmark, Node, NodeCredential, NodeEvent
@@ -66,6 +66,15 @@ MAX_ATTEMPTS = 5
 # Benchmarks are part of admission (issue 3): only a node being admitted is asked to run one, so
 # a ready node's heartbeat does not pay for the lookup.
 BENCHMARK_LIFECYCLES = (Lifecycle.PENDING, Lifecycle.ADMITTING)
+
+# A node whose status report is late by this many status-report intervals gets StatusReportOverdue.
+STATUS_REPORT_OVERDUE_INTERVALS = 2
+STATUS_REPORT_OVERDUE = health.STATUS_REPORT_OVERDUE
+
+
+def _spacing() -> float:
+    return float(settings.NODEPOOL.get("MIN_SPACING_FRACTION", 0.5))
+
 
 # Where the control plane wants a node in each lifecycle to end up (told to the agent).
 _DESIRED = {Lifecycle.ADMITTING: Lifecycle.READY, Lifecycle.DRAINING: Lifecycle.MAINTENANCE}
@@ -99,6 +108,7 @@ class HeartbeatOutcome:
     node: Node
     received_at: datetime
     next_heartbeat_in: float
+    status_report_interval: float = 60.0
     restarted: bool = False
     stop_leases: list[str] = field(default_factory=list)
     checkpoint_leases: list[str] = field(default_factory=list)
@@ -106,6 +116,7 @@ class HeartbeatOutcome:
     run_benchmark: dict | None = None
     rotate_credential: bool = False
     events: int = 0
+    instructions: dict = field(default_factory=dict)
 
     @property
     def desired_lifecycle(self) -> str:
@@ -157,7 +168,8 @@ def merge_conditions(stored: list[dict], reported: list[dict], skew: dict | None
     previous = {c.get("type"): c for c in stored or []}
     stamp = now.isoformat()
     merged = []
-    for condition in [*(c for c in reported if c["type"] != health.CLOCK_SKEW), *([skew] if skew else [])]:
+    server_owned = (health.CLOCK_SKEW, STATUS_REPORT_OVERDUE)
+    for condition in [*(c for c in reported if c["type"] not in server_owned), *([skew] if skew else [])]:
         before = previous.get(condition["type"])
         same = before is not None and before.get("status") == condition["status"]
         merged.append({**condition, "last_transition_time": before.get("last_transition_time") if same else stamp})
@@ -222,8 +234,10 @@ def apply_heartbeat(
                 node=node,
                 received_at=received_at,
                 next_heartbeat_in=liveness.next_heartbeat_in(timings),
+                status_report_interval=timings.status_report_interval,
                 rotate_credential=rotate_hint(credential, received_at),
             )
+        _check_spacing(node=node, report=report, received_at=received_at, timings=timings)
         outcome = _try_apply(node=node, report=report, actor=actor, received_at=received_at, timings=timings)
         if outcome is not None:
             outcome.rotate_credential = rotate_hint(credential, received_at)
@@ -231,6 +245,36 @@ def apply_heartbeat(
         # Someone changed the row since we read it (a racing heartbeat, the sweep, a retirement).
         node = Node.objects.select_related("pool").get(pk=node.pk)
     raise Conflict("The node changed during this heartbeat; send it again.", "concurrent_heartbeat")
+
+
+def _check_spacing(*, node: Node, report: HeartbeatReport, received_at: datetime, timings: liveness.Timings) -> None:
+    """The flood guard of status reports: not sooner than half the interval last told.
+
+    Exempt: a report the node was asked for (its pending-instructions marker is set), the first
+    report of a new incarnation, and the first one after the interval changed. Checked on the
+    snapshot the conditional UPDATE compares with (its sequence): a racing report that moved the
+    row makes this request re-read and check again, so the guard costs no extra statement.
+
+    Raises:
+        TooManyRequests: 429 with ``Retry-After``; nothing is written.
+    """
+    not_before = node.status_report_not_before
+    if (
+        not_before is None
+        or not_before <= received_at
+        or node.instructions
+        or report.incarnation > node.incarnation
+        or node.interval_given != timings.interval
+    ):
+        return
+    from .renewals import TooManyRequests, min_spacing_fraction
+
+    wait = (not_before - received_at).total_seconds()
+    raise TooManyRequests(
+        f"Status reports may come at most every {timings.interval * min_spacing_fraction():g}s unless a flag "
+        f"asks for one; retry in {wait:.1f}s (renewals keep the node alive meanwhile).",
+        wait,
+    )
 
 
 def _try_apply(
@@ -252,6 +296,15 @@ def _try_apply(
         # The stale deadline: two told intervals of silence (jitter adds at most 10 % of one).
         "next_liveness_check_at": received_at + timedelta(seconds=timings.stale_after),
         "clock_skew_seconds": round(skew, 3),
+        # The status report delivers every pending instruction (read after this UPDATE, so one
+        # posted meanwhile raises its bit again), restarts the overdue clock and the flood guard.
+        "instructions": 0,
+        "interval_given": timings.interval,
+        "status_report_not_before": received_at + timedelta(seconds=timings.interval * _spacing()),
+        "last_status_report_at": received_at,
+        "status_report_due_at": received_at
+        + timedelta(seconds=STATUS_REPORT_OVERDUE_INTERVALS * timings.status_report_interval),
+        "status_report_overdue": False,
     }
     for name in ("agent_version", "ready", "ready_reason", "usage"):
         if getattr(node, name) != getattr(report, name):
@@ -326,17 +379,20 @@ def _conditional_update(*, node: Node, report: HeartbeatReport, values: dict[str
 
 
 def _after_apply(*, node, report, actor, received_at, timings, restarted, events) -> HeartbeatOutcome:
-    """Lease reconciliation, automatic-quarantine rules and the benchmark instruction (same transaction)."""
-    from leases.services import reconcile_heartbeat
-    from maintenance.rules import evaluate_heartbeat
-
-    leases = (
-        reconcile_heartbeat(
-            node, incarnation=report.incarnation, reported=report.leases, restarted=restarted, actor=actor
+    """Publish the status report to the apps above (lease reconciliation, automatic-quarantine rules:
+    fleet.signals) and add the benchmark instruction."""
+    leases = signals.merged_instructions(
+        signals.status_report_applied.send(
+            sender=Node,
+            node=node,
+            incarnation=report.incarnation,
+            leases=report.leases,
+            usage=report.usage,
+            agent_version=report.agent_version,
+            restarted=restarted,
+            actor=actor,
         )
-        or {}
     )
-    evaluate_heartbeat(node, usage=report.usage, agent_version=report.agent_version, actor=actor)
     benchmark = None
     if node.lifecycle in BENCHMARK_LIFECYCLES:
         benchmark = (
@@ -351,12 +407,16 @@ def _after_apply(*, node, report, actor, received_at, timings, restarted, events
         node=node,
         received_at=received_at,
         next_heartbeat_in=liveness.next_heartbeat_in(timings),
+        status_report_interval=timings.status_report_interval,
         restarted=restarted,
         stop_leases=[str(i) for i in leases.get("stop", [])],
         checkpoint_leases=[str(i) for i in leases.get("checkpoint", [])],
         assigned_leases=leases.get("assigned"),
         run_benchmark={"nonce": benchmark[0], "deadline": benchmark[1]} if benchmark else None,
         events=events,
+        # Instructions of the apps above beyond the lease ones (operations' "upgrade"), as they
+        # returned them from status_report_applied.
+        instructions={k: v for k, v in leases.items() if k not in ("stop", "checkpoint", "assigned")},
     )
 
 

@@ -31,9 +31,12 @@ from typing import Any
 
 import yaml
 from django.db import IntegrityError, transaction
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from nodepool.quantity import QuantityError, to_canonical
 
+from . import taints as taint_times
 from .choices import Lifecycle, NodeEventType
 from .events import Actor, record_event
 from .models import Node, Pool
@@ -103,6 +106,7 @@ class MappedNode:
     fields: dict
     unmapped: list[str] = field(default_factory=list)
     details: dict = field(default_factory=dict)
+    taints_added: dict = field(default_factory=dict)  # taint id -> timeAdded (aware datetime)
 
     @property
     def external_id(self) -> str:
@@ -142,15 +146,33 @@ def _accelerators(resources: dict[str, int], labels: dict, unmapped: list[str]) 
     return accelerators
 
 
-def _taints(spec: dict, unmapped: list[str]) -> list[dict]:
-    taints = []
+def _taints(spec: dict, unmapped: list[str]) -> tuple[list[dict], dict]:
+    """The node's taints, and the ``timeAdded`` of those that carry one (by taint id)."""
+    taints, added = [], {}
     for taint in spec.get("taints") or []:
         key, effect = taint.get("key"), taint.get("effect")
         if not key or effect not in TAINT_EFFECTS:
             unmapped.append(f"taint {taint!r}: no key or unknown effect")
             continue
-        taints.append({"key": key, "value": taint.get("value", ""), "effect": effect})
-    return taints
+        mapped = {"key": key, "value": taint.get("value", ""), "effect": effect}
+        taints.append(mapped)
+        when = _time(taint.get("timeAdded"))
+        if taint.get("timeAdded") and when is None:
+            unmapped.append(f"taint {key}:{effect}: timeAdded {taint['timeAdded']!r} is not an RFC 3339 time")
+        elif when is not None:
+            added[taint_times.taint_id(mapped)] = when
+    return taints, added
+
+
+def _time(value: Any):
+    """An RFC 3339 time (``2024-05-01T10:00:00Z``) as an aware datetime, or None."""
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = parse_datetime(value)
+    except ValueError:
+        return None
+    return parsed if parsed is not None and parsed.tzinfo is not None else None
 
 
 def _runtime_name(version: str) -> str:
@@ -228,12 +250,13 @@ def map_node(obj: dict) -> MappedNode:
     ids = [k for k in ("machineID", "systemUUID", "bootID") if info.get(k)]
     if ids:
         unmapped.append(f"nodeInfo.{'/'.join(ids)} ignored (identity comes from enrollment)")
+    taints, taints_added = _taints(spec, unmapped)
     fields_ = {
         "hostname": hostname[:253],
         "display_name": name[:200],
         "addresses": address_list,
         "labels": labels,
-        "taints": _taints(spec, unmapped),
+        "taints": taints,
         "declared": {
             "resources": capacity,
             "allocatable": allocatable,
@@ -244,7 +267,9 @@ def map_node(obj: dict) -> MappedNode:
         "ready": False,
         "ready_reason": ready_reason[:200],
     }
-    return MappedNode(uid=str(uid), name=str(name), fields=fields_, unmapped=unmapped, details=details)
+    return MappedNode(
+        uid=str(uid), name=str(name), fields=fields_, unmapped=unmapped, details=details, taints_added=taints_added
+    )
 
 
 @dataclass
@@ -302,9 +327,13 @@ def import_nodes(*, text: str, pool: Pool, actor: Actor, dry_run: bool = False, 
 
 def _upsert(mapped: MappedNode, *, pool: Pool, actor: Actor, source: str) -> tuple[str, Node]:
     with transaction.atomic():
-        node = Node.objects.select_for_update().filter(external_id=mapped.external_id).first()
+        node = Node.objects.select_for_update(no_key=True).filter(external_id=mapped.external_id).first()
+        now = timezone.now()
         if node is None:
-            node = Node.objects.create(pool=pool, external_id=mapped.external_id, **mapped.fields)
+            added = taint_times.stamp({}, mapped.fields["taints"], now, given=mapped.taints_added)
+            node = Node.objects.create(
+                pool=pool, external_id=mapped.external_id, taints_added_at=added, **mapped.fields
+            )
             record_event(
                 node,
                 NodeEventType.ENROLLED,
@@ -323,10 +352,13 @@ def _upsert(mapped: MappedNode, *, pool: Pool, actor: Actor, source: str) -> tup
         if node.pool_id != pool.pk:
             return "skipped", node
         changed = [name for name, value in mapped.fields.items() if getattr(node, name) != value]
+        added = taint_times.stamp(node.taints_added_at, mapped.fields["taints"], now, given=mapped.taints_added)
+        if added != node.taints_added_at:
+            changed.append("taints_added_at")
         if not changed:
             return "unchanged", node
         for name in changed:
-            setattr(node, name, mapped.fields[name])
+            setattr(node, name, added if name == "taints_added_at" else mapped.fields[name])
         node.version += 1
         node.save(update_fields=[*changed, "version", "updated_at"])
         record_event(

@@ -12,7 +12,7 @@ Two halves:
   the node's next degradation, healthchecks' ``alert_after``), and moves them with one
   compare-and-swap UPDATE per (pool, from, to) (``WHERE liveness = <from>``), so two sweeps at
   once, or a sweep racing a heartbeat, can never both move the same node: one event per node
-  per transition, one ``lose_node_leases`` per node that became ``lost``.
+  per transition, one ``nodes_lost`` signal per run for the nodes that became ``lost``.
 
 Rate scaling is Nomad's: the heartbeat interval grows with the number of nodes so that the fleet
 sends at most ``NODEPOOL["MAX_HEARTBEATS_PER_SECOND"]`` (nomad/heartbeat.go, ``RateScaledInterval``
@@ -39,7 +39,7 @@ from django.core.cache import cache
 from django.db import connection, transaction
 from django.utils import timezone
 
-from . import silence
+from . import clock, signals, silence, status_reports
 from .choices import Lifecycle, Liveness, NodeEventType
 from .events import Actor, event_row
 from .models import LivenessSweepState, Node, NodeEvent, Pool
@@ -54,6 +54,8 @@ POPULATION_CACHE_SECONDS = 30
 # The order in which the sweep moves nodes: furthest target first, so that a node silent for a
 # long time goes straight to its final state with one event.
 _SILENT_STATES = (Liveness.ALIVE, Liveness.STALE, Liveness.UNREACHABLE)
+# How long a released mass-silence guard is remembered: longer than any pool's scaled loss threshold.
+RELEASE_MEMORY_SECONDS = 24 * 3600
 
 
 @dataclass(frozen=True)
@@ -69,10 +71,12 @@ class Timings:
     stale_after: float
     unreachable_after: float
     lost_after: float
+    # Status reports come at least this often (never more often than renewals are asked for).
+    status_report_interval: float = 60.0
 
 
 def max_heartbeats_per_second() -> float:
-    return float(settings.NODEPOOL.get("MAX_HEARTBEATS_PER_SECOND", 50.0))
+    return float(settings.NODEPOOL.get("MAX_HEARTBEATS_PER_SECOND", 1000.0))
 
 
 def timings_for(pool: Pool, fleet_size: int, max_rate: float | None = None) -> Timings:
@@ -92,6 +96,7 @@ def timings_for(pool: Pool, fleet_size: int, max_rate: float | None = None) -> T
         stale_after=STALE_INTERVALS * interval,
         unreachable_after=max(pool.heartbeat_grace * scale, STALE_INTERVALS * interval),
         lost_after=max(pool.loss_threshold * scale, pool.heartbeat_grace * scale),
+        status_report_interval=max(float(getattr(pool, "status_report_interval", 60) or 60), interval),
     )
 
 
@@ -215,16 +220,19 @@ def _move(
     deadline = "" if keep_deadline else f", next_liveness_check_at = {next_sql}"
     update = (
         f"UPDATE {table} SET liveness = %s, liveness_changed_at = %s{deadline} "  # noqa: S608
-        f"WHERE {' AND '.join(where)} RETURNING id"
+        f"WHERE {' AND '.join(where)} RETURNING id, pool_id"
     )
     update_params = [to_state, _db_time(now), *([] if keep_deadline else next_params), *params]
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             events = connection.ops.quote_name(NodeEvent._meta.db_table)
             cursor.execute(
-                f"WITH moved AS ({update}) INSERT INTO {events} (node_id, type, from_state, to_state, actor_type, "  # noqa: S608
-                "actor_user_id, actor_name, reason, request_id, data, created_at) "
-                "SELECT id, %s, %s, %s, %s, NULL, %s, %s, %s, '{}'::jsonb, %s FROM moved RETURNING node_id",
+                # Every NOT NULL column of the general event model: Django sets no database defaults.
+                f"WITH moved AS ({update}) INSERT INTO {events} (node_id, pool_id, workload_id, subject_type, "  # noqa: S608
+                "subject_id, type, from_state, to_state, actor_type, actor_user_id, actor_name, reason, request_id, "
+                "data, created_at) "
+                "SELECT id, pool_id, '', '', '', %s, %s, %s, %s, NULL, %s, %s, %s, '{}'::jsonb, %s FROM moved "
+                "RETURNING node_id",
                 [
                     *update_params,
                     NodeEventType.LIVENESS,
@@ -242,7 +250,15 @@ def _move(
         moved = [_as_uuid(row[0]) for row in cursor.fetchall()]
     NodeEvent.objects.bulk_create(
         [
-            event_row(node_id, NodeEventType.LIVENESS, actor, from_state=from_state, to_state=to_state, reason=reason)
+            event_row(
+                node_id,
+                NodeEventType.LIVENESS,
+                actor,
+                from_state=from_state,
+                to_state=to_state,
+                reason=reason,
+                pool=pool_id,
+            )
             for node_id in moved
         ],
         batch_size=500,
@@ -255,6 +271,20 @@ def _chunks(items: list, size: int = 5000):
         yield items[start : start + size]
 
 
+def _in_fresh_window(releases: dict, pool: Pool, candidate, *, now: datetime, lost_after: float) -> bool:
+    """Whether a loss candidate ``(id, liveness, last_heartbeat_at, labels, node_labels)`` is inside
+    the fresh loss window of a released guard: released at R, its leases are lost no sooner than
+    R + the loss threshold."""
+    key = silence.release_key_for(
+        releases, pool_name=pool.name, labels=candidate[3], node_labels=candidate[4],
+        trust_node_labels=pool.trust_node_labels,
+    )  # fmt: skip
+    if key is None:
+        return False
+    released_at = datetime.fromisoformat(releases[key]["released_at"])
+    return (now - released_at).total_seconds() < lost_after
+
+
 def _sweep_pool(*, pool: Pool, timings: Timings, now: datetime, since: datetime | None, state, actor) -> dict:
     """Run the transitions of one pool; returns ``{"moved": {"a->b": n}, "lost": [ids], "held": n}``."""
 
@@ -262,7 +292,7 @@ def _sweep_pool(*, pool: Pool, timings: Timings, now: datetime, since: datetime 
         # Outage guard: a threshold counts only once it has passed since the recovery too.
         return since is None or (now - since).total_seconds() >= after
 
-    result: dict = {"moved": {}, "lost": [], "held": 0, "guards": {}}
+    result: dict = {"moved": {}, "lost": [], "held": 0, "guards": {}, "fresh": 0}
 
     def record(from_state, to_state, moved):
         if moved:
@@ -288,7 +318,21 @@ def _sweep_pool(*, pool: Pool, timings: Timings, now: datetime, since: datetime 
             )
             result["guards"] = verdict.guards
             held = [c for c in candidates if verdict.holds(c[3], c[4])]
-            eligible = {c[0] for c in candidates} - {c[0] for c in held}
+            # A guard of this pool that held at the previous run and holds no more is released
+            # now: nodes still silent get a fresh loss window from here (Kubernetes and Nomad
+            # restart the clock when a disruption ends), never their silence from before it.
+            releases = state.guard_releases
+            for key in state.guarded_groups or {}:
+                if silence.belongs_to_pool(key, pool.name) and key not in verdict.guards and key not in releases:
+                    releases[key] = {"released_at": now.isoformat()}
+            held_ids = {c[0] for c in held}
+            fresh = [
+                c
+                for c in candidates
+                if c[0] not in held_ids and _in_fresh_window(releases, pool, c, now=now, lost_after=timings.lost_after)
+            ]
+            result["fresh"] = len(fresh)
+            eligible = {c[0] for c in candidates} - held_ids - {c[0] for c in fresh}
             if held:
                 result["held"] = len(held)
                 silence.record_withheld(
@@ -298,7 +342,7 @@ def _sweep_pool(*, pool: Pool, timings: Timings, now: datetime, since: datetime 
             for from_state in _SILENT_STATES:
                 # Without holds the cutoff alone selects the rows; with holds, the eligible ids do.
                 batches = [None]
-                if held:
+                if held or fresh:
                     batches = list(_chunks([c[0] for c in candidates if c[1] == from_state and c[0] in eligible]))
                 for batch in batches:
                     moved = _move(
@@ -353,6 +397,18 @@ def _sweep_pool(*, pool: Pool, timings: Timings, now: datetime, since: datetime 
     return result
 
 
+def _open_releases(releases: dict, *, now: datetime, engaged: dict) -> dict:
+    """The releases still worth remembering: a window lasts one loss threshold (at most the largest
+    a pool may have, a day here, so stale entries go), and a guard engaged again ends its release."""
+    keep = {}
+    for key, release in releases.items():
+        if key in engaged:
+            continue
+        if (now - datetime.fromisoformat(release["released_at"])).total_seconds() <= RELEASE_MEMORY_SECONDS:
+            keep[key] = release
+    return keep
+
+
 def sweep_liveness(*, now: datetime | None = None, actor: Actor | None = None) -> dict:
     """Degrade the liveness of every node whose deadline passed; safe to run twice at once.
 
@@ -362,13 +418,13 @@ def sweep_liveness(*, now: datetime | None = None, actor: Actor | None = None) -
 
     Returns:
         ``{"now", "gap_seconds", "recovering", "moved": {"alive->stale": n, ...}, "lost": n,
-        "held": n, "guards": {...}}``. Calls ``leases.services.lose_node_leases`` once with the
-        nodes that became ``lost`` in this run, inside the same transaction.
+        "held": n, "guards": {...}}``. Sends ``fleet.signals.nodes_lost`` once with the nodes that
+        became ``lost`` in this run, inside the same transaction (leases declares their leases lost).
     """
-    from leases.services import lose_node_leases
-
     now = now or timezone.now()
     actor = actor or Actor.system("fleet.sweep_liveness")
+    # Deadlines first: a forward gap of the clock is paused for credentials, leases, drains…
+    clock.observe(now=now, actor=actor)
     LivenessSweepState.objects.get_or_create(pk=1)
     with transaction.atomic():
         # The row lock makes concurrent sweeps queue (PostgreSQL); SQLite's IMMEDIATE transactions
@@ -406,12 +462,34 @@ def sweep_liveness(*, now: datetime | None = None, actor: Actor | None = None) -
                 summary["moved"][key] = summary["moved"].get(key, 0) + count
             lost_ids.extend(result["lost"])
             summary["held"] += result["held"]
+            summary["fresh_window"] = summary.get("fresh_window", 0) + result["fresh"]
             summary["guards"].update(result["guards"])
         summary["lost"] = len(lost_ids)
         if lost_ids:
-            lose_node_leases(lost_ids, actor=actor, reason="node lost: no heartbeat past the loss threshold")
+            signals.nodes_lost.send(
+                sender=Node, node_ids=lost_ids, actor=actor, reason="node lost: no heartbeat past the loss threshold"
+            )
+        previous_guards = state.guarded_groups or {}
+        for key in previous_guards:
+            # Released where no pool of it was judged this run (every silent node came back):
+            # nodes that go silent again later still count from this release.
+            if key not in summary["guards"] and key not in state.guard_releases:
+                state.guard_releases[key] = {"released_at": now.isoformat()}
+        pools = {pool.name: pool for pool in due_pools}
+        missing = {key.split("/", 1)[0] for key in {*previous_guards, *summary["guards"]} if key != silence.FLEET}
+        pools.update({p.name: p for p in Pool.objects.filter(name__in=missing - set(pools))})
+        silence.record_guard_changes(
+            previous=previous_guards, current=summary["guards"], pools=pools, now=now, actor=actor
+        )
+        state.guard_releases = _open_releases(state.guard_releases, now=now, engaged=summary["guards"])
         state.last_run_at = now
         state.guarded_groups = summary["guards"]
         state.last_result = {k: v for k, v in summary.items() if k != "guards"}
-        state.save(update_fields=["last_run_at", "recovered_at", "gap_seconds", "guarded_groups", "last_result"])
+        state.save(
+            update_fields=[
+                "last_run_at", "recovered_at", "gap_seconds", "guarded_groups", "guard_releases", "last_result",
+            ]
+        )  # fmt: skip
+    # Nodes that renew but stopped reporting their status: not dead, but not schedulable either.
+    summary["status_reports_overdue"] = status_reports.mark_overdue(now=now, actor=actor)
     return summary

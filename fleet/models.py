@@ -1,6 +1,6 @@
 """Fleet models: pools, nodes and their identity, capacity inventory, credentials, admission.
 
-A node's state is several independent dimensions (see ../DESIGN.md): ``lifecycle`` (FSM, only
+A node's state is several independent dimensions (docs/foundation.md, "The state model"): ``lifecycle`` (FSM, only
 transitions change it), ``liveness`` (from the control plane's receipt times), ``ready`` (what
 the node says), ``health`` (the control plane's judgement of conditions) and capacity
 (:class:`NodeResource`). Nothing here stores a single "online" flag; ``schedulable`` is derived.
@@ -62,8 +62,18 @@ class Pool(models.Model):
     attestation_required = models.BooleanField(default=False)
     attestation_public_key = models.TextField(blank=True, help_text="PEM public key (Ed25519) trusted for attestation.")
     trust_node_labels = models.BooleanField(default=False, help_text="Use node-declared labels for placement.")
+    # Resources a node may report using without having them in its inventory (e.g. a scratch
+    # volume the platform does not account); any other undeclared resource in use is impossible.
+    allowed_undeclared_resources = models.JSONField(
+        default=list, blank=True, help_text="Resource names whose use need not be in a node's inventory."
+    )
     # Liveness timings (seconds). Defaults: Kubernetes' node-monitor grace (40 s) and 5 min eviction.
-    heartbeat_interval = models.PositiveIntegerField(default=10)
+    heartbeat_interval = models.PositiveIntegerField(default=10, help_text="Seconds between liveness renewals.")
+    # Status reports (full heartbeats) come on change and at least this often (KEP-589's split:
+    # Kubernetes' nodeStatusReportFrequency is 5 min; 60 s keeps usage evidence fresh).
+    status_report_interval = models.PositiveIntegerField(
+        default=60, help_text="Seconds: nodes send a full status report at least this often."
+    )
     heartbeat_grace = models.PositiveIntegerField(default=40)
     loss_threshold = models.PositiveIntegerField(default=300)
     # Health policy: condition types whose status "True" makes a node unhealthy / degraded
@@ -73,6 +83,22 @@ class Pool(models.Model):
     scheduling_policy = models.CharField(
         max_length=16, choices=SchedulingPolicy.choices, default=SchedulingPolicy.BINPACK
     )
+    # Observability (docs/observability.md). Alert rules cannot read the database, so the Node
+    # Ready SLO is exported as the gauge nodepool_pool_ready_ratio_objective for the burn-rate rules.
+    ready_ratio_objective = models.FloatField(
+        default=0.99, help_text="Node Ready SLO: the fraction of in-service nodes that should be Ready (0.5-0.99999)."
+    )
+    # The request classes the operator cares about; the pool's health answers "can serve N now" for each.
+    request_classes = models.JSONField(
+        default=list,
+        blank=True,
+        help_text='[{"name": "gpu-small", "shape": "gpu-small"}] or [{"name": ..., "resources": {"cpu": "4"}}]',
+    )
+    # "Can serve N now" per request class, refreshed by the beat task leases.refresh_request_class_fits
+    # ({class name: N or None}); /metrics and the fleet overview read it instead of re-running
+    # placement filters over the whole pool at every scrape.
+    request_class_fits = models.JSONField(default=dict, blank=True, editable=False)
+    request_class_fits_at = models.DateTimeField(null=True, blank=True, editable=False)
     version = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -80,6 +106,10 @@ class Pool(models.Model):
     class Meta:
         ordering = ["name"]
         constraints = [
+            models.CheckConstraint(
+                condition=Q(ready_ratio_objective__gte=0.5, ready_ratio_objective__lt=1.0),
+                name="pool_ready_objective_in_range",
+            ),
             models.CheckConstraint(
                 condition=Q(heartbeat_grace__gte=2 * models.F("heartbeat_interval")),
                 name="pool_grace_at_least_two_intervals",
@@ -122,6 +152,9 @@ class Node(ConcurrentTransitionMixin, models.Model):
     labels = models.JSONField(default=dict, blank=True)
     node_labels = models.JSONField(default=dict, blank=True)
     taints = models.JSONField(default=list, blank=True)
+    # {"key:effect": ISO 8601}: when each taint was put on this node (fleet.taints); NoExecute
+    # tolerationSeconds count from it.
+    taints_added_at = models.JSONField(default=dict, blank=True)
     # Capability: self-reported, measured by benchmarks, accepted by admission.
     declared = models.JSONField(default=dict, blank=True)
     measured = models.JSONField(default=dict, blank=True)
@@ -140,6 +173,10 @@ class Node(ConcurrentTransitionMixin, models.Model):
     # the sweep selects rows with next_liveness_check_at <= now through a partial index.
     next_liveness_check_at = models.DateTimeField(null=True, blank=True)
 
+    # Cordon: true while the node has any active hold (NodeHold), kept in step with its holds
+    # under the node's row lock by maintenance.holds. Stored so that placement filters on a column.
+    cordoned = models.BooleanField(default=False)
+
     # Readiness (the node's word) and health (the control plane's judgement).
     ready = models.BooleanField(default=False)
     ready_reason = models.CharField(max_length=200, blank=True)
@@ -154,6 +191,21 @@ class Node(ConcurrentTransitionMixin, models.Model):
     agent_version = models.CharField(max_length=64, blank=True)
     clock_skew_seconds = models.FloatField(null=True, blank=True)
     usage = models.JSONField(default=dict, blank=True)
+
+    # The renewal/status-report split (fleet.renewals). ``instructions`` is the pending-instructions
+    # marker: a bit set (fleet.instructions.Instruction) that higher apps raise when something waits
+    # for the node and that an applied status report clears; the renewal returns it as its flags, so
+    # it never joins into leases or maintenance tables. The ``*_not_before`` columns are the flood
+    # guard (half the interval last told, per message kind) and ``interval_given`` that interval.
+    instructions = models.PositiveIntegerField(default=0)
+    interval_given = models.FloatField(null=True, blank=True)
+    renewal_not_before = models.DateTimeField(null=True, blank=True)
+    status_report_not_before = models.DateTimeField(null=True, blank=True)
+    last_status_report_at = models.DateTimeField(null=True, blank=True)
+    # When the StatusReportOverdue condition is due (2 status-report intervals after the last
+    # report); the sweep finds due rows through a partial index, like next_liveness_check_at.
+    status_report_due_at = models.DateTimeField(null=True, blank=True)
+    status_report_overdue = models.BooleanField(default=False)
 
     # Enrollment evidence.
     bootstrap_token = models.ForeignKey(
@@ -191,6 +243,11 @@ class Node(ConcurrentTransitionMixin, models.Model):
                 name="node_liveness_due",
                 condition=Q(next_liveness_check_at__isnull=False),
             ),
+            models.Index(
+                fields=["status_report_due_at"],
+                name="node_status_report_due",
+                condition=Q(status_report_due_at__isnull=False),
+            ),
         ]
         permissions = [
             ("admit_node", "Can admit nodes"),
@@ -215,21 +272,13 @@ class Node(ConcurrentTransitionMixin, models.Model):
     def reject(self):
         """admitting → rejected: at least one admission check failed."""
 
-    @transition(field=lifecycle, source=Lifecycle.READY, target=Lifecycle.CORDONED)
-    def cordon(self):
-        """ready → cordoned: no new placement; existing leases untouched."""
-
-    @transition(field=lifecycle, source=Lifecycle.CORDONED, target=Lifecycle.READY)
-    def uncordon(self):
-        """cordoned → ready."""
-
-    @transition(field=lifecycle, source=[Lifecycle.READY, Lifecycle.CORDONED], target=Lifecycle.DRAINING)
+    @transition(field=lifecycle, source=Lifecycle.READY, target=Lifecycle.DRAINING)
     def drain(self):
-        """ready | cordoned → draining: existing work moves off by a deadline."""
+        """ready → draining: existing work moves off by a deadline (the drain also places a hold)."""
 
-    @transition(field=lifecycle, source=Lifecycle.DRAINING, target=Lifecycle.CORDONED)
+    @transition(field=lifecycle, source=Lifecycle.DRAINING, target=Lifecycle.READY)
     def cancel_drain(self):
-        """draining → cordoned (never straight back to ready)."""
+        """draining → ready; the drain's hold goes with it, other holds stay (maintenance.drains)."""
 
     @transition(field=lifecycle, source=Lifecycle.DRAINING, target=Lifecycle.MAINTENANCE)
     def complete_drain(self):
@@ -256,6 +305,56 @@ class Node(ConcurrentTransitionMixin, models.Model):
     )
     def retire(self):
         """any → retired (terminal): identity and history stay."""
+
+
+class NodeHold(models.Model):
+    """One actor's cordon of one node: while any active hold exists, the node takes no new work.
+
+    ``owner`` names the actor: ``user:<username>`` for people, ``drain:<drain id>`` for a drain's
+    own hold, ``system:<name>`` for automation (``system:upgrade``…). An owner has at most one
+    active hold per node; removing it stamps ``removed_at`` (the row stays as the record).
+    Written only through ``maintenance.holds`` (place_hold / remove_hold), which keeps
+    ``Node.cordoned`` in step. ``expires_at`` (optional) ends the hold by itself, at the next
+    hold sweep.
+    """
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="holds")
+    owner = models.CharField(max_length=200)
+    reason = models.TextField(blank=True)
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField(null=True, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_by_name = models.CharField(max_length=150, blank=True)
+    removed_at = models.DateTimeField(null=True, blank=True)
+    removed_by_name = models.CharField(max_length=150, blank=True)
+    removal_reason = models.TextField(blank=True)
+    forced = models.BooleanField(default=False, help_text="removed by an operator who did not own it")
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        constraints = [
+            # One active hold per owner and node: a repeated cordon refreshes it, never stacks.
+            models.UniqueConstraint(
+                fields=["node", "owner"], condition=Q(removed_at__isnull=True), name="nodehold_one_active_per_owner"
+            ),
+        ]
+        indexes = [
+            # The hold sweep reads active holds that can expire.
+            models.Index(
+                fields=["expires_at"],
+                name="nodehold_active_expiry",
+                condition=Q(removed_at__isnull=True, expires_at__isnull=False),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"hold of {self.node_id} by {self.owner}"
+
+    @property
+    def is_active(self) -> bool:
+        return self.removed_at is None
 
 
 class NodeResource(models.Model):
@@ -297,9 +396,29 @@ class NodeResource(models.Model):
 
 
 class NodeEvent(models.Model):
-    """Append-only history of a node: written in the same transaction as the change it records."""
+    """One append-only event of the control plane, written in the same transaction as its change.
 
-    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="events")
+    The general event model: an event belongs to a node, a pool, a lease, a workload, or another
+    subject (an upgrade, an appeal, a statement…: ``subject_type`` + ``subject_id``), to several of
+    these, or to none (a fleet-wide sweep outcome). ``lease_id`` and ``subject_*`` are plain
+    values rather than foreign keys because the models they name live in higher apps (leases,
+    maintenance), which ``fleet`` never imports (docs/foundation.md, "Which way dependencies point").
+    The model keeps its historical name; ``Event`` is its alias.
+    """
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="events", null=True, blank=True)
+    pool = models.ForeignKey(
+        Pool,
+        on_delete=models.SET_NULL,
+        related_name="events",
+        null=True,
+        blank=True,
+        help_text="The pool the event belongs to (set for node events too, as it was when written).",
+    )
+    lease_id = models.UUIDField(null=True, blank=True, db_index=True)
+    workload_id = models.CharField(max_length=200, blank=True, db_index=True)
+    subject_type = models.CharField(max_length=32, blank=True, help_text="upgrade, appeal, statement…")
+    subject_id = models.CharField(max_length=64, blank=True)
     type = models.CharField(max_length=32, choices=NodeEventType.choices)
     from_state = models.CharField(max_length=32, blank=True)
     to_state = models.CharField(max_length=32, blank=True)
@@ -313,10 +432,17 @@ class NodeEvent(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        indexes = [models.Index(fields=["node", "-created_at"], name="nodeevent_node_recent")]
+        indexes = [
+            models.Index(fields=["node", "-created_at"], name="nodeevent_node_recent"),
+            models.Index(fields=["pool", "-created_at"], name="nodeevent_pool_recent"),
+            models.Index(fields=["subject_type", "subject_id"], name="nodeevent_subject"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.type} {self.from_state}→{self.to_state}"
+
+
+Event = NodeEvent
 
 
 class BootstrapToken(models.Model):
@@ -365,6 +491,11 @@ class NodeCredential(models.Model):
     expires_at = models.DateTimeField()
     rotated_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # The lineage: the credential a rotation made from this one. Only a credential that nothing
+    # superseded may rotate (fleet.credentials).
+    superseded_by = models.OneToOneField(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="supersedes", editable=False
+    )
 
     class Meta:
         ordering = ["-issued_at"]
@@ -426,10 +557,31 @@ class LivenessSweepState(models.Model):
     recovered_at = models.DateTimeField(null=True, blank=True)
     gap_seconds = models.FloatField(default=0.0)
     guarded_groups = models.JSONField(default=dict, blank=True)
+    # Guards released recently: {key: {"released_at": iso}}. Nodes of a released group get a fresh
+    # loss window from the release (fleet.liveness); a guard engaged again drops its entry.
+    guard_releases = models.JSONField(default=dict, blank=True)
     last_result = models.JSONField(default=dict, blank=True)
 
     def __str__(self) -> str:
         return f"liveness sweep (last run {self.last_run_at})"
+
+
+class ControlPlaneClock(models.Model):
+    """The control plane's own clock memory: one row (``pk=1``), see :mod:`fleet.clock`.
+
+    ``observed_at`` is the wall time of the last observation by a periodic job; a forward move
+    beyond ``NODEPOOL["CLOCK_JUMP_THRESHOLD"]`` is a detected gap, paused for every deadline.
+    ``paused_seconds`` is the total paused so far (control-plane time = wall time − it).
+    """
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1, editable=False)
+    observed_at = models.DateTimeField(null=True, blank=True)
+    paused_seconds = models.FloatField(default=0.0)
+    last_gap_started_at = models.DateTimeField(null=True, blank=True)
+    last_gap_ended_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"control-plane clock (observed {self.observed_at}, paused {self.paused_seconds:.0f}s)"
 
 
 class NodeMetrics(models.Model):
@@ -443,3 +595,21 @@ class NodeMetrics(models.Model):
 
     def __str__(self) -> str:
         return f"metrics of {self.node_id} at {self.received_at}"
+
+
+class FleetState(models.Model):
+    """The fleet-wide aggregates behind ``/metrics`` and the admin fleet overview: one row (``pk=1``).
+
+    Computed every ``NODEPOOL["FLEET_STATE_INTERVAL"]`` seconds by the beat task
+    ``fleet.refresh_fleet_state`` (:mod:`fleet.fleet_state`), so that a scrape or a page view reads
+    one row instead of scanning every node (capability drift and usage need JSON over each node).
+    ``figures`` holds rows keyed by pool pk; ``computed_at`` is when the computation started.
+    """
+
+    id = models.PositiveSmallIntegerField(primary_key=True, default=1, editable=False)
+    computed_at = models.DateTimeField(null=True, blank=True)
+    duration_seconds = models.FloatField(default=0.0)
+    figures = models.JSONField(default=dict, blank=True)
+
+    def __str__(self) -> str:
+        return f"fleet state (computed {self.computed_at})"

@@ -39,7 +39,7 @@ def parse_reservations(raw: Any, *, field: str = "reservations") -> dict[str, di
             out[cls] = parse_resources(resources or {}, field=f"{field}.{cls}")
         except QuantityError as exc:
             path, _, message = str(exc).partition(": ")
-            raise CapabilityError(path, message or str(exc)) from exc
+            raise CapabilityError(path, message or str(exc), "invalid_quantity") from exc
     return out
 
 
@@ -55,7 +55,7 @@ def parse_required_capabilities(raw: Any, *, field: str = "required_capabilities
             out["resources"] = parse_resources(raw["resources"] or {}, field=f"{field}.resources")
         except QuantityError as exc:
             path, _, message = str(exc).partition(": ")
-            raise CapabilityError(path, message or str(exc)) from exc
+            raise CapabilityError(path, message or str(exc), "invalid_quantity") from exc
     if "features" in raw:
         out["features"] = parse_features(raw["features"], field=f"{field}.features")
     return out
@@ -130,3 +130,6 @@ def check_pool(values: dict[str, Any]) -> None:
         load_attestation_key(values["attestation_public_key"])
     elif values.get("attestation_required"):
         raise CapabilityError("attestation_public_key", "a pool that requires attestation needs a trusted key")
+    allowed = values.get("allowed_undeclared_resources") or []
+    if not isinstance(allowed, list) or len(allowed) > 32 or not all(isinstance(v, str) and v for v in allowed):
+        raise CapabilityError("allowed_undeclared_resources", "must be a list of at most 32 resource names")

@@ -7,6 +7,7 @@ so a backlog never piles up; a missed run is harmless because the next one catch
 from django.conf import settings
 
 _SWEEP = float(settings.NODEPOOL.get("LIVENESS_SWEEP_INTERVAL", 5.0))
+_FLEET_STATE = float(settings.NODEPOOL.get("FLEET_STATE_INTERVAL", 15.0))
 
 BEAT_SCHEDULE = {
     "fleet-sweep-liveness": {
@@ -24,4 +25,13 @@ BEAT_SCHEDULE = {
         "schedule": 120.0,
         "options": {"expires": 100.0},
     },
+    # Node counts, capacity, usage, drift and inconsistent usage for /metrics and the fleet overview
+    # (fleet/fleet_state.py): computed here so that a scrape never scans the fleet.
+    "fleet-refresh-fleet-state": {
+        "task": "fleet.refresh_fleet_state",
+        "schedule": _FLEET_STATE,
+        "options": {"expires": _FLEET_STATE * 0.8},
+    },
+    # Retention (nodepool/retention.py): hourly, bounded batches; a run cut short resumes next hour.
+    "fleet-prune-events": {"task": "fleet.prune_events", "schedule": 3600.0, "options": {"expires": 3000.0}},
 }

@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
-from django.db.models import Exists, OuterRef, Prefetch, Q, QuerySet
+from django.db.models import Case, CharField, Exists, OuterRef, Prefetch, Q, QuerySet, TextField, Value, When
+from django.db.models.functions import Cast
+from django.db.models.lookups import Contains
 from django.utils import timezone
 
 from nodepool.api.permissions import is_client, is_operator, is_owner
 
+from . import health
 from .choices import BenchmarkStatus, Health, Lifecycle, Liveness
-from .models import AdmissionCheck, Benchmark, Node, NodeCredential, NodeEvent
+from .models import AdmissionCheck, Benchmark, Node, NodeCredential, NodeEvent, NodeHold
 
 # Stable reason codes for why a node is not schedulable (used by the API and the scheduler).
 NOT_READY_LIFECYCLE = "lifecycle_not_ready"
+CORDONED = "cordoned"
 NOT_ALIVE = "not_alive"
 NODE_NOT_READY = "node_not_ready"
+READY_CONDITION_FALSE = "ready_condition_false"
+READY_CONDITION_UNKNOWN = "ready_condition_unknown"
 UNHEALTHY = "unhealthy"
 NO_VALID_CREDENTIAL = "no_valid_credential"
+STATUS_REPORT_OVERDUE = "status_report_overdue"
 
 SCHEDULABLE_HEALTH = (Health.HEALTHY, Health.DEGRADED)
 RECENT_EVENTS = 10
@@ -30,15 +37,78 @@ def valid_credential_exists(now=None) -> Exists:
 def schedulable_q(now=None) -> Q:
     """A ``Q`` for nodes that may receive new work (use with :func:`valid_credential_exists`).
 
-    Schedulable = lifecycle ``ready`` and liveness ``alive`` and readiness true and health within
-    pool policy (``healthy`` or ``degraded``) and a valid credential (DESIGN.md, the state model).
+    Schedulable = lifecycle ``ready`` and no cordon hold and liveness ``alive`` and readiness true and health within
+    pool policy (``healthy`` or ``degraded``) and a valid credential (docs/foundation.md, "The state model"),
+    and a status report not overdue (its readiness and health are not stale news).
     """
     return Q(
         lifecycle=Lifecycle.READY,
+        cordoned=False,
         liveness=Liveness.ALIVE,
         ready=True,
         health__in=SCHEDULABLE_HEALTH,
+        status_report_overdue=False,
         has_valid_credential=True,
+    )
+
+
+# Each unschedulable reason as a query over nodes annotated with ``has_valid_credential``; the
+# same conditions as :func:`unschedulable_reasons`, so a filter and the reasons shown agree.
+# The Ready condition's own codes (False/Unknown) fall under "unhealthy" here: their health is
+# unhealthy, and a JSON condition list is no column to filter on, alike on SQLite and PostgreSQL.
+UNSCHEDULABLE_REASON_LABELS = {
+    NOT_READY_LIFECYCLE: "lifecycle not ready",
+    CORDONED: "cordoned (a hold)",
+    NOT_ALIVE: "not alive",
+    NODE_NOT_READY: "node reports not ready",
+    UNHEALTHY: "unhealthy (Ready condition included)",
+    NO_VALID_CREDENTIAL: "no valid credential",
+    STATUS_REPORT_OVERDUE: "status report overdue",
+}
+
+
+def unschedulable_reason_q(code: str) -> Q:
+    """A ``Q`` for nodes that have unschedulable reason ``code`` (one of ``UNSCHEDULABLE_REASON_LABELS``).
+
+    Raises:
+        KeyError: ``code`` is not a known reason code.
+    """
+    return {
+        NOT_READY_LIFECYCLE: ~Q(lifecycle=Lifecycle.READY),
+        CORDONED: Q(cordoned=True),
+        NOT_ALIVE: ~Q(liveness=Liveness.ALIVE),
+        NODE_NOT_READY: Q(ready=False),
+        UNHEALTHY: ~Q(health__in=SCHEDULABLE_HEALTH),
+        NO_VALID_CREDENTIAL: Q(has_valid_credential=False),
+        STATUS_REPORT_OVERDUE: Q(status_report_overdue=True),
+    }[code]
+
+
+def first_unschedulable_reason() -> Case:
+    """SQL for the first code :func:`unschedulable_reasons` gives a node, ``""`` when it is schedulable.
+
+    For querysets of nodes annotated (or aliased) with ``has_valid_credential``; group by it to
+    count nodes per reason in one query (the 409 explanation does). The order is
+    :func:`unschedulable_reasons`' own. The Ready condition's codes are read from
+    ``health_reasons``, which holds ``"Ready=False (…)"`` / ``"Ready=Unknown"`` whenever the
+    condition has that status (``fleet.health.evaluate``); both statuses make health unschedulable.
+    """
+    health_bad = ~Q(health__in=SCHEDULABLE_HEALTH)
+    reasons_text = Cast("health_reasons", TextField())
+    ready_false = health_bad & Contains(reasons_text, f'"{health.READY}={health.FALSE}')
+    ready_unknown = health_bad & Contains(reasons_text, f'"{health.READY}={health.UNKNOWN}')
+    return Case(
+        When(unschedulable_reason_q(NOT_READY_LIFECYCLE), then=Value(NOT_READY_LIFECYCLE)),
+        When(unschedulable_reason_q(CORDONED), then=Value(CORDONED)),
+        When(unschedulable_reason_q(NOT_ALIVE), then=Value(NOT_ALIVE)),
+        When(unschedulable_reason_q(NODE_NOT_READY), then=Value(NODE_NOT_READY)),
+        When(ready_false, then=Value(READY_CONDITION_FALSE)),
+        When(ready_unknown, then=Value(READY_CONDITION_UNKNOWN)),
+        When(health_bad, then=Value(UNHEALTHY)),
+        When(unschedulable_reason_q(STATUS_REPORT_OVERDUE), then=Value(STATUS_REPORT_OVERDUE)),
+        When(unschedulable_reason_q(NO_VALID_CREDENTIAL), then=Value(NO_VALID_CREDENTIAL)),
+        default=Value(""),
+        output_field=CharField(),
     )
 
 
@@ -58,13 +128,28 @@ def unschedulable_reasons(node: Node, *, has_valid_credential: bool | None = Non
     reasons = []
     if node.lifecycle != Lifecycle.READY:
         reasons.append({"code": NOT_READY_LIFECYCLE, "message": f"lifecycle is {node.lifecycle}"})
+    if getattr(node, "cordoned", False):
+        holds = getattr(node, "prefetched_active_holds", None)
+        owners = ", ".join(f"{h.owner} ({h.reason})" if h.reason else h.owner for h in holds or [])
+        reasons.append({"code": CORDONED, "message": f"cordoned by {owners}" if owners else "cordoned"})
     if node.liveness != Liveness.ALIVE:
         reasons.append({"code": NOT_ALIVE, "message": f"liveness is {node.liveness}"})
     if not node.ready:
         reasons.append({"code": NODE_NOT_READY, "message": node.ready_reason or "the node reports not ready"})
-    if node.health not in SCHEDULABLE_HEALTH:
-        detail = ", ".join(node.health_reasons or []) or node.health
+    ready = health.ready_status(getattr(node, "conditions", None))
+    if ready == health.FALSE:
+        reasons.append({"code": READY_CONDITION_FALSE, "message": "the node's Ready condition is False"})
+    elif ready == health.UNKNOWN:
+        reasons.append({"code": READY_CONDITION_UNKNOWN, "message": "the node's Ready condition is Unknown"})
+    # Health reasons other than the Ready condition (which has its own code above).
+    others = [r for r in node.health_reasons or [] if not r.startswith(f"{health.READY}=")]
+    if node.health not in SCHEDULABLE_HEALTH and (others or ready not in (health.FALSE, health.UNKNOWN)):
+        detail = ", ".join(others) or node.health
         reasons.append({"code": UNHEALTHY, "message": f"health is {node.health} ({detail})"})
+    if node.status_report_overdue:
+        reasons.append(
+            {"code": STATUS_REPORT_OVERDUE, "message": "no status report for over two status-report intervals"}
+        )
     if not has_valid_credential:
         reasons.append({"code": NO_VALID_CREDENTIAL, "message": "no valid node credential"})
     return reasons
@@ -99,6 +184,11 @@ def node_queryset_for(user, *, now=None) -> QuerySet[Node]:
                 to_attr="recent_events",
             ),
             Prefetch(
+                "holds",
+                queryset=NodeHold.objects.filter(removed_at__isnull=True).order_by("created_at", "pk"),
+                to_attr="prefetched_active_holds",
+            ),
+            Prefetch(
                 "credentials",
                 queryset=NodeCredential.objects.order_by("-issued_at")[:RECENT_CREDENTIALS],
                 to_attr="recent_credentials",
@@ -110,3 +200,62 @@ def node_queryset_for(user, *, now=None) -> QuerySet[Node]:
     if is_owner(user):
         return qs.filter(owner=user)
     return qs.none()
+
+
+# Lifecycles whose nodes count as capacity the pool has (admitted and not taken out for good).
+# A cordoned node is a ready node with a hold: it stays in service (its leases keep running).
+IN_SERVICE_LIFECYCLES = (Lifecycle.READY, Lifecycle.DRAINING)
+
+
+def pool_capacity(pool, *, now=None) -> dict:
+    """Capacity and node counts of one pool, in canonical units (cpu millicores, bytes, counts).
+
+    Returns ``{"resources": {name: {"allocatable", "allocated", "free", "largest_free_block"}},
+    "nodes": {"total", "schedulable", "ready", "in_service", "lifecycle": {state: n}, "liveness":
+    {...}, "health": {...}}, "ready_ratio": float | None}``.
+
+    ``allocatable``/``allocated`` sum the in-service nodes (lifecycle ready — cordoned or not — or draining);
+    ``free`` and ``largest_free_block`` count schedulable nodes only (what a new lease could use);
+    a ``largest_free_block`` well below ``free`` means the pool is fragmented. ``ready_ratio`` is
+    the Node Ready SLI: in-service nodes that are alive and report ready, over in-service nodes.
+    Five aggregate queries whatever the pool's size.
+    """
+    from django.db.models import Count, F, Max, Sum
+    from django.db.models.functions import Greatest
+
+    from .models import NodeResource
+
+    nodes = Node.objects.filter(pool=pool).exclude(lifecycle=Lifecycle.RETIRED)
+    counts: dict = {"lifecycle": {}, "liveness": {}, "health": {}}
+    total = 0
+    for dimension in ("lifecycle", "liveness", "health"):
+        for value, n in nodes.values_list(dimension).annotate(n=Count("id")).order_by(dimension):
+            counts[dimension][value] = n
+            total += n if dimension == "lifecycle" else 0
+    in_service = nodes.filter(lifecycle__in=IN_SERVICE_LIFECYCLES)
+    ready = in_service.filter(liveness=Liveness.ALIVE, ready=True).count()
+    n_in_service = sum(counts["lifecycle"].get(state, 0) for state in IN_SERVICE_LIFECYCLES)
+    schedulable_ids = schedulable_nodes(now).filter(pool=pool).values("pk")
+    resources: dict[str, dict] = {}
+    for name, allocatable, allocated in (
+        NodeResource.objects.filter(node__pool=pool, node__lifecycle__in=IN_SERVICE_LIFECYCLES)
+        .values_list("name")
+        .annotate(Sum("allocatable"), Sum("allocated"))
+        .order_by("name")
+    ):
+        resources[name] = {"allocatable": allocatable, "allocated": allocated, "free": 0, "largest_free_block": 0}
+    for name, free, largest in (
+        NodeResource.objects.filter(node__in=schedulable_ids)
+        .annotate(free=Greatest(F("allocatable") - F("allocated"), 0))
+        .values_list("name")
+        .annotate(Sum("free"), Max("free"))
+        .order_by("name")
+    ):
+        entry = resources.setdefault(name, {"allocatable": 0, "allocated": 0, "free": 0, "largest_free_block": 0})
+        entry["free"], entry["largest_free_block"] = free or 0, largest or 0
+    schedulable = schedulable_nodes(now).filter(pool=pool).count()
+    return {
+        "resources": resources,
+        "nodes": {"total": total, "schedulable": schedulable, "ready": ready, "in_service": n_in_service, **counts},
+        "ready_ratio": round(ready / n_in_service, 6) if n_in_service else None,
+    }

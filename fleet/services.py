@@ -8,6 +8,7 @@ benchmarks live in :mod:`fleet.admission`.
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -18,14 +19,17 @@ from django.db.models.functions import Greatest
 from django.utils import timezone
 from django_fsm import can_proceed
 
-from nodepool.api.problems import Conflict, Forbidden, Gone, NotFound, Problem
+from nodepool.api.problems import Conflict, Forbidden, Gone, NotFound, Problem, TooManyRequests
 from nodepool.api.versioning import check_version
 
+from . import clock
 from . import secrets as node_secrets
+from . import taints as taint_times
 from .capability import CapabilityError
 from .choices import ActorType, AdmissionMode, Lifecycle, NodeEventType, PoolKind
-from .credentials import issue_credential, revoke_all_credentials
+from .credentials import is_superseded, issue_credential, revoke_all_credentials
 from .events import Actor, event_row, record_event
+from .instructions import Instruction, post_instructions
 from .models import BootstrapToken, Node, NodeCredential, NodeEvent, NodeResource, Pool
 from .policy import check_pool
 
@@ -88,14 +92,23 @@ def nodes_apply_pool_labels(*, pool: Pool, old_labels: dict, old_taints: list, a
     Returns the number of nodes changed. Call inside the transaction that changed the pool.
     """
     changed = 0
-    for node in Node.objects.select_for_update().filter(pool=pool).only("pk", "labels", "taints", "version"):
+    now = timezone.now()
+    nodes = (
+        Node.objects.select_for_update(no_key=True)
+        .filter(pool=pool)
+        .only("pk", "labels", "taints", "taints_added_at", "version")
+    )
+    for node in nodes:
         labels = {k: v for k, v in (node.labels or {}).items() if old_labels.get(k) != v or k in pool.labels}
         labels.update(pool.labels or {})
         taints = [t for t in (node.taints or []) if t not in old_taints and t not in pool.taints]
         taints = [*pool.taints, *taints]
         if labels == node.labels and taints == node.taints:
             continue
-        Node.objects.filter(pk=node.pk).update(labels=labels, taints=taints, version=F("version") + 1)
+        Node.objects.filter(pk=node.pk).update(
+            labels=labels, taints=taints, taints_added_at=taint_times.stamp(node.taints_added_at, taints, now),
+            version=F("version") + 1,
+        )  # fmt: skip
         record_event(node, NodeEventType.POLICY, actor, reason="pool labels or taints changed",
                      data={"labels": labels, "taints": taints})  # fmt: skip
         changed += 1
@@ -244,15 +257,17 @@ def bootstrap_token_use(
             f"This bootstrap token enrolls into pool {token.pool.name!r}, not {expected_pool!r}.",
             "bootstrap_token_wrong_pool",
         )
+    # Expiry at control-plane time: a forward clock jump not yet detected must not expire it.
+    valid_at = now if token.expires_at > now else clock.control_plane_now(now)
     spent = BootstrapToken.objects.filter(
-        pk=token.pk, uses__lt=F("max_uses"), expires_at__gt=now, revoked_at__isnull=True
+        pk=token.pk, uses__lt=F("max_uses"), expires_at__gt=valid_at, revoked_at__isnull=True
     ).update(uses=F("uses") + 1)
     if spent:
         return token
     token.refresh_from_db()
     if token.revoked_at is not None:
         raise _bootstrap_refused("This bootstrap token was revoked.", "bootstrap_token_revoked")
-    if token.expires_at <= now:
+    if token.expires_at <= valid_at:
         raise _bootstrap_refused("This bootstrap token expired.", "bootstrap_token_expired")
     raise _bootstrap_refused("This bootstrap token has no uses left.", "bootstrap_token_exhausted")
 
@@ -298,6 +313,7 @@ def node_enroll(
             labels=dict(pool.labels or {}),
             node_labels=labels or {},
             taints=list(pool.taints or []),
+            taints_added_at=taint_times.stamp({}, list(pool.taints or []), now),
             declared=capability,
             agent_version=agent_version,
             enrolled_agent_version=agent_version,
@@ -351,12 +367,13 @@ def _start_admission(node: Node, actor: Actor, *, reason: str, now: datetime) ->
     node.lifecycle_changed_at = now
     node.version += 1
     node.save(update_fields=["lifecycle", "lifecycle_reason", "lifecycle_changed_at", "version", "updated_at"])
+    post_instructions([node.pk], Instruction.LIFECYCLE)
     record_event(node, NodeEventType.LIFECYCLE, actor, from_state=before, to_state=node.lifecycle, reason=reason)
     queue_admission(node=node)
 
 
 def _locked_node(node_id) -> Node:
-    node = Node.objects.select_for_update().select_related("pool").filter(pk=node_id).first()
+    node = Node.objects.select_for_update(no_key=True).select_related("pool").filter(pk=node_id).first()
     if node is None:
         raise NotFound("No such node.", "node_not_found")
     return node
@@ -389,21 +406,38 @@ def node_credential_rotate(
     """Rotate the node's credential: a new one, and the old one valid only for a short overlap.
 
     The overlap (``NODEPOOL["CREDENTIAL_ROTATION_OVERLAP"]`` seconds, 5 min by default) lets
-    requests already in flight with the old credential finish. Returns
-    ``(new_credential, secret, previous_valid_until)``. Raises 410 ``node_retired``.
+    requests already in flight with the old credential finish. Only the newest credential of the
+    lineage may rotate, and at most ``NODEPOOL["CREDENTIAL_ROTATIONS_PER_HOUR"]`` rotations per
+    node succeed in any hour (counted from the credential rows, so every web process agrees).
+
+    Returns ``(new_credential, secret, previous_valid_until)``.
+
+    Raises:
+        Gone: 410 ``node_retired``.
+        Conflict: 409 ``credential_superseded`` (this credential was already rotated; nothing changes).
+        Throttled: 429 ``rotation_throttled`` with ``Retry-After``.
     """
     now = now or timezone.now()
     if node.lifecycle == Lifecycle.RETIRED:
         raise Gone("This node is retired.", "node_retired")
     overlap = timedelta(seconds=settings.NODEPOOL["CREDENTIAL_ROTATION_OVERLAP"])
     with transaction.atomic():
+        # The row lock serialises rotations made with the same credential: of two at once, the
+        # second sees superseded_by set and gets 409 (only one successor per credential).
         old = NodeCredential.objects.select_for_update().get(pk=credential.pk)
-        old.expires_at = min(old.expires_at, now + overlap)
-        old.rotated_at = old.rotated_at or now
-        old.save(update_fields=["expires_at", "rotated_at"])
+        if is_superseded(old):
+            raise Conflict(
+                "This credential was already rotated; only the newest credential of a node may rotate.",
+                "credential_superseded",
+            )
+        _check_rotation_rate(node, now)
         new, secret = issue_credential(
             node=node, issuer="rotation", agent_version=agent_version or node.agent_version, now=now
         )
+        old.expires_at = min(old.expires_at, now + overlap)
+        old.rotated_at = now
+        old.superseded_by = new
+        old.save(update_fields=["expires_at", "rotated_at", "superseded_by"])
         record_event(
             node,
             NodeEventType.CREDENTIAL,
@@ -412,6 +446,24 @@ def node_credential_rotate(
             data={"previous": old.prefix, "new": new.prefix, "previous_valid_until": old.expires_at.isoformat()},
         )
     return new, secret, old.expires_at
+
+
+def _check_rotation_rate(node: Node, now) -> None:
+    """429 when the node already rotated ``CREDENTIAL_ROTATIONS_PER_HOUR`` times in the last hour."""
+    limit = settings.NODEPOOL["CREDENTIAL_ROTATIONS_PER_HOUR"]
+    window = timedelta(hours=1)
+    recent = list(
+        NodeCredential.objects.filter(node=node, issuer="rotation", issued_at__gt=now - window)
+        .order_by("issued_at")
+        .values_list("issued_at", flat=True)[: max(limit, 1)]
+    )
+    if len(recent) >= limit:
+        wait = max(1, math.ceil((recent[0] + window - now).total_seconds()))
+        raise TooManyRequests(
+            f"This node rotated its credential {limit} times within an hour; try again in {wait} s.",
+            "rotation_throttled",
+            retry_after=wait,
+        )
 
 
 def node_credentials_revoke(*, node_id, expected_version: int, actor: Actor, reason: str = "") -> tuple[Node, int]:

@@ -132,6 +132,72 @@ def evaluate_pool(*, pool, now: datetime, unreachable_cutoff: datetime, trust_no
     return verdict
 
 
+def release_key_for(releases: dict, *, pool_name: str, labels, node_labels, trust_node_labels: bool) -> str | None:
+    """The released guard whose fresh loss window covers a node with these labels, or None.
+
+    ``releases`` maps a guard key (``"*"``, ``"<pool>/*"``, ``"<pool>/<zone>"``) to
+    ``{"released_at": iso time, ...}``; the caller decides whether the window is still open.
+    """
+    if FLEET in releases:
+        return FLEET
+    if f"{pool_name}/*" in releases:
+        return f"{pool_name}/*"
+    key = f"{pool_name}/{zone_of(labels, node_labels, trust_node_labels=trust_node_labels)}"
+    return key if key in releases else None
+
+
+def belongs_to_pool(key: str, pool_name: str) -> bool:
+    """Whether guard ``key`` covers (some of) pool ``pool_name``: the fleet guard covers every pool."""
+    return key == FLEET or key.startswith(f"{pool_name}/")
+
+
+def record_guard_changes(*, previous: dict, current: dict, pools: dict, now: datetime, actor) -> list[NodeEvent]:
+    """One ``guard`` event per guard engaged (in ``current``, not ``previous``) or released (the reverse).
+
+    ``pools`` maps pool names to Pool instances (events of a pool or zone guard belong to that
+    pool; the fleet guard's to none). Returns the events written.
+    """
+    rows = []
+    for key in sorted(set(previous) ^ set(current)):
+        engaged = key in current
+        guard = current[key] if engaged else previous[key]
+        pool = pools.get(key.split("/", 1)[0]) if key != FLEET else None
+        if engaged:
+            reason = (
+                f"mass-silence guard engaged: {guard['silent']}/{guard['total']} nodes of {guard['scope']} {key} "
+                f"are silent (more than {_fraction():.0%}); lease loss is withheld there"
+            )
+        else:
+            reason = (
+                f"mass-silence guard released for {guard['scope']} {key}: nodes still silent get a fresh "
+                "loss window counted from now"
+            )
+        rows.append(
+            event_row(
+                None,
+                NodeEventType.GUARD,
+                actor,
+                from_state="" if engaged else "engaged",
+                to_state="engaged" if engaged else "released",
+                reason=reason,
+                pool=pool,
+                subject_type="guard",
+                subject_id=key,
+                data={"guard": key, **guard, "at": now.isoformat()},
+            )
+        )
+        log = logger.warning if engaged else logger.info
+        log(
+            "liveness: mass-silence guard %s for %s %s: %s",
+            "engaged" if engaged else "released",
+            guard["scope"],
+            key,
+            guard,
+        )
+    NodeEvent.objects.bulk_create(rows)
+    return rows
+
+
 def _guard(scope: str, silent: int, total: int) -> dict:
     return {"scope": scope, "silent": silent, "total": total, "fraction": round(silent / total, 3)}
 
@@ -167,8 +233,5 @@ def record_withheld(*, held: list, verdict: Verdict, state, now: datetime, lost_
                 data={"loss_withheld": True, "guard": key, **guard},
             )
         )
-    for key, guard in verdict.guards.items():
-        if key not in previous_guards:
-            logger.warning("liveness: lease loss withheld in %s %s: %s", guard["scope"], key, guard)
     NodeEvent.objects.bulk_create(rows, batch_size=500)
     return len(rows)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from celery import shared_task
 from django.db import OperationalError
 
+from nodepool import metrics
+
 from .events import Actor
 from .liveness import sweep_liveness
 
@@ -46,5 +48,24 @@ def sweep_liveness_task() -> dict:
     from celery import current_task
 
     task_id = getattr(getattr(current_task, "request", None), "id", "") or ""
-    summary = sweep_liveness(actor=Actor.system("fleet.sweep_liveness", task_id=task_id))
+    with metrics.LIVENESS_SWEEP_SECONDS.time():
+        summary = sweep_liveness(actor=Actor.system("fleet.sweep_liveness", task_id=task_id))
     return {k: v for k, v in summary.items() if k != "now"}
+
+
+@shared_task(name="fleet.prune_events", ignore_result=True)
+def prune_events_task() -> dict:
+    """Beat: delete old events in bounded batches (fleet/retention.py; rules in nodepool/retention.py)."""
+    from .retention import prune_events
+
+    return prune_events()
+
+
+@shared_task(name="fleet.refresh_fleet_state", ignore_result=True)
+def refresh_fleet_state_task() -> float:
+    """Beat: recompute the fleet-wide figures /metrics and the fleet overview read (fleet/fleet_state.py).
+
+    Returns the computation's duration in seconds (a measurement, so its log line stays routine)."""
+    from .fleet_state import refresh
+
+    return refresh().duration_seconds

@@ -6,4 +6,33 @@ class LeasesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from . import signals  # noqa: F401  (registers the queue kick on node saves)
+        from fleet import signals as fleet_signals
+
+        from . import signals  # registers the queue kick on node saves
+
+        # What fleet publishes and leases acts on (fleet never imports leases).
+        fleet_signals.status_report_applied.connect(
+            signals.reconcile_status_report, dispatch_uid="leases.reconcile_status_report"
+        )
+        fleet_signals.status_report_applied.connect(
+            signals.status_report_kicks_queue, dispatch_uid="leases.status_report_kicks_queue"
+        )
+        fleet_signals.nodes_lost.connect(signals.lose_leases_of_lost_nodes, dispatch_uid="leases.lose_leases")
+        fleet_signals.node_revived.connect(signals.revived_node_kicks_queue, dispatch_uid="leases.revived_node_kicks")
+
+        from nodepool.metrics import register_collector
+
+        from . import collectors
+
+        register_collector("leases", collectors.collect)
+
+        from django.contrib import admin
+
+        # The admin index links the fleet overview (leases/templates/admin/nodepool_index.html).
+        admin.site.index_template = "admin/nodepool_index.html"
+
+        from .fencing import register_lease_secret_verifier
+        from .secrets import lease_secret_verifier
+
+        # A caller presenting a lease's own secret may validate that lease's fencing token.
+        register_lease_secret_verifier(lease_secret_verifier)

@@ -21,6 +21,10 @@ class WorkloadState(models.TextChoices):
     CHECKPOINTED = "checkpointed", "checkpointed"
     SUCCEEDED = "succeeded", "succeeded"
     FAILED = "failed", "failed"
+    # Set by the control plane, never reported: the lease ended (revoked, lost, expired, released)
+    # while the node last said "running", and a node cannot report on an ended lease. Kubernetes
+    # shows a pod on a lost node the same way (phase Unknown).
+    UNKNOWN = "unknown", "unknown (the lease ended while the workload was reported running)"
 
 
 class LeaseRequestState(models.TextChoices):
@@ -53,3 +57,19 @@ class UnschedulableCause(models.TextChoices):
     INSUFFICIENT_CAPACITY = "insufficient_capacity", "not enough free capacity"
     FRAGMENTED = "fragmented", "enough free capacity in total, but no single node fits"
     CONSTRAINTS = "constraints", "no node satisfies the constraints"
+
+
+class EvidenceClose(models.TextChoices):
+    """Why an evidence interval closed; the gap after it carries the same reason (docs/marketplace.md)."""
+
+    NOT_REPORTED = "not_reported", "a status report omitted the lease"
+    STALE_INCARNATION = "stale_incarnation", "the node restarted (new incarnation)"
+    TOKEN_MISMATCH = "token_mismatch", "the node listed the lease with another fencing token"
+    SILENCE = "silence", "nothing heard from the node for longer than the pool's grace"
+    LEASE_ENDED = "lease_ended", "the lease ended"
+
+
+class CheckpointState(models.TextChoices):
+    REQUESTED = "requested", "requested (waiting for the workload)"
+    TAKEN = "taken", "taken (the node reported checkpointed)"
+    WITHDRAWN = "withdrawn", "withdrawn (the lease ended first)"

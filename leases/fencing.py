@@ -15,13 +15,15 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from fleet import clock
 from fleet.choices import Lifecycle, NodeEventType
 from fleet.events import Actor, record_event
+from fleet.instructions import Instruction, post_instructions
 from fleet.models import Node
 from nodepool.api.problems import Conflict, Gone, NotFound
 
-from .choices import LIVE_LEASE_STATES, TERMINAL_LEASE_STATES, LeaseState, WorkloadState
-from .models import FencingSequence, Lease
+from .choices import LIVE_LEASE_STATES, TERMINAL_LEASE_STATES, CheckpointState, LeaseState, WorkloadState
+from .models import FencingSequence, Lease, LeaseCheckpoint
 from .spec import bad
 
 
@@ -64,7 +66,9 @@ def check_fence(lease: Lease, *, fencing_token: int, node_incarnation: int, now)
     if lease.state in TERMINAL_LEASE_STATES:
         code = "lease_expired" if lease.state == LeaseState.EXPIRED else "lease_ended"
         raise Gone(f"Lease {lease.pk} is {lease.state}; terminal leases never come back.", code)
-    if lease.expires_at <= now:
+    if lease.expires_at <= now and not clock.still_valid(lease.expires_at, now):
+        # Judged at control-plane time: a forward clock jump the sweep has not noticed yet does
+        # not expire a lease (fleet.clock).
         raise Gone(f"Lease {lease.pk} expired at {lease.expires_at.isoformat()}.", "lease_expired")
     if fencing_token != lease.fencing_token:
         raise Conflict(
@@ -103,11 +107,12 @@ def lease_renew(*, lease_id, data: Any, user, actor: Actor, now=None) -> Lease:
     lease = _lease_for_write(lease_id, user=user)
     check_fence(lease, fencing_token=token, node_incarnation=incarnation, now=now)
     ttl = ttl or lease.ttl_seconds
+    valid_at = now if lease.expires_at > now else clock.control_plane_now(now)
     with transaction.atomic():
         renewed = Lease.objects.filter(
             pk=lease.pk,
             state__in=LIVE_LEASE_STATES,
-            expires_at__gt=now,
+            expires_at__gt=valid_at,
             fencing_token=token,
             node_incarnation=incarnation,
         ).update(expires_at=now + timedelta(seconds=ttl), ttl_seconds=ttl, version=F("version") + 1)
@@ -119,6 +124,9 @@ def lease_renew(*, lease_id, data: Any, user, actor: Actor, now=None) -> Lease:
             now=now,
         )
         raise Conflict("The lease changed while renewing; read it again.", "concurrent_modification")
+    if lease.command:
+        # The new expiry re-derives the lease's secret: the node fetches it with a status report.
+        post_instructions([lease.node_id], Instruction.SECRET)
     return Lease.objects.select_related("pool", "shape", "client").get(pk=lease.pk)
 
 
@@ -151,14 +159,18 @@ def lease_release(*, lease_id, data: Any, user, actor: Actor, now=None) -> Lease
     return ended
 
 
+# What a node may report; ``unknown`` is the control plane's word for a workload on an ended lease.
+REPORTABLE_WORKLOAD_STATES = tuple(v for v in WorkloadState.values if v != WorkloadState.UNKNOWN)
+
+
 def lease_report_event(*, lease_id, data: Any, node: Node, actor: Actor, now=None) -> Lease:
     """A node reports its job's state. ``running`` activates a granted lease; ``succeeded`` and
     ``failed`` end it as released with that outcome; ``checkpointed`` clears a checkpoint request."""
     now = now or timezone.now()
     token, incarnation = _int_field(data, "fencing_token"), _int_field(data, "node_incarnation")
     state = data.get("state")
-    if state not in WorkloadState.values:
-        raise bad("state", f"must be one of {', '.join(WorkloadState.values)}")
+    if state not in REPORTABLE_WORKLOAD_STATES:
+        raise bad("state", f"must be one of {', '.join(REPORTABLE_WORKLOAD_STATES)}")
     message = data.get("message") or ""
     if not isinstance(message, str) or len(message) > 2000:
         raise bad("message", "must be a string of at most 2000 characters")
@@ -201,20 +213,76 @@ def lease_report_event(*, lease_id, data: Any, node: Node, actor: Actor, now=Non
         else:
             if not claim.update(checkpoint_requested_at=None, **changes):
                 raise Conflict("The lease changed while reporting; read it again.", "concurrent_modification")
+            if state == WorkloadState.CHECKPOINTED:
+                _checkpoint_taken(lease, actor=actor, message=message, now=now)
     return Lease.objects.select_related("pool", "shape", "client").get(pk=lease.pk)
 
 
-def fencing_validate(*, data: Any) -> dict:
+# Per-lease secret verifiers: ``verifier(lease, secret) -> bool``. Issue 12 (per-lease secrets,
+# an HMAC) registers one in its AppConfig.ready(); with none registered no secret ever matches.
+LEASE_SECRET_VERIFIERS: list = []
+
+
+def register_lease_secret_verifier(verifier) -> None:
+    """Let callers that present a lease's own secret validate its fencing token.
+
+    Args:
+        verifier: ``callable(lease: Lease, secret: str) -> bool``; must compare in constant time.
+    """
+    if verifier not in LEASE_SECRET_VERIFIERS:
+        LEASE_SECRET_VERIFIERS.append(verifier)
+
+
+def lease_secret_matches(lease: Lease, secret: Any) -> bool:
+    """True when a registered verifier accepts ``secret`` for ``lease``."""
+    if not isinstance(secret, str) or not secret:
+        return False
+    return any(verifier(lease, secret) for verifier in LEASE_SECRET_VERIFIERS)
+
+
+def fencing_validate(*, data: Any, may_see=None) -> dict:
     """Is ``(workload_id, fencing_token)`` the workload's current, live lease?
 
-    Returns ``{"valid": bool, "current_token": int | None, "lease_id": str | None}``.
+    Args:
+        data: the request body ``{"workload_id": str, "fencing_token": int, "lease_secret"?: str}``.
+        may_see: ``callable(lease) -> bool``, who may learn about the workload's latest lease (the
+            view passes the caller's rights); ``None`` lets everyone see.
+
+    Returns ``{"valid": bool, "current_token": int | None, "last_issued_token": int | None,
+    "lease_id": str | None}``.
+
+    Raises:
+        Problem: 400 for a missing or malformed ``workload_id`` / ``fencing_token``.
+        NotFound: 404 when the workload has no lease, or the caller may not see its latest one
+            (the same answer, so the endpoint does not reveal which workloads exist).
+
+    With only ``{"lease_secret": str}`` (no ``workload_id``), checks a per-lease secret on its own
+    (:func:`leases.secrets.verify_lease_secret`): the secret names its lease and proves itself, so the
+    answer is :meth:`leases.secrets.SecretCheck.as_dict` (``valid``, ``code``, the lease it names).
     """
+    if isinstance(data, dict) and "lease_secret" in data and "workload_id" not in data:
+        from .secrets import verify_lease_secret
+
+        # The body's shape first (a 400, as for the other form): a secret is a string, and a
+        # fencing token, when one is sent beside it, a token (schemathesis sent an object and -2681).
+        if not isinstance(data.get("lease_secret"), str) or not data["lease_secret"]:
+            raise bad("lease_secret", "must be a string: the secret the lease's grant answer gave")
+        if "fencing_token" in data:
+            _int_field(data, "fencing_token")
+        return verify_lease_secret(data.get("lease_secret")).as_dict()
     workload_id = data.get("workload_id") if isinstance(data, dict) else None
     if not isinstance(workload_id, str) or not workload_id:
         raise bad("workload_id", "required: the workload's id")
     token = _int_field(data, "fencing_token")
+    latest = (
+        Lease.objects.filter(workload_id=workload_id).select_related("node").order_by("-fencing_token", "-pk").first()
+    )
+    if latest is None or (may_see is not None and not may_see(latest)):
+        raise NotFound("No lease of this workload is visible to you.")
     current = FencingSequence.objects.filter(pk=workload_id).values_list("last_token", flat=True).first()
-    live = Lease.objects.filter(workload_id=workload_id, state__in=LIVE_LEASE_STATES).first()
+    live = latest if latest.state in LIVE_LEASE_STATES else None
+    if live is None:
+        live = Lease.objects.filter(workload_id=workload_id, state__in=LIVE_LEASE_STATES).first()
     valid = live is not None and live.fencing_token == token and token == current
     return {
         "valid": valid,
@@ -227,6 +295,80 @@ def fencing_validate(*, data: Any) -> dict:
 def request_checkpoint(*, lease: Lease, actor: Actor, now=None) -> int:
     """Ask the node (in its next heartbeat) to checkpoint ``lease``. Returns 1 if newly asked."""
     now = now or timezone.now()
-    return Lease.objects.filter(pk=lease.pk, state__in=LIVE_LEASE_STATES, checkpoint_requested_at__isnull=True).update(
-        checkpoint_requested_at=now, version=F("version") + 1
+    with transaction.atomic():
+        asked = Lease.objects.filter(
+            pk=lease.pk, state__in=LIVE_LEASE_STATES, checkpoint_requested_at__isnull=True
+        ).update(checkpoint_requested_at=now, version=F("version") + 1)
+        if asked:
+            # Checkpoint history (execution evidence): one row per checkpoint requested.
+            LeaseCheckpoint.objects.create(
+                lease_id=lease.pk,
+                fencing_token=lease.fencing_token,
+                node_incarnation=lease.node_incarnation,
+                requested_at=now,
+                requested_by=actor.name[:150],
+            )
+            record_event(
+                lease.node_id,
+                NodeEventType.CHECKPOINT,
+                actor,
+                to_state=CheckpointState.REQUESTED,
+                reason="checkpoint requested",
+                lease_id=lease.pk,
+                workload_id=lease.workload_id,
+            )
+    if asked:
+        post_instructions([lease.node_id], Instruction.CHECKPOINT)
+    return asked
+
+
+def record_checkpoint_requests(leases, *, actor: Actor, now) -> None:
+    """Checkpoint history for requests set in bulk (a drain's checkpoint policy): one row per lease.
+
+    ``leases``: Lease objects whose ``checkpoint_requested_at`` was just set. A lease that already
+    has a pending row keeps it (the partial unique constraint; conflicts are ignored)."""
+    LeaseCheckpoint.objects.bulk_create(
+        [
+            LeaseCheckpoint(
+                lease_id=lease.pk,
+                fencing_token=lease.fencing_token,
+                node_incarnation=lease.node_incarnation,
+                requested_at=now,
+                requested_by=actor.name[:150],
+            )
+            for lease in leases
+        ],
+        ignore_conflicts=True,
+    )
+
+
+def withdraw_checkpoint_requests(lease_ids) -> int:
+    """Pending checkpoint rows of ``lease_ids`` become ``withdrawn`` (a cancelled drain)."""
+    return LeaseCheckpoint.objects.filter(lease_id__in=list(lease_ids), state=CheckpointState.REQUESTED).update(
+        state=CheckpointState.WITHDRAWN
+    )
+
+
+def _checkpoint_taken(lease: Lease, *, actor: Actor, message: str, now) -> None:
+    """The node reported ``checkpointed``: the pending request is taken (or an unasked one recorded)."""
+    taken = LeaseCheckpoint.objects.filter(lease_id=lease.pk, state=CheckpointState.REQUESTED).update(
+        state=CheckpointState.TAKEN, taken_at=now, message=message[:2000]
+    )
+    if not taken:
+        LeaseCheckpoint.objects.create(
+            lease_id=lease.pk,
+            state=CheckpointState.TAKEN,
+            fencing_token=lease.fencing_token,
+            node_incarnation=lease.node_incarnation,
+            taken_at=now,
+            message=message[:2000],
+        )
+    record_event(
+        lease.node_id,
+        NodeEventType.CHECKPOINT,
+        actor,
+        to_state=CheckpointState.TAKEN,
+        reason=message or "the node reported checkpointed",
+        lease_id=lease.pk,
+        workload_id=lease.workload_id,
     )

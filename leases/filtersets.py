@@ -1,7 +1,8 @@
 import django_filters
+from django import forms
 
 from .choices import LeaseRequestState, LeaseState
-from .models import Lease, LeaseRequest
+from .models import Lease, LeaseRequest, Shape
 
 
 class LeaseFilterSet(django_filters.FilterSet):
@@ -21,3 +22,20 @@ class LeaseRequestFilterSet(django_filters.FilterSet):
     class Meta:
         model = LeaseRequest
         fields = ["state", "workload_id", "pool"]
+
+
+class IntegerFilter(django_filters.NumberFilter):
+    """A whole number: django-filter's NumberFilter takes decimals (``?version=0.5`` matched nothing
+    instead of being refused)."""
+
+    field_class = forms.IntegerField
+
+
+class ShapeFilterSet(django_filters.FilterSet):
+    """``GET /shapes?name=&version=``."""
+
+    version = IntegerFilter()
+
+    class Meta:
+        model = Shape
+        fields = ["name", "version"]

@@ -8,7 +8,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from .choices import LIVE_LEASE_STATES, LeaseRequestState, LeaseState, WorkloadState
+from .choices import LIVE_LEASE_STATES, CheckpointState, EvidenceClose, LeaseRequestState, LeaseState, WorkloadState
 
 
 class Shape(models.Model):
@@ -83,6 +83,11 @@ class Lease(models.Model):
     idempotency_key = models.CharField(max_length=200, blank=True)
     # sha256 of the request body: a retry under the same Idempotency-Key must carry the same body.
     request_hash = models.CharField(max_length=64, blank=True)
+    # Set when the control plane requeued this lease's work (preemption, scale-down, upgrade drain)
+    # and the work now runs under a newer lease with a larger fencing token (docs/pool-operations.md).
+    superseded_by = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="supersedes"
+    )
     version = models.PositiveIntegerField(default=1)
 
     class Meta:
@@ -129,6 +134,9 @@ class LeaseRequest(models.Model):
     )
     idempotency_key = models.CharField(max_length=200, blank=True)
     request_hash = models.CharField(max_length=64, blank=True)
+    # The lease whose work this request carries on, when the control plane created it on behalf of
+    # the lease's client (a requeue); empty for requests a client sent itself.
+    requeued_from = models.ForeignKey(Lease, null=True, blank=True, on_delete=models.SET_NULL, related_name="requeues")
     message = models.TextField(blank=True, help_text="The latest '0/N nodes are available' explanation.")
     attempts = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -170,3 +178,73 @@ class ConsistencyReport(models.Model):
 
     def __str__(self) -> str:
         return f"{self.checked_at:%Y-%m-%d %H:%M:%S}: {len(self.drift)} drift(s)"
+
+
+class EvidenceInterval(models.Model):
+    """A period in which the node listed the lease as running, with its fencing token, in its
+    current incarnation (execution evidence; billable time is the sum of these).
+
+    Opened by the first status report listing the lease, extended by each later one (and by
+    renewals of the same incarnation), closed by the events in :class:`EvidenceClose`. The
+    evidenced span is ``[started_at, last_seen_at]``; ``closed_at`` marks when the control plane
+    decided it was over. ``usage_max`` is the largest node-reported usage per resource (canonical
+    units) seen while it was open: reconciliation compares it with the allocation.
+    """
+
+    lease = models.ForeignKey(Lease, on_delete=models.CASCADE, related_name="evidence_intervals")
+    node = models.ForeignKey("fleet.Node", on_delete=models.PROTECT, related_name="+")
+    node_incarnation = models.PositiveBigIntegerField()
+    fencing_token = models.PositiveBigIntegerField()
+    started_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+    closed_at = models.DateTimeField(null=True, blank=True)
+    close_reason = models.CharField(max_length=24, choices=EvidenceClose.choices, blank=True)
+    status_reports = models.PositiveIntegerField(default=1)
+    renewals = models.PositiveIntegerField(default=0)
+    usage_max = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["started_at", "id"]
+        constraints = [
+            # At most one open interval per lease: two racing reconciliations cannot open two.
+            models.UniqueConstraint(
+                fields=["lease"], condition=Q(closed_at__isnull=True), name="evidence_one_open_per_lease"
+            ),
+        ]
+        indexes = [
+            # Each status report reads its node's open intervals.
+            models.Index(fields=["node"], name="evidence_open_by_node", condition=Q(closed_at__isnull=True)),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.lease_id}: {self.started_at:%H:%M:%S}–{self.last_seen_at:%H:%M:%S}"
+
+    @property
+    def seconds(self) -> float:
+        return max(0.0, (self.last_seen_at - self.started_at).total_seconds())
+
+
+class LeaseCheckpoint(models.Model):
+    """One checkpoint of one lease: requested (by a drain, an operator, a client) and/or taken
+    (the node reported ``checkpointed``). A checkpoint the workload took unasked is a row with
+    ``requested_at`` empty."""
+
+    lease = models.ForeignKey(Lease, on_delete=models.CASCADE, related_name="checkpoints")
+    state = models.CharField(max_length=16, choices=CheckpointState.choices, default=CheckpointState.REQUESTED)
+    fencing_token = models.PositiveBigIntegerField()
+    node_incarnation = models.PositiveBigIntegerField()
+    requested_at = models.DateTimeField(null=True, blank=True)
+    requested_by = models.CharField(max_length=150, blank=True)
+    taken_at = models.DateTimeField(null=True, blank=True)
+    message = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["lease"], condition=Q(state="requested"), name="checkpoint_one_pending_per_lease"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"checkpoint of {self.lease_id} ({self.state})"

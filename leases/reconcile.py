@@ -18,9 +18,10 @@ from fleet.choices import Lifecycle, NodeEventType
 from fleet.events import record_event
 from fleet.models import Node
 
-from . import placement
+from . import evidence, placement
 from .choices import LIVE_LEASE_STATES, LeaseState
 from .models import Lease
+from .secrets import lease_secret
 from .spec import parse_spec
 
 
@@ -74,7 +75,9 @@ def reconcile_heartbeat(
         row["pk"]: row
         for row in Lease.objects.filter(node_id=node.pk, state__in=LIVE_LEASE_STATES).values(
             "pk",
+            "workload_id",
             "fencing_token",
+            "expires_at",
             "command",
             "checkpoint_requested_at",
             "node_incarnation",
@@ -84,6 +87,7 @@ def reconcile_heartbeat(
     }
     stop: list[str] = []
     healthy: list[uuid.UUID] = []
+    mismatched: set[uuid.UUID] = set()
     not_live: list[uuid.UUID] = []
     for item in reported or []:
         lease_id = _as_uuid(item.get("lease_id")) if isinstance(item, dict) else None
@@ -98,6 +102,8 @@ def reconcile_heartbeat(
             stop.append(str(lease_id))
             if row is None:
                 not_live.append(lease_id)
+            else:
+                mismatched.add(lease_id)
     grace = now - timedelta(seconds=node.pool.heartbeat_interval if node.pool_id else 10)
     lost_ids: list[uuid.UUID] = []
     counted: list[uuid.UUID] = []
@@ -117,7 +123,11 @@ def reconcile_heartbeat(
     # for other nodes, so a node still listing a lease it was told to stop costs no UPDATE.
     if node.lifecycle != Lifecycle.DRAINING:
         not_live = []
-    with transaction.atomic(savepoint=False) if (healthy or counted or not_live) else nullcontext():
+    with transaction.atomic(savepoint=False) if (live or not_live) else nullcontext():
+        # Execution evidence (docs/marketplace.md): what this report says the node runs.
+        evidence.record_status_report(
+            node=node, incarnation=incarnation, live=live, listed=set(healthy), mismatched=mismatched, now=now
+        )
         if healthy:
             seen_qs = Lease.objects.filter(pk__in=healthy, state__in=LIVE_LEASE_STATES)
             seen_qs.update(missed_reports=0, last_reported_at=now)
@@ -145,10 +155,23 @@ def reconcile_heartbeat(
     return {
         "stop": stop,
         "checkpoint": [str(row["pk"]) for row in remaining if row["checkpoint_requested_at"] is not None],
-        "assigned": [
-            {"lease_id": str(row["pk"]), "fencing_token": row["fencing_token"], "command": row["command"] or None}
-            for row in remaining
-        ],
+        "assigned": [_assigned(row) for row in remaining],
+    }
+
+
+def _assigned(row: dict) -> dict:
+    """One entry of the heartbeat's ``leases``: the lease, its command and its per-lease secret
+    (derived, never stored: leases.secrets), which the agent hands to the workload."""
+    secret, expires_at = lease_secret(
+        lease_id=row["pk"], workload_id=row["workload_id"], fencing_token=row["fencing_token"],
+        expires_at=row["expires_at"],
+    )  # fmt: skip
+    return {
+        "lease_id": str(row["pk"]),
+        "fencing_token": row["fencing_token"],
+        "command": row["command"] or None,
+        "lease_secret": secret,
+        "lease_secret_expires_at": expires_at.isoformat(),
     }
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -25,14 +26,18 @@ from django.utils import timezone
 
 from fleet.choices import Lifecycle, Liveness, NodeEventType
 from fleet.events import Actor, record_event
+from fleet.instructions import Instruction, post_instructions
 from fleet.models import Node, NodeResource, Pool
 from fleet.selectors import SCHEDULABLE_HEALTH
 from nodepool.api.permissions import is_operator
 from nodepool.api.problems import Conflict, NotFound, Problem, Unprocessable
+from nodepool.structured_logs import bind
 
-from . import placement
-from .choices import LIVE_LEASE_STATES, LeaseRequestState, LeaseState
-from .models import FencingSequence, Lease, LeaseRequest, Shape
+from . import evidence, placement, requeue
+from . import metrics as lease_metrics
+from .choices import LIVE_LEASE_STATES, CheckpointState, LeaseRequestState, LeaseState, WorkloadState
+from .models import FencingSequence, Lease, LeaseCheckpoint, LeaseRequest, Shape
+from .signals import lease_ended
 from .spec import PlacementSpec, bad, parse_spec, request_fingerprint, resources_from_wire
 
 logger = logging.getLogger(__name__)
@@ -99,12 +104,19 @@ def _hold_schedulable_node(node_id) -> bool:
     lock = " FOR SHARE" if connection.vendor == "postgresql" else ""
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT lifecycle, liveness, ready, health FROM {table} WHERE id = %s{lock}",  # noqa: S608 (model table name)
+            f"SELECT lifecycle, liveness, ready, health, cordoned, status_report_overdue FROM {table} "  # noqa: S608
+            f"WHERE id = %s{lock}",
             [Node._meta.pk.get_db_prep_value(node_id, connection)],
         )
         row = cursor.fetchone()
     return bool(
-        row and row[0] == Lifecycle.READY and row[1] == Liveness.ALIVE and row[2] and row[3] in SCHEDULABLE_HEALTH
+        row
+        and row[0] == Lifecycle.READY
+        and row[1] == Liveness.ALIVE
+        and row[2]
+        and row[3] in SCHEDULABLE_HEALTH
+        and not row[4]
+        and not row[5]
     )
 
 
@@ -175,6 +187,7 @@ def _reserve(
             )
             if not claimed:  # another worker placed or someone cancelled it: undo everything
                 raise _LostRace("lease_request")
+        requeue.on_granted(lease, lease_request, actor=actor)
         record_event(
             node.pk,
             NodeEventType.LEASE,
@@ -182,6 +195,8 @@ def _reserve(
             to_state=LeaseState.GRANTED,
             reason=f"lease granted to {spec.workload_id}",
             data={"lease_id": str(lease.pk), "workload_id": spec.workload_id, "fencing_token": token},
+            lease_id=lease.pk,
+            workload_id=spec.workload_id,
         )
         # Capacity last: the node's rows stay locked only from here to COMMIT, which is what
         # bounds grants per second on one busy node.
@@ -193,6 +208,8 @@ def _reserve(
         ).update(allocated=F("allocated") + amount)
         if updated != len(spec.resources):
             raise _LostRace("capacity")
+        # Once committed, the node's next renewal says a lease waits (fleet.instructions).
+        post_instructions([node.pk], Instruction.LEASES)
     return lease
 
 
@@ -226,6 +243,29 @@ def place(
     lease_request: LeaseRequest | None = None,
 ) -> Lease | None:
     """Filter, score and reserve; None when nothing fits (after trying every candidate)."""
+    started = time.perf_counter()
+    lease = _place(
+        pool=pool,
+        spec=spec,
+        shape=shape,
+        client=client,
+        idempotency_key=idempotency_key,
+        request_hash=request_hash,
+        data=data,
+        actor=actor,
+        now=now,
+        lease_request=lease_request,
+    )
+    if lease is not None:
+        bind(lease_id=lease.pk, workload_id=lease.workload_id, pool=pool.name, node_id=lease.node_id)
+        logger.info("lease_granted", extra={"fencing_token": lease.fencing_token})
+        took = time.perf_counter() - started
+        waited = (now - lease_request.created_at).total_seconds() if lease_request is not None else took
+        lease_metrics.lease_granted(pool=pool.name, grant_seconds=took, pending_seconds=waited)
+    return lease
+
+
+def _place(*, pool, spec, shape, client, idempotency_key, request_hash, data, actor, now, lease_request):
     for _ in range(PLACEMENT_ROUNDS):
         candidates, examined = placement.find_candidates(pool, spec, now=now)
         if not candidates:
@@ -331,6 +371,7 @@ def _create(*, data, client, actor, idempotency_key: str, request_hash: str, now
     # lease when a node fits, so only the nothing-fits answer needs to look.
     _refuse_second_live_lease(spec.workload_id)
     explanation = placement.diagnose(pool, spec, now=now)
+    lease_metrics.placement_failed(pool=pool.name, reasons=explanation["reasons"])
     if not spec.queue:
         raise Conflict(
             explanation["message"],
@@ -427,10 +468,25 @@ def end_lease(
             changes["outcome"] = outcome
         if workload_state:
             changes["workload_state"] = workload_state
+        else:
+            # A workload last reported running cannot still be said to run on an ended lease.
+            changes["workload_state"] = Case(
+                When(workload_state=WorkloadState.RUNNING, then=Value(WorkloadState.UNKNOWN)),
+                default=F("workload_state"),
+            )
         if not claim.update(**changes):
             return None
-        lease = Lease.objects.get(pk=lease_id)
+        lease = Lease.objects.select_related("pool").get(pk=lease_id)
         return_capacity(lease)
+        lease_metrics.lease_ended(pool=lease.pool.name, to_state=to_state, reason=reason)
+        if lease.command:  # something the agent runs: its next renewal says to stop it
+            post_instructions([lease.node_id], Instruction.STOP)
+        evidence.close_for_lease(lease.pk, now=now)
+        LeaseCheckpoint.objects.filter(lease_id=lease.pk, state=CheckpointState.REQUESTED).update(
+            state=CheckpointState.WITHDRAWN
+        )
+        # Higher apps (the marketplace's usage record) act in this same transaction.
+        lease_ended.send(sender=Lease, lease=lease, actor=actor, now=now)
         record_event(
             lease.node_id,
             NodeEventType.LEASE,
@@ -438,24 +494,36 @@ def end_lease(
             to_state=to_state,
             reason=reason,
             data={"lease_id": str(lease.pk), "workload_id": lease.workload_id, "fencing_token": lease.fencing_token},
+            lease_id=lease.pk,
+            workload_id=lease.workload_id,
         )
         transaction.on_commit(kick_queue)
     return lease
 
 
-def kick_queue() -> None:
-    """Ask a worker to place pending requests (deduplicated: at most one kick a second)."""
-    # The cache first: node saves and lease ends are frequent, pending requests rare.
-    if (
-        cache.add("leases:queue-kick", 1, timeout=1)
-        and LeaseRequest.objects.filter(state=LeaseRequestState.PENDING).exists()
-    ):
-        from .tasks import place_pending_requests
+KICK_WINDOW = 1  # seconds
 
-        try:
-            place_pending_requests.delay()
-        except Exception:  # the beat entry retries; a broker hiccup must not fail the request
-            logger.exception("could not enqueue place_pending_requests")
+
+def kick_queue() -> None:
+    """Ask a worker to place pending requests: at once, at most once a ``KICK_WINDOW``; a kick
+    inside the window is not dropped but deferred to its end (one trailing kick), so the last
+    trigger of a burst (several nodes turning schedulable in the same second) is always followed
+    by a placement that sees it."""
+    # The cache first: node saves and lease ends are frequent, pending requests rare.
+    if cache.add("leases:queue-kick", 1, timeout=KICK_WINDOW):
+        options = {}
+    elif cache.add("leases:queue-kick-trailing", 1, timeout=KICK_WINDOW):
+        options = {"countdown": KICK_WINDOW}
+    else:
+        return  # a trailing kick is already due after this trigger
+    if not LeaseRequest.objects.filter(state=LeaseRequestState.PENDING).exists():
+        return
+    from .tasks import place_pending_requests
+
+    try:
+        place_pending_requests.apply_async(**options)
+    except Exception:  # the beat entry retries; a broker hiccup must not fail the request
+        logger.exception("could not enqueue place_pending_requests")
 
 
 # --- shapes --------------------------------------------------------------------------------------
@@ -502,12 +570,16 @@ __all__ = [
     "check_fence",
     "lease_request_cancel",
     "request_checkpoint",
+    "record_checkpoint_requests",
+    "withdraw_checkpoint_requests",
     "Problem",
     "lease_create",
     "lease_renew",
     "lease_release",
     "lease_report_event",
     "fencing_validate",
+    "lease_secret_matches",
+    "register_lease_secret_verifier",
     "shape_create",
     "reconcile_heartbeat",
     "lose_node_leases",
@@ -522,7 +594,11 @@ from .fencing import (  # noqa: E402
     lease_release,
     lease_renew,
     lease_report_event,
+    lease_secret_matches,
+    record_checkpoint_requests,
+    register_lease_secret_verifier,
     request_checkpoint,
+    withdraw_checkpoint_requests,
 )
 from .reconcile import (  # noqa: E402
     lose_node_leases,

@@ -12,10 +12,13 @@ import logging
 from collections import defaultdict
 from datetime import timedelta
 
+from django.core.cache import cache
 from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from fleet import clock
+from fleet import taints as taint_times
 from fleet.choices import NodeEventType
 from fleet.events import Actor, record_event
 from fleet.models import NodeResource
@@ -29,6 +32,9 @@ from .spec import parse_spec
 logger = logging.getLogger(__name__)
 EXPIRY_BATCH = 1000
 QUEUE_BATCH = 200
+# A queued request that still does not fit is explained again at most this often (seconds): the
+# explanation reads the whole pool, and a queue pass may retry every pending request each second.
+EXPLANATION_TTL = 30
 
 
 def expire_leases(*, now=None, actor: Actor | None = None) -> int:
@@ -37,6 +43,9 @@ def expire_leases(*, now=None, actor: Actor | None = None) -> int:
 
     now = now or timezone.now()
     actor = actor or Actor.system("leases.expire_leases")
+    # A clock jump or outage since the last sweep is paused first (leases shifted), so it never
+    # expires a lease (fleet.clock).
+    clock.observe(now=now, actor=actor)
     due = Lease.objects.filter(state__in=LIVE_LEASE_STATES, expires_at__lte=now).order_by("expires_at")
     expired = 0
     for lease_id in list(due.values_list("pk", flat=True)[:EXPIRY_BATCH]):
@@ -96,13 +105,11 @@ def place_pending_requests(*, now=None, actor: Actor | None = None) -> dict:
             placed += 1
             continue
         pending += 1
-        explanation = placement.diagnose(pool, dataclasses.replace(spec), now=now)
-        LeaseRequest.objects.filter(pk=request.pk, state=LeaseRequestState.PENDING).update(
-            reasons=explanation["reasons"],
-            message=explanation["message"],
-            last_attempt_at=now,
-            attempts=F("attempts") + 1,
-        )
+        changes = {"last_attempt_at": now, "attempts": F("attempts") + 1}
+        if cache.add(f"leases:explained:{request.pk}", 1, timeout=EXPLANATION_TTL) or not request.message:
+            explanation = placement.diagnose(pool, dataclasses.replace(spec), now=now)
+            changes.update(reasons=explanation["reasons"], message=explanation["message"])
+        LeaseRequest.objects.filter(pk=request.pk, state=LeaseRequestState.PENDING).update(**changes)
     return {"placed": placed, "pending": pending}
 
 
@@ -120,13 +127,17 @@ def check_consistency(*, repair: bool = False, actor: Actor | None = None) -> Co
     for node_id, resources in Lease.objects.filter(state__in=LIVE_LEASE_STATES).values_list("node_id", "resources"):
         for name, amount in (resources or {}).items():
             leased[(node_id, name)] += int(amount)
-    rows = NodeResource.objects.filter(~Q(allocated=0) | Q(node_id__in={k[0] for k in leased}))
-    suspects = {
-        node_id
-        for node_id, name, allocated in rows.values_list("node_id", "name", "allocated")
-        if allocated != leased.get((node_id, name), 0)
+    # Counters that are not zero; a leased (node, resource) absent from them is at zero or has no
+    # row at all. Two reads whatever the fleet's size (no IN list of every leased node, and no
+    # query per leased resource: that made a check after a 10,000-node run never finish).
+    allocated_now = {
+        (node_id, name): allocated
+        for node_id, name, allocated in NodeResource.objects.exclude(allocated=0).values_list(
+            "node_id", "name", "allocated"
+        )
     }
-    suspects |= {node_id for (node_id, name) in leased if not rows.filter(node_id=node_id, name=name).exists()}
+    suspects = {key[0] for key, allocated in allocated_now.items() if allocated != leased.get(key, 0)}
+    suspects |= {key[0] for key, amount in leased.items() if amount and key not in allocated_now}
     drift = []
     for node_id in suspects:
         with transaction.atomic():
@@ -160,30 +171,24 @@ def check_consistency(*, repair: bool = False, actor: Actor | None = None) -> Co
                     data=item,
                 )
     return ConsistencyReport.objects.create(
-        nodes_checked=len({k[0] for k in leased} | set(rows.values_list("node_id", flat=True))),
+        nodes_checked=len({k[0] for k in leased} | {k[0] for k in allocated_now}),
         drift=drift,
         repaired=repair and bool(drift),
     )
 
 
-def _taint_added_at(taint: dict):
-    """The taint's ``time_added`` / ``timeAdded`` (RFC 3339) as a datetime, or None."""
-    from django.utils.dateparse import parse_datetime
-
-    raw = taint.get("time_added") or taint.get("timeAdded")
-    try:
-        return parse_datetime(raw) if isinstance(raw, str) else None
-    except ValueError:
-        return None
-
-
-def noexecute_deadline(lease: Lease, taints: list[dict]):
+def noexecute_deadline(lease: Lease, taints: list[dict], added: dict[str, str] | None = None, gaps=()):
     """When ``lease`` must end because of its node's ``NoExecute`` taints, or None if never.
 
     Kubernetes' taint manager (pkg/controller/tainteviction): a NoExecute taint the workload does
     not tolerate evicts it at once; one tolerated with ``tolerationSeconds`` evicts it that many
     seconds after the taint was added (or the lease granted, whichever is later); one tolerated
     without a limit never does. With several taints the earliest deadline wins.
+
+    ``added`` is the node's ``taints_added_at`` map (:mod:`fleet.taints`): when each taint was put
+    on the node. A taint with no recorded time counts from the grant. ``gaps`` are the clock gaps
+    the control plane paused (:func:`fleet.clock.detected_gaps`): ``toleration_seconds`` count
+    control-plane time, so a gap that began inside the toleration moves its end later.
     """
     tolerations = parse_spec(lease.spec).tolerations if lease.spec else ()
     deadline = None
@@ -195,8 +200,9 @@ def noexecute_deadline(lease: Lease, taints: list[dict]):
             return lease.granted_at
         if any(t.toleration_seconds is None for t in matching):
             continue
-        since = max(filter(None, [lease.granted_at, _taint_added_at(taint)]))
+        since = max(filter(None, [lease.granted_at, taint_times.added_at(added, taint)]))
         until = since + timedelta(seconds=min(t.toleration_seconds for t in matching))
+        until = clock.extend_past_gaps(since, until, gaps)
         deadline = until if deadline is None else min(deadline, until)
     return deadline
 
@@ -212,13 +218,17 @@ def evict_noexecute(*, now=None, actor: Actor | None = None) -> int:
 
     now = now or timezone.now()
     actor = actor or Actor.system("leases.evict_noexecute")
+    # A gap since the last sweep is detected (and paused) before any toleration is judged.
+    clock.observe(now=now, actor=actor)
+    gaps = clock.detected_gaps()
     # A text match narrows the scan to nodes (or pools) that carry a NoExecute taint at all.
     tainted = Q(node__taints__icontains="NoExecute") | Q(pool__taints__icontains="NoExecute")
     evicted = 0
     leases = Lease.objects.filter(tainted, state__in=LIVE_LEASE_STATES).select_related("node", "pool")
     for lease in leases.iterator(chunk_size=500):
         try:
-            deadline = noexecute_deadline(lease, placement.node_taints(lease.node, lease.pool))
+            taints = placement.node_taints(lease.node, lease.pool)
+            deadline = noexecute_deadline(lease, taints, lease.node.taints_added_at, gaps)
         except Problem:  # a spec stored before today's validation: judge it without tolerations
             deadline = lease.granted_at
         if deadline is not None and deadline <= now:

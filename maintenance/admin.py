@@ -9,18 +9,21 @@ operator acting on a stale page gets "changed since you read it" rather than ove
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.template.response import TemplateResponse
+from django.utils import timezone
 
 from fleet.events import Actor
 from fleet.models import Node
+from nodepool.admin_mixins import ReadOnlyRecordAdminMixin
 from nodepool.api.problems import Problem
 
-from . import drains, services
+from . import drains, progress, services
 from .choices import EvictionPolicy
 from .models import DisruptionBudget, Drain, Eviction, Quarantine
 
@@ -29,9 +32,41 @@ class ReasonForm(forms.Form):
     reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3, "cols": 60}), max_length=2000)
 
 
-class DrainForm(ReasonForm):
+DEADLINE_UNITS = {"minutes": 60, "hours": 3600, "days": 86400}
+
+
+class DeadlineFields(forms.Form):
+    """A deadline given relatively ("in 2 hours") or as a date and time (the browser's picker)."""
+
+    deadline_in = forms.IntegerField(
+        label="Deadline in", required=False, min_value=1, widget=forms.NumberInput(attrs={"style": "width: 6em"})
+    )
+    deadline_unit = forms.ChoiceField(
+        label="unit", choices=[(u, u) for u in DEADLINE_UNITS], initial="hours", required=False
+    )
+    deadline = forms.DateTimeField(
+        label="or at (UTC)",
+        required=False,
+        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"),
+        help_text="Give either a relative deadline or a date and time.",
+    )
+
+    def clean(self):
+        data = super().clean()
+        relative, absolute = data.get("deadline_in"), data.get("deadline")
+        if (relative is None) == (absolute is None):
+            if not self.errors:
+                raise forms.ValidationError("Give a deadline: either “in N minutes/hours/days” or a date and time.")
+            return data
+        if relative is not None:
+            seconds = relative * DEADLINE_UNITS.get(data.get("deadline_unit") or "hours", 3600)
+            data["deadline"] = timezone.now() + timedelta(seconds=seconds)
+        return data
+
+
+class DrainForm(ReasonForm, DeadlineFields):
     policy = forms.ChoiceField(choices=EvictionPolicy.choices, initial=EvictionPolicy.WAIT)
-    deadline = forms.DateTimeField(help_text="UTC, e.g. 2026-11-29 18:00")
+    field_order = ["policy", "deadline_in", "deadline_unit", "deadline", "reason"]
 
 
 class QuarantineForm(ReasonForm):
@@ -44,6 +79,20 @@ class QuarantineForm(ReasonForm):
         return value
 
 
+class CordonForm(ReasonForm):
+    expires_at = forms.DateTimeField(required=False, help_text="optional, UTC: the hold ends by itself then")
+
+
+class UncordonForm(ReasonForm):
+    owner = forms.CharField(required=False, max_length=200, help_text="whose hold, e.g. user:olivia (empty: your own)")
+    force = forms.BooleanField(
+        required=False, help_text="operators only: remove that owner's hold (or, with no owner, every hold); recorded"
+    )
+
+    def clean_owner(self):
+        return self.cleaned_data.get("owner") or None
+
+
 class RetireForm(ReasonForm):
     force = forms.BooleanField(required=False, help_text="revoke live leases instead of refusing")
 
@@ -54,31 +103,21 @@ class Spec:
     permission: str
     form: type[forms.Form]
     run: Any  # (obj, version, actor, cleaned_data) -> None
+    preview: Any = None  # (obj, version, cleaned_data) -> dict: a dry run shown before confirming
 
 
-def _run_with_form(modeladmin, request, queryset, spec: Spec, version_of):
+def run_with_form(modeladmin, request, queryset, spec: Spec, version_of):
     """Render the intermediate form, or (on ``apply``) run ``spec`` for each selected object."""
     if not request.user.has_perm(spec.permission):
         modeladmin.message_user(request, f"{spec.label} needs the {spec.permission} permission.", messages.ERROR)
         return None
-    if "apply" in request.POST:
+    previews = []
+    if "apply" in request.POST or "preview" in request.POST:
         form = spec.form(request.POST)
-        if form.is_valid():
-            actor = Actor.from_request(request)
-            done = 0
-            for obj in queryset:
-                raw = request.POST.get(f"version_{obj.pk}", "")
-                if not raw.isdigit():
-                    modeladmin.message_user(request, f"{obj}: no version was read; try again.", messages.ERROR)
-                    continue
-                try:
-                    spec.run(obj, int(raw), actor, form.cleaned_data)
-                except Problem as exc:
-                    modeladmin.message_user(request, f"{obj}: {exc.detail}", messages.ERROR)
-                    continue
-                done += 1
-            if done:
-                modeladmin.message_user(request, f"{spec.label}: {done} done.", messages.SUCCESS)
+        if form.is_valid() and "preview" in request.POST and spec.preview is not None:
+            previews = [(obj, _preview(spec, obj, request, form.cleaned_data)) for obj in queryset]
+        elif form.is_valid():
+            _apply(modeladmin, request, queryset, spec, form.cleaned_data)
             return None
     else:
         form = spec.form()
@@ -87,6 +126,9 @@ def _run_with_form(modeladmin, request, queryset, spec: Spec, version_of):
         "title": spec.label,
         "form": form,
         "objects": [(obj, version_of(obj)) for obj in queryset],
+        "previews": previews,
+        "can_preview": spec.preview is not None,
+        "node_page": request.POST.get("_node_page", ""),
         "action": request.POST.get("action", ""),
         "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
         "opts": modeladmin.model._meta,
@@ -94,9 +136,40 @@ def _run_with_form(modeladmin, request, queryset, spec: Spec, version_of):
     return TemplateResponse(request, "admin/maintenance/action_form.html", context)
 
 
+def _apply(modeladmin, request, queryset, spec: Spec, data: dict) -> None:
+    """Run ``spec`` on each object at the version the operator read; one message per refusal.
+
+    Messages name objects as they are written (a hostname keeps its case).
+    """
+    actor = Actor.from_request(request)
+    done = []
+    for obj in queryset:
+        raw = request.POST.get(f"version_{obj.pk}", "")
+        if not raw.isdigit():
+            modeladmin.message_user(request, f"{spec.label} not done for {obj}: no version was read; try again.",
+                                    messages.ERROR)  # fmt: skip
+            continue
+        try:
+            spec.run(obj, int(raw), actor, data)
+        except Problem as exc:
+            modeladmin.message_user(request, f"{spec.label} refused for {obj}: {exc.detail}", messages.ERROR)
+            continue
+        done.append(str(obj))
+    if done:
+        modeladmin.message_user(request, f"{spec.label} done for {', '.join(done)}.", messages.SUCCESS)
+
+
+def _preview(spec: Spec, obj, request, data: dict) -> dict:
+    raw = request.POST.get(f"version_{obj.pk}", "")
+    try:
+        return {"plan": spec.preview(obj, int(raw) if raw.isdigit() else None, data)}
+    except Problem as exc:
+        return {"problem": exc.detail}
+
+
 def _node_action(name: str, spec: Spec):
     def action(modeladmin, request, queryset):
-        return _run_with_form(modeladmin, request, queryset, spec, lambda node: node.version)
+        return run_with_form(modeladmin, request, queryset, spec, lambda node: node.version)
 
     action.__name__ = name
     return admin.action(description=f"{spec.label} selected nodes…")(action)
@@ -113,6 +186,12 @@ def _drain_run(node, version, actor, data):
     )
 
 
+def _drain_preview(node, version, data):
+    return progress.plan_drain(
+        node_id=node.pk, policy=data["policy"], deadline=data["deadline"], expected_version=version
+    )
+
+
 def _simple(service):
     def run(node, version, actor, data):
         service(node_id=node.pk, expected_version=version, actor=actor, **data)
@@ -126,9 +205,11 @@ def _release_run(node, version, actor, data):
 
 OPERATE = "fleet.operate_node"
 NODE_ACTIONS = [
-    _node_action("cordon_nodes", Spec("Cordon", OPERATE, ReasonForm, _simple(services.cordon_node))),
-    _node_action("uncordon_nodes", Spec("Uncordon", OPERATE, ReasonForm, _simple(services.uncordon_node))),
-    _node_action("drain_nodes", Spec("Drain", OPERATE, DrainForm, _drain_run)),
+    _node_action("cordon_nodes", Spec("Cordon (your own hold)", OPERATE, CordonForm, _simple(services.cordon_node))),
+    _node_action(
+        "uncordon_nodes", Spec("Uncordon (your own hold)", OPERATE, UncordonForm, _simple(services.uncordon_node))
+    ),
+    _node_action("drain_nodes", Spec("Drain", OPERATE, DrainForm, _drain_run, _drain_preview)),
     _node_action(
         "quarantine_nodes",
         Spec("Quarantine", "fleet.quarantine_node", QuarantineForm, _simple(services.quarantine_node)),
@@ -139,6 +220,10 @@ NODE_ACTIONS = [
         Spec("Return to service", OPERATE, ReasonForm, _simple(services.return_node_to_service)),
     ),
     _node_action("retire_nodes", Spec("Retire", OPERATE, RetireForm, _simple(services.retire_node))),
+    _node_action(
+        "repair_stuck_drains",
+        Spec("Repair stuck drain (draining with no drain)", OPERATE, ReasonForm, _simple(drains.repair_stuck_drain)),
+    ),
 ]
 
 
@@ -158,23 +243,23 @@ else:
     admin.site.register(Node, MaintenanceNodeAdmin)
 
 
-class EvictionInline(admin.TabularInline):
+class EvictionInline(ReadOnlyRecordAdminMixin, admin.TabularInline):
     model = Eviction
     extra = 0
     can_delete = False
     readonly_fields = ["lease", "workload_id", "group", "fencing_token", "kind", "created_at"]
     fields = readonly_fields
 
-    def has_add_permission(self, request, obj=None):
-        return False
+    def has_view_permission(self, request, obj=None):
+        return True
 
 
 def _cancel_run(drain, version, actor, data):
     drains.cancel_drain(drain_id=drain.pk, expected_version=version, reason=data["reason"], actor=actor)
 
 
-class DeadlineForm(ReasonForm):
-    deadline = forms.DateTimeField(help_text="UTC, e.g. 2026-11-29 18:00")
+class DeadlineForm(ReasonForm, DeadlineFields):
+    field_order = ["deadline_in", "deadline_unit", "deadline", "reason"]
 
 
 def _deadline_run(drain, version, actor, data):
@@ -183,29 +268,28 @@ def _deadline_run(drain, version, actor, data):
     )
 
 
-@admin.action(description="Cancel selected drains (nodes back to cordoned)…")
+@admin.action(description="Cancel selected drains (the drain's hold is removed)…")
 def cancel_drains(modeladmin, request, queryset):
     spec = Spec("Cancel drain", OPERATE, ReasonForm, _cancel_run)
-    return _run_with_form(modeladmin, request, queryset, spec, lambda drain: drain.version)
+    return run_with_form(modeladmin, request, queryset, spec, lambda drain: drain.version)
 
 
 @admin.action(description="Change the deadline of selected drains…")
 def change_deadlines(modeladmin, request, queryset):
     spec = Spec("Change drain deadline", OPERATE, DeadlineForm, _deadline_run)
-    return _run_with_form(modeladmin, request, queryset, spec, lambda drain: drain.version)
+    return run_with_form(modeladmin, request, queryset, spec, lambda drain: drain.version)
 
 
 @admin.register(Drain)
-class DrainAdmin(admin.ModelAdmin):
+class DrainAdmin(ReadOnlyRecordAdminMixin, admin.ModelAdmin):
+    """Read-only records; cancel and deadline change are actions (services keep the node in step)."""
+
     list_display = ["node", "state", "policy", "deadline", "leases_remaining", "requested_by_name", "created_at"]
     list_filter = ["state", "policy"]
     search_fields = ["node__hostname", "reason"]
     readonly_fields = [f.name for f in Drain._meta.fields]
     inlines = [EvictionInline]
     actions = [cancel_drains, change_deadlines]
-
-    def has_add_permission(self, request):
-        return False  # drains start through the node action, which moves the node's lifecycle too
 
 
 @admin.register(DisruptionBudget)
@@ -223,11 +307,13 @@ class DisruptionBudgetAdmin(admin.ModelAdmin):
 
 
 @admin.register(Quarantine)
-class QuarantineAdmin(admin.ModelAdmin):
+class QuarantineAdmin(ReadOnlyRecordAdminMixin, admin.ModelAdmin):
+    """Read-only records: quarantine is a node action (it revokes credentials and leases too)."""
+
     list_display = ["node", "rule", "created_at", "actor_name", "released_at"]
     list_filter = ["rule"]
     search_fields = ["node__hostname", "reason"]
     readonly_fields = [f.name for f in Quarantine._meta.fields]
 
-    def has_add_permission(self, request):
-        return False  # quarantine through the node action: it revokes credentials and leases too
+
+from . import admin_node_page  # noqa: E402, F401  (registers maintenance's sections of the node page)

@@ -13,7 +13,7 @@ class DrainState(models.TextChoices):
     ACTIVE = "active", "active"
     COMPLETED = "completed", "completed (every lease ended and unreported)"
     FORCED = "forced", "completed as forced at the deadline"
-    CANCELLED = "cancelled", "cancelled (node back to cordoned)"
+    CANCELLED = "cancelled", "cancelled (node back to ready, the drain's hold removed)"
     ABORTED = "aborted", "aborted (node quarantined or retired)"
 
 

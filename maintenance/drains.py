@@ -36,17 +36,21 @@ from django.db.models import F
 from django.utils import timezone
 from django_fsm import can_proceed
 
+from fleet import clock
 from fleet.choices import NodeEventType
 from fleet.events import Actor, record_event
+from fleet.instructions import Instruction, post_instructions
 from fleet.models import Node
 from leases import services as lease_services
 from leases.choices import LIVE_LEASE_STATES, WorkloadState
 from leases.models import Lease
+from nodepool import metrics
 from nodepool.api.problems import Conflict, NotFound
 from nodepool.api.versioning import check_version
 
 from .budgets import ration, statuses_for_groups
 from .choices import DrainState, EvictionKind, EvictionPolicy
+from .holds import drain_owner, owner_for, place_hold, remove_holds_where
 from .models import Drain, Eviction
 from .progress import PROGRESS_LIST_LIMIT, build_progress, live_leases, unconfirmed_leases, validate_deadline
 from .services import apply_transition, lock_node, record_transition, save_transition
@@ -73,7 +77,11 @@ def _schedule_deadline(drain: Drain) -> None:
 def start_drain(
     *, node_id, expected_version: int, policy: str, deadline: datetime, reason: str, actor: Actor, now=None
 ) -> Drain:
-    """ready | cordoned → draining, and start moving the node's leases off under ``policy``.
+    """ready → draining, and start moving the node's leases off under ``policy``.
+
+    The drain places its own hold (owner ``drain:<id>``), so the node stays cordoned after the
+    drain completes (maintenance) until it returns to service, and other actors' holds are left
+    alone; cancelling the drain removes only the drain's hold.
 
     Args:
         policy: an :class:`EvictionPolicy` value.
@@ -103,6 +111,7 @@ def start_drain(
         )
         data = {"action": "drain", "drain_id": str(drain.pk), "policy": policy, "deadline": deadline.isoformat()}
         record_transition(node, actor, from_state=from_state, reason=reason, data=data)
+        place_hold(node, drain_owner(drain.pk), f"drain: {reason}", actor=actor, bump_version=False, now=now)
         record_event(
             node, NodeEventType.DRAIN, actor, to_state=DrainState.ACTIVE, reason=reason, data={**data, "leases": leases}
         )
@@ -144,6 +153,8 @@ def sweep_drains(*, actor: Actor, now=None, limit: int = 500) -> dict[str, int]:
     Returns ``{"evaluated", "completed", "forced", "failed"}``.
     """
     now = now or timezone.now()
+    # A clock jump or outage since the last sweep moves deadlines first, so it forces no drain.
+    clock.observe(now=now, actor=actor)
     ids = list(Drain.objects.filter(state=DrainState.ACTIVE).order_by("deadline").values_list("pk", flat=True)[:limit])
     counts = {"evaluated": 0, "completed": 0, "forced": 0, "failed": 0}
     for drain_id in ids:
@@ -216,6 +227,8 @@ def _evaluate(drain: Drain, node: Node, *, actor: Actor, now) -> None:
             Lease.objects.filter(pk__in=[lease.pk for lease in allowed], state__in=LIVE_LEASE_STATES).update(
                 checkpoint_requested_at=now, version=F("version") + 1
             )
+            lease_services.record_checkpoint_requests(allowed, actor=actor, now=now)
+            post_instructions([node.pk], Instruction.CHECKPOINT)
             _record_evictions(drain, allowed, EvictionKind.CHECKPOINT, now)
             record_event(
                 node,
@@ -293,6 +306,7 @@ def _enforce(drain: Drain, node: Node, *, actor: Actor, now) -> bool:
         data={"drain_id": str(drain.pk), "leases_revoked": len(revoked), "deadline": drain.deadline.isoformat()},
     )
     _park_node(node, actor=actor, now=now, reason=f"drain forced at its deadline: {drain.reason}")
+    _observe_duration(drain, node, now)
     return True
 
 
@@ -318,7 +332,14 @@ def _finish(drain: Drain, node: Node, *, state: str, actor: Actor, now, progress
         data={"drain_id": str(drain.pk)},
     )
     _park_node(node, actor=actor, now=now, reason=f"drained: {drain.reason}")
+    _observe_duration(drain, node, now)
     return True
+
+
+def _observe_duration(drain: Drain, node: Node, now) -> None:
+    seconds = max(0.0, (now - drain.created_at).total_seconds())
+    pool = node.pool.name
+    transaction.on_commit(lambda: metrics.DRAIN_SECONDS.labels(pool).observe(seconds))
 
 
 def _park_node(node: Node, *, actor: Actor, now, reason: str) -> None:
@@ -332,7 +353,9 @@ def _park_node(node: Node, *, actor: Actor, now, reason: str) -> None:
 
 
 def cancel_drain(*, drain_id, expected_version: int, reason: str, actor: Actor, now=None) -> Drain:
-    """Cancel an active drain: node draining → cordoned (never ready); pending checkpoint requests withdrawn.
+    """Cancel an active drain: node draining → ready with the drain's hold removed; pending
+    checkpoint requests withdrawn. Any other actor's hold stays, so a node cordoned before the
+    drain is still cordoned after it.
 
     ``expected_version`` is the drain's. Raises: NotFound (404), PreconditionFailed (412),
     Conflict (409 ``drain_not_active`` or ``transition_not_allowed``).
@@ -351,11 +374,14 @@ def cancel_drain(*, drain_id, expected_version: int, reason: str, actor: Actor, 
         requested = Eviction.objects.filter(
             drain=drain, kind=EvictionKind.CHECKPOINT, withdrawn_at__isnull=True, lease__state__in=LIVE_LEASE_STATES
         )
-        withdrawn = Lease.objects.filter(pk__in=list(requested.values_list("lease_id", flat=True))).update(
+        requested_ids = list(requested.values_list("lease_id", flat=True))
+        withdrawn = Lease.objects.filter(pk__in=requested_ids).update(
             checkpoint_requested_at=None, version=F("version") + 1
         )
+        lease_services.withdraw_checkpoint_requests(requested_ids)
         # Withdrawn requests no longer count against disruption budgets.
         requested.update(withdrawn_at=now)
+        remove_holds_where(node, owner=drain_owner(drain.pk), actor=actor, reason=f"drain cancelled: {reason}", now=now)
         data = {"action": "cancel-drain", "drain_id": str(drain.pk), "checkpoints_withdrawn": withdrawn}
         record_transition(node, actor, from_state=from_state, reason=reason, data=data)
         record_event(
@@ -369,6 +395,50 @@ def cancel_drain(*, drain_id, expected_version: int, reason: str, actor: Actor, 
         )
     drain.refresh_from_db()
     return drain
+
+
+def repair_stuck_drain(*, node_id, expected_version: int, reason: str, actor: Actor, now=None) -> Node:
+    """Repair a node left ``draining`` with no active drain (an operator's recorded repair).
+
+    Such a node cannot be cancelled (``cancel-drain`` needs the drain) and would never complete.
+    The repair moves it ``draining → ready`` and puts the repairing operator's own hold on it, so
+    it takes no new work until that operator uncordons it; holds of drains that are no longer
+    active go. A node whose drain is still active is refused (409 ``drain_active``: cancel that
+    drain instead). Recorded as a ``lifecycle`` event with ``data.action = "repair-drain"``.
+
+    Raises: NotFound (404), PreconditionFailed (412), Conflict (409 ``transition_not_allowed`` /
+    ``drain_active``).
+    """
+    now = now or timezone.now()
+    with transaction.atomic():
+        node = lock_node(node_id)
+        check_version(node.version, expected_version)
+        active = Drain.objects.filter(node=node, state=DrainState.ACTIVE).first()
+        if active is not None:
+            raise Conflict(
+                f"The node's drain {active.pk} is active: cancel it instead (POST /api/v1/drains/{active.pk}/cancel).",
+                "drain_active",
+                drain_id=str(active.pk),
+            )
+        from_state = apply_transition(node, "cancel_drain", action="repair-drain", reason=reason, now=now)
+        save_transition(node)
+        stale = [
+            owner
+            for owner in node.holds.filter(removed_at__isnull=True, owner__startswith="drain:").values_list(
+                "owner", flat=True
+            )
+        ]
+        for owner in stale:
+            remove_holds_where(node, owner=owner, actor=actor, reason=f"stuck drain repaired: {reason}", now=now)
+        place_hold(node, owner_for(actor), f"repaired stuck drain: {reason}", actor=actor, bump_version=False, now=now)
+        record_transition(
+            node,
+            actor,
+            from_state=from_state,
+            reason=reason,
+            data={"action": "repair-drain", "removed_drain_holds": stale, "hold_owner": owner_for(actor)},
+        )
+    return Node.objects.get(pk=node.pk)
 
 
 def change_drain_deadline(

@@ -38,51 +38,81 @@ def _quarantine(node: Node, rule: str, reason: str, evidence: dict[str, Any], ac
     return rule
 
 
-def _loaded_pool_spec(node: Node) -> str | None:
-    """The pool's ``allowed_agent_versions`` if already in memory (no query), else None."""
+# Lifecycles before admission set the inventory: resources absent from it are not judged there.
+_NO_INVENTORY_YET = (Lifecycle.PENDING, Lifecycle.ADMITTING, Lifecycle.REJECTED)
+
+
+def _loaded_pool_field(node: Node, name: str):
+    """A field of the node's pool if already in memory (no query), else None."""
     pool = node._state.fields_cache.get("pool")
-    if pool is None or "allowed_agent_versions" in pool.get_deferred_fields():
+    if pool is None or name in pool.get_deferred_fields():
         return None
-    return pool.allowed_agent_versions or ""
+    return getattr(pool, name)
 
 
-def heartbeat_facts(node: Node, usage: dict[str, Any]) -> tuple[dict[str, int], str]:
-    """``({resource: capacity}, pool's allowed_agent_versions)`` for the heartbeat rules, in one query.
+def heartbeat_facts(node: Node, usage: dict[str, Any]) -> tuple[dict[str, int], str, list[str] | None]:
+    """``({resource: capacity}, allowed_agent_versions, allowed_undeclared_resources or None)`` for
+    the heartbeat rules, in one query.
 
     Every heartbeat pays for this, so the capacities of the reported resources and the pool's
-    specifier come back from a single indexed query (none at all when the usage is empty and the
-    caller already loaded the pool's specifier).
+    facts come back from a single indexed query (none at all when the usage is empty and the
+    caller already loaded the pool). The allow-list is None when neither source had it; the
+    impossible-usage rule loads it only if it needs it.
     """
-    spec = _loaded_pool_spec(node)
+    spec = _loaded_pool_field(node, "allowed_agent_versions")
+    allowed = _loaded_pool_field(node, "allowed_undeclared_resources")
     capacities: dict[str, int] = {}
     if usage:
         rows = NodeResource.objects.filter(node_id=node.pk, name__in=list(usage)).values_list(
-            "name", "capacity", "node__pool__allowed_agent_versions"
+            "name", "capacity", "node__pool__allowed_agent_versions", "node__pool__allowed_undeclared_resources"
         )
-        for name, capacity, allowed in rows:
+        for name, capacity, row_spec, row_allowed in rows:
             capacities[name] = capacity
-            if spec is None:
-                spec = allowed or ""
+            spec = row_spec or "" if spec is None else spec
+            allowed = list(row_allowed or []) if allowed is None else allowed
     if spec is None:
         spec = Pool.objects.filter(pk=node.pool_id).values_list("allowed_agent_versions", flat=True).first() or ""
-    return capacities, spec
+    return capacities, spec, allowed
 
 
-def impossible_usage(node: Node, usage: dict[str, Any], capacities: dict[str, int] | None = None) -> dict | None:
+def impossible_usage(
+    node: Node,
+    usage: dict[str, Any],
+    capacities: dict[str, int] | None = None,
+    allowed_undeclared: list[str] | None = None,
+) -> dict | None:
     """Evidence when ``usage`` exceeds the node's raw capacity beyond the tolerance, else None.
 
-    Only resources in the node's inventory are judged; tolerance is
-    ``NODEPOOL["IMPOSSIBLE_USAGE_TOLERANCE"]`` (default 5 %, for measurement noise).
+    A resource absent from the inventory has capacity 0: any use of it is impossible (a node
+    without GPUs reporting ``nvidia.com/gpu: 4`` in use is exactly the misreport marketplace fraud
+    controls look for), unless the pool lists it in ``allowed_undeclared_resources``. Absent
+    resources are judged only once admission has set the node's inventory (not while it is
+    ``pending``, ``admitting`` or ``rejected``). Tolerance is
+    ``NODEPOOL["IMPOSSIBLE_USAGE_TOLERANCE"]`` (default 5 %, for measurement noise). The evidence
+    names each resource: ``{"over_capacity": {name: {"usage", "capacity", "in_inventory"}}, ...}``.
     """
     if capacities is None:
         capacities = dict(NodeResource.objects.filter(node=node).values_list("name", "capacity"))
+    judged = node.lifecycle not in _NO_INVENTORY_YET
     tolerance = float(conf.get("IMPOSSIBLE_USAGE_TOLERANCE"))
     over = {}
     for name, amount in (usage or {}).items():
-        if name not in capacities or isinstance(amount, bool) or not isinstance(amount, int | float):
+        if isinstance(amount, bool) or not isinstance(amount, int | float):
+            continue
+        if name not in capacities:
+            if judged and amount > 0:
+                if allowed_undeclared is None:  # loaded only now: most heartbeats never need it
+                    allowed_undeclared = list(
+                        Pool.objects.filter(pk=node.pool_id)
+                        .values_list("allowed_undeclared_resources", flat=True)
+                        .first()
+                        or []
+                    )
+                if name not in allowed_undeclared:
+                    over[name] = {"usage": amount, "capacity": 0, "in_inventory": False}
             continue
         if amount > capacities[name] * (1 + tolerance):
-            over[name] = {"usage": amount, "capacity": capacities[name]}
+            over[name] = {"usage": amount, "capacity": capacities[name], "in_inventory": True}
     return {"over_capacity": over, "tolerance": tolerance} if over else None
 
 
@@ -126,11 +156,13 @@ def evaluate_heartbeat(node, *, usage: dict, agent_version: str, actor) -> str |
     """
     if node.lifecycle in _EXEMPT:
         return None
-    capacities, spec = heartbeat_facts(node, usage)
-    evidence = impossible_usage(node, usage, capacities)
+    capacities, spec, allowed_undeclared = heartbeat_facts(node, usage)
+    evidence = impossible_usage(node, usage, capacities, allowed_undeclared)
     if evidence:
         names = ", ".join(
-            f"{name} {item['usage']} > capacity {item['capacity']}" for name, item in evidence["over_capacity"].items()
+            f"{name} {item['usage']} > capacity {item['capacity']}"
+            + ("" if item["in_inventory"] else " (not in the inventory)")
+            for name, item in evidence["over_capacity"].items()
         )
         return _quarantine(
             node,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.db.models import QuerySet
 
+from fleet.choices import Lifecycle
 from fleet.models import Node
 from nodepool.api.permissions import is_operator
 
@@ -13,8 +14,6 @@ from .models import DisruptionBudget, Drain, Quarantine
 # ``complete_drain`` are left out: the control plane runs them, not an operator.
 OPERATOR_ACTIONS = {
     "start_admission": "admit",
-    "cordon": "cordon",
-    "uncordon": "uncordon",
     "drain": "drain",
     "cancel_drain": "cancel-drain",
     "return_to_service": "return-to-service",
@@ -22,16 +21,26 @@ OPERATOR_ACTIONS = {
     "release": "release",
     "retire": "retire",
 }
-_ORDER = list(OPERATOR_ACTIONS.values())
+_ORDER = ["admit", "cordon", "uncordon", "drain", "cancel-drain", "repair-drain", *list(OPERATOR_ACTIONS.values())[3:]]
 
 
 def allowed_actions(node: Node) -> list[str]:
-    """The operator actions the node's current lifecycle allows (django-fsm's available transitions).
+    """The operator actions the node allows now: its lifecycle's transitions (django-fsm) plus
+    ``cordon`` (any node but a retired one) and ``uncordon`` (while it has holds).
 
     ``cancel-drain`` is ``POST /api/v1/drains/{id}/cancel``; the others are ``POST /nodes/{id}/<action>``.
+    A draining node with no active drain offers ``repair-drain`` instead of ``cancel-drain``.
     """
     names = {t.name for t in node.get_available_lifecycle_transitions()}
     actions = {OPERATOR_ACTIONS[name] for name in names if name in OPERATOR_ACTIONS}
+    if node.lifecycle != Lifecycle.RETIRED:
+        actions.add("cordon")
+        if node.cordoned:
+            actions.add("uncordon")
+    if "cancel-drain" in actions and not Drain.objects.filter(node=node, state="active").exists():
+        # Draining with no drain to cancel (the state the old admin's delete could leave): repair it.
+        actions.discard("cancel-drain")
+        actions.add("repair-drain")
     return sorted(actions, key=_ORDER.index)
 
 
@@ -49,6 +58,22 @@ def quarantines_for(user) -> QuerySet[Quarantine]:
     if is_operator(user):
         return qs
     return qs.filter(node__owner=user) if user.is_authenticated else qs.none()
+
+
+PRIVATE_EVIDENCE_KEY = "private"
+PRIVATE_KEYS_KEY = "private_keys"
+
+
+def public_evidence(evidence) -> dict:
+    """A quarantine's evidence as its node's owner may read it: without what operators marked
+    private, i.e. the ``"private"`` member (an object of operator-only notes) and every top-level
+    member named in ``"private_keys"`` (a list of names). docs/marketplace.md, "The owner's view"."""
+    if not isinstance(evidence, dict):
+        return {}
+    hidden = evidence.get(PRIVATE_KEYS_KEY)
+    hidden = {str(name) for name in hidden} if isinstance(hidden, list) else set()
+    hidden |= {PRIVATE_EVIDENCE_KEY, PRIVATE_KEYS_KEY}
+    return {key: value for key, value in evidence.items() if key not in hidden}
 
 
 def active_drain(node: Node) -> Drain | None:

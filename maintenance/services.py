@@ -24,6 +24,7 @@ from django_fsm import can_proceed
 from fleet import credentials as fleet_credentials
 from fleet.choices import Lifecycle, NodeEventType
 from fleet.events import Actor, record_event
+from fleet.instructions import Instruction, post_instructions
 from fleet.models import Node
 from leases import services as lease_services
 from leases.choices import LIVE_LEASE_STATES
@@ -32,8 +33,9 @@ from nodepool.api.problems import Conflict, NotFound
 from nodepool.api.versioning import check_version
 
 from .choices import DrainState, QuarantineRule
+from .holds import DRAIN_PREFIX, owner_for, place_hold, remove_hold, remove_holds_where
 from .models import Drain, Quarantine
-from .selectors import allowed_actions
+from .selectors import allowed_actions, public_evidence
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +46,7 @@ LIFECYCLE_FIELDS = ["lifecycle", "lifecycle_reason", "lifecycle_changed_at", "ve
 def lock_node(node_id) -> Node:
     """The node row, locked for the rest of the transaction. Raises NotFound (404)."""
     try:
-        return Node.objects.select_for_update().get(pk=node_id)
+        return Node.objects.select_for_update(no_key=True).get(pk=node_id)
     except (Node.DoesNotExist, ValueError) as exc:
         raise NotFound(f"No node {node_id}.", "node_not_found") from exc
 
@@ -97,7 +99,9 @@ def apply_transition(node: Node, transition: str, *, action: str, reason: str, n
 
 
 def save_transition(node: Node, *extra_fields: str) -> None:
+    """Save a transition; once committed, the node's next renewal says its lifecycle changed."""
     node.save(update_fields=[*LIFECYCLE_FIELDS, *extra_fields])
+    post_instructions([node.pk], Instruction.LIFECYCLE)
 
 
 def record_transition(node: Node, actor: Actor, *, from_state: str, reason: str, data: dict):
@@ -125,33 +129,46 @@ def _simple_action(
     return node
 
 
-def cordon_node(*, node_id, expected_version: int, reason: str, actor: Actor, now=None) -> Node:
-    """ready → cordoned: no new placement; existing leases are untouched (Kubernetes' cordon).
+def cordon_node(*, node_id, expected_version: int, reason: str, actor: Actor, expires_at=None, now=None) -> Node:
+    """Place the caller's own cordon hold (``maintenance.holds``): no new placement; leases untouched.
 
-    Raises: NotFound (404), PreconditionFailed (412), Conflict (409 ``transition_not_allowed``).
+    The lifecycle does not change. A node may carry holds from several actors at once; a repeated
+    cordon by the same actor refreshes its hold. Raises: NotFound (404), PreconditionFailed (412),
+    Conflict (409 ``transition_not_allowed`` for a retired node), Unprocessable (422).
     """
-    return _simple_action(
-        node_id=node_id,
-        transition="cordon",
-        action="cordon",
-        expected_version=expected_version,
-        reason=reason,
+    place_hold(
+        node_id,
+        owner_for(actor),
+        reason,
+        expires_at,
         actor=actor,
+        expected_version=expected_version,
         now=now,
     )
+    return Node.objects.get(pk=node_id)
 
 
-def uncordon_node(*, node_id, expected_version: int, reason: str, actor: Actor, now=None) -> Node:
-    """cordoned → ready. Raises as :func:`cordon_node`."""
-    return _simple_action(
-        node_id=node_id,
-        transition="uncordon",
-        action="uncordon",
-        expected_version=expected_version,
-        reason=reason,
-        actor=actor,
-        now=now,
-    )
+def uncordon_node(
+    *,
+    node_id,
+    expected_version: int,
+    reason: str,
+    actor: Actor,
+    owner: str | None = None,
+    force: bool = False,
+    now=None,
+) -> Node:
+    """Remove the caller's own hold; the node stays cordoned while other holds remain.
+
+    ``owner`` names another actor's hold and needs ``force`` (operators only, recorded); ``force``
+    without ``owner`` removes every hold. Raises: NotFound (404), PreconditionFailed (412),
+    Forbidden (403 ``hold_owned_by_other`` / ``force_requires_operator``), Conflict (409
+    ``hold_not_found``).
+    """
+    if owner is None and not force:
+        owner = owner_for(actor)
+    remove_hold(node_id, owner, force, actor=actor, reason=reason, expected_version=expected_version, now=now)
+    return Node.objects.get(pk=node_id)
 
 
 def revoke_live_leases(node: Node, *, actor: Actor, reason: str, now) -> list[Lease]:
@@ -162,14 +179,18 @@ def revoke_live_leases(node: Node, *, actor: Actor, reason: str, now) -> list[Le
     transaction), so the result holds whichever of the two the leases app implements.
     """
     live_before = list(
-        Lease.objects.select_for_update().filter(node=node, state__in=LIVE_LEASE_STATES).order_by("granted_at", "pk")
+        Lease.objects.select_for_update(no_key=True)
+        .filter(node=node, state__in=LIVE_LEASE_STATES)
+        .order_by("granted_at", "pk")
     )
     if not live_before:
         return []
     lease_services.revoke_node_leases(node, actor=actor, reason=reason)
     still_live = {
         lease.pk: lease
-        for lease in Lease.objects.select_for_update().filter(node=node, state__in=LIVE_LEASE_STATES).order_by("pk")
+        for lease in Lease.objects.select_for_update(no_key=True)
+        .filter(node=node, state__in=LIVE_LEASE_STATES)
+        .order_by("pk")
     }
     for lease in still_live.values():
         lease_services.revoke_lease(lease, actor=actor, reason=reason, now=now)
@@ -253,7 +274,15 @@ def quarantine_node(
             NodeEventType.QUARANTINE,
             actor,
             reason=reason,
-            data={**data, "evidence": evidence, "leases_revoked": len(revoked), "credentials_revoked": credentials},
+            # The event stream is read by the node's owner (and node events by lease clients): it
+            # carries the evidence without what operators marked private, which stays on the
+            # Quarantine row (docs/marketplace.md, "The owner's view").
+            data={
+                **data,
+                "evidence": public_evidence(evidence),
+                "leases_revoked": len(revoked),
+                "credentials_revoked": credentials,
+            },
         )
         if credentials:
             record_event(
@@ -344,6 +373,14 @@ def return_node_to_service(*, node_id, expected_version: int, reason: str, actor
         _check_expected(node, expected_version)
         from_state = apply_transition(node, "return_to_service", action="return-to-service", reason=reason, now=now)
         save_transition(node)
+        # The node leaves maintenance through re-admission: the holds its drains placed end here.
+        # Every other actor's hold stays (admission never clears holds).
+        for owner in (
+            node.holds.filter(removed_at__isnull=True, owner__startswith=DRAIN_PREFIX)
+            .values_list("owner", flat=True)
+            .distinct()
+        ):
+            remove_holds_where(node, owner=owner, actor=actor, reason="node returned to service", now=now)
         event = record_transition(
             node, actor, from_state=from_state, reason=reason, data={"action": "return-to-service"}
         )

@@ -11,3 +11,20 @@ class NodepoolConfig(AppConfig):
         from .roles import ensure_roles
 
         post_migrate.connect(ensure_roles, dispatch_uid="nodepool.ensure_roles")
+
+        from .metrics import collect_queue_depth, register_collector
+
+        register_collector("celery", collect_queue_depth)
+
+        from django_structlog import signals as structlog_signals
+
+        from .structured_logs import bind_node_of_request, bind_request_id
+
+        structlog_signals.bind_extra_request_metadata.connect(bind_request_id, dispatch_uid="nodepool.request_id")
+        structlog_signals.bind_extra_request_finished_metadata.connect(
+            bind_node_of_request, dispatch_uid="nodepool.node_of_request"
+        )
+
+        from .tracing import configure_tracing
+
+        configure_tracing()  # does nothing unless OTEL_EXPORTER_OTLP_ENDPOINT is set

@@ -13,11 +13,14 @@ database, where operators can edit them in the admin.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
+from celery.signals import setup_logging
+from django_structlog.celery.steps import DjangoStructLogInitStep
 
 from . import broker  # noqa: F401  (registers the embedded broker's transport)
 
@@ -26,8 +29,29 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "nodepool.settings")
 app = Celery("nodepool")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+# Structured logs in the worker: the request context a task was sent with (its request_id) is
+# bound while it runs (django-structlog reads it from the task's headers).
+app.steps["worker"].add(DjangoStructLogInitStep)
 
-SCHEDULE_MODULES = ("fleet.schedule", "leases.schedule", "maintenance.schedule")
+
+@setup_logging.connect
+def _structured_logging(**kwargs) -> None:
+    """Worker and beat log through Django's LOGGING (nodepool.logs), not Celery's own format."""
+    import logging.config
+
+    from django.conf import settings
+
+    logging.config.dictConfig(settings.LOGGING)
+
+
+SCHEDULE_MODULES = (
+    "nodepool.schedule",
+    "fleet.schedule",
+    "leases.schedule",
+    "maintenance.schedule",
+    "marketplace.schedule",
+    "operations.schedule",
+)
 
 
 def collect_beat_schedule(modules: tuple[str, ...] = SCHEDULE_MODULES) -> dict[str, dict[str, Any]]:
@@ -74,3 +98,21 @@ def _install_beat_schedule(sender: Celery, **kwargs) -> None:
 def ping(value: str = "pong") -> str:
     """Round-trip probe used by /readyz-style checks and the worker tests."""
     return value
+
+
+@app.task(name="nodepool.prune_expired_tokens", ignore_result=True)
+def prune_expired_tokens() -> int:
+    """Beat: delete user API tokens past their expiry (nodepool.tokens.prune_expired_tokens)."""
+    from .tokens import prune_expired_tokens as prune
+
+    return prune()
+
+
+@signals.worker_ready.connect
+def _freeze_startup_objects(**kwargs) -> None:
+    # Everything loaded at start (Django, DRF, the apps) moves to the permanent GC generation:
+    # the interpreter's final collection then skips it. Measured with the embedded broker on a
+    # busy 2-core machine: the worker's exit after a warm shutdown spent 3-5 s "Garbage-collecting"
+    # before this, enough to push `make run`'s stop past 10 s. Also the documented fork-friendly
+    # setting for prefork pools (gc.freeze, Python 3.7+).
+    gc.freeze()

@@ -6,22 +6,47 @@ Canonical units (integers, so that sums and comparisons are exact):
 * ``memory``, ``ephemeral-storage`` — bytes (``"4Gi"`` → 4294967296, ``"1k"`` → 1000)
 * anything else (``nvidia.com/gpu``, ``pods``…) — a plain count (``"8"`` → 8)
 
-The grammar is Kubernetes' ``resource.Quantity`` (k8s.io/apimachinery/pkg/api/resource):
-a signed decimal number followed by a binary suffix (Ki Mi Gi Ti Pi Ei), a decimal suffix
-(n u m "" k M G T P E) or a decimal exponent (``e3``/``E3``). nodepool refuses negative values.
+The grammar is Kubernetes' ``resource.Quantity`` (k8s.io/apimachinery/pkg/api/resource,
+``quantity.go``), exactly::
+
+    <quantity>        ::= <signedNumber><suffix>
+    <signedNumber>    ::= <number> | <sign><number>
+    <number>          ::= <digits> | <digits>.<digits> | <digits>. | .<digits>
+    <sign>            ::= "+" | "-"
+    <digits>          ::= <digit> | <digit><digits>       (ASCII 0-9 only)
+    <suffix>          ::= <binarySI> | <decimalExponent> | <decimalSI>
+    <binarySI>        ::= Ki | Mi | Gi | Ti | Pi | Ei
+    <decimalSI>       ::= n | u | m | "" | k | M | G | T | P | E
+    <decimalExponent> ::= "e" <signedInteger> | "E" <signedInteger>
+
+No spaces anywhere (Kubernetes refuses ``" 1"`` and ``"1 "`` too), at most 64 characters, and
+an exponent of at most ±``MAX_EXPONENT``. nodepool is stricter than Kubernetes in two ways, both
+refusals rather than silent changes: negative values are refused, and so is precision finer than
+the resource's canonical unit (``"0.0001m"`` of cpu, ``"1.5"`` bytes of memory); Kubernetes
+would round those up. Every failure of any kind is a :class:`QuantityError`.
 """
 
 from __future__ import annotations
 
 import re
-from decimal import ROUND_CEILING, Decimal, InvalidOperation
+from decimal import Decimal, DecimalException, localcontext
 
 CPU = "cpu"
 MEMORY = "memory"
 EPHEMERAL_STORAGE = "ephemeral-storage"
 BYTE_RESOURCES = frozenset({MEMORY, EPHEMERAL_STORAGE})
 
-_QUANTITY = re.compile(r"^([+-]?(?:\d+\.?\d*|\.\d+))(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?\d+)?$")
+# re.ASCII: \d would otherwise match Arabic-Indic or full-width digits ("١", "１"); fullmatch
+# (not "$", which also matches before a final newline) so that nothing trails the suffix.
+_QUANTITY = re.compile(
+    r"([+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+))(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][+-]?[0-9]+)?", re.ASCII
+)
+MAX_LENGTH = 64
+# Largest |exponent| accepted in "1e<exp>": anything beyond cannot name a canonical value in
+# range (2**62 < 1e19) or a precision nodepool keeps (1e-9 is the finest SI suffix).
+MAX_EXPONENT = 30
+# Decimal digits kept in arithmetic: 64 significant characters times 2**60 (19 digits) stay exact.
+_PRECISION = 160
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL = {
     "n": Decimal("1e-9"),
@@ -47,8 +72,12 @@ class QuantityError(ValueError):
 def parse_decimal(value: str | int | float) -> Decimal:
     """Parse a quantity into an exact :class:`~decimal.Decimal` in base units (cores, bytes, count).
 
+    Args:
+        value: a quantity string (``"500m"``, ``"4Gi"``, ``"1e3"``), an int, or a finite float.
+
     Raises:
-        QuantityError: malformed, negative, or not finite.
+        QuantityError: not a string or number, not the grammar above (non-ASCII digits, spaces,
+            unknown suffix), longer than ``MAX_LENGTH``, exponent beyond ``MAX_EXPONENT``, negative.
     """
     if isinstance(value, bool):
         raise QuantityError("a quantity cannot be a boolean")
@@ -56,21 +85,28 @@ def parse_decimal(value: str | int | float) -> Decimal:
         value = repr(value) if isinstance(value, float) else str(value)
     if not isinstance(value, str):
         raise QuantityError(f"a quantity must be a string or a number, not {type(value).__name__}")
-    text = value.strip()
-    match = _QUANTITY.match(text)
-    if not match or len(text) > 64:
+    if len(value) > MAX_LENGTH:
+        raise QuantityError(f"a quantity has at most {MAX_LENGTH} characters")
+    match = _QUANTITY.fullmatch(value)
+    if not match:
         raise QuantityError(f"{value!r} is not a quantity (examples: '500m', '2', '4Gi', '1.5')")
     number, suffix = match.group(1), match.group(2) or ""
+    if suffix not in _BINARY and suffix not in _DECIMAL:  # a decimal exponent ("E" alone is exa)
+        exponent = int(suffix[1:])
+        if abs(exponent) > MAX_EXPONENT:
+            raise QuantityError(f"{value!r}: the exponent must be between -{MAX_EXPONENT} and {MAX_EXPONENT}")
     try:
-        amount = Decimal(number)
-    except InvalidOperation as exc:  # pragma: no cover - the regex already guarantees digits
+        with localcontext() as ctx:
+            ctx.prec = _PRECISION
+            amount = Decimal(number)
+            if suffix in _BINARY:
+                amount *= _BINARY[suffix]
+            elif suffix in _DECIMAL:
+                amount *= _DECIMAL[suffix]
+            else:
+                amount = amount.scaleb(int(suffix[1:]))
+    except (DecimalException, ValueError) as exc:  # defensive: the bounds above keep it exact
         raise QuantityError(f"{value!r} is not a quantity") from exc
-    if suffix in _BINARY:
-        amount *= _BINARY[suffix]
-    elif suffix in _DECIMAL:
-        amount *= _DECIMAL[suffix]
-    else:
-        amount = amount.scaleb(int(suffix[1:]))
     if amount < 0:
         raise QuantityError(f"{value!r} is negative")
     return amount
@@ -79,21 +115,28 @@ def parse_decimal(value: str | int | float) -> Decimal:
 def to_canonical(resource: str, value: str | int | float) -> int:
     """Convert a quantity for ``resource`` into nodepool's canonical integer unit.
 
-    ``cpu`` becomes millicores, byte resources bytes, anything else a count. Fractions round up
-    (Kubernetes rounds requests up to the smallest unit it can represent).
+    ``cpu`` becomes millicores, byte resources bytes, anything else a count.
 
     Raises:
-        QuantityError: malformed, negative, too large, or a fractional count of a counted resource.
+        QuantityError: malformed, negative, larger than ``MAX_CANONICAL``, or finer than the
+            canonical unit (``"0.0001m"`` cpu, ``"1.5"`` bytes, a fractional count): refused,
+            never rounded.
     """
     amount = parse_decimal(value)
     if resource == CPU:
-        amount *= 1000
-    elif resource not in BYTE_RESOURCES and amount != amount.to_integral_value():
-        raise QuantityError(f"{resource} is counted in whole units; {value!r} is fractional")
-    result = int(amount.to_integral_value(rounding=ROUND_CEILING))
-    if result > MAX_CANONICAL:
+        with localcontext() as ctx:
+            ctx.prec = _PRECISION  # the default 28 digits would round a long fraction to whole
+            amount = amount.scaleb(3)
+        units = "millicores (1m)"
+    elif resource in BYTE_RESOURCES:
+        units = "bytes"
+    else:
+        units = "whole units"
+    if amount > MAX_CANONICAL:
         raise QuantityError(f"{value!r} is too large")
-    return result
+    if amount != amount.to_integral_value():
+        raise QuantityError(f"{resource} is counted in {units}; {value!r} is finer than that")
+    return int(amount)
 
 
 def format_quantity(resource: str, canonical: int) -> str:
@@ -124,3 +167,23 @@ def parse_resources(resources: dict, *, field: str = "resources") -> dict[str, i
         except QuantityError as exc:
             raise QuantityError(f"{field}.{name}: {exc}") from exc
     return out
+
+
+def humanize_quantity(resource: str, canonical: int | None) -> str:
+    """A canonical amount for people: cpu in cores (``7900`` → ``"7.9 cores"``), bytes in binary
+    units with one decimal (``25276063744`` → ``"23.5 GiB"``), counts as they are. ``None`` → ``"—"``."""
+    if canonical is None:
+        return "—"
+    if resource == CPU:
+        cores = Decimal(canonical) / 1000
+        text = f"{cores:.3f}".rstrip("0").rstrip(".")
+        return f"{text} core" if cores == 1 else f"{text} cores"
+    if resource in BYTE_RESOURCES:
+        amount = Decimal(canonical)
+        for suffix in ("EiB", "PiB", "TiB", "GiB", "MiB", "KiB"):
+            unit = _BINARY[suffix[:2]]
+            if amount >= unit:
+                value = f"{amount / unit:.1f}".removesuffix(".0")
+                return f"{value} {suffix}"
+        return f"{canonical} B"
+    return str(canonical)

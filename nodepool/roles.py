@@ -2,16 +2,37 @@
 
 from django.contrib.auth.models import Group, Permission
 
-from .api.permissions import CLIENTS, OPERATORS, OWNERS
+from .api.permissions import CLIENTS, FENCING_VALIDATORS, OPERATORS, OWNERS
 
 # app_label -> codename prefixes (or full codenames) each role receives.
 ROLE_PERMISSIONS = {
-    OPERATORS: {"fleet": ["*"], "leases": ["*"], "maintenance": ["*"], "django_celery_beat": ["*"]},
-    OWNERS: {"fleet": ["view_node", "view_pool", "view_nodeevent", "view_admissioncheck"]},
+    OPERATORS: {
+        "fleet": ["*"],
+        "leases": ["*"],
+        "maintenance": ["*"],
+        "operations": ["*"],
+        "marketplace": ["*"],
+        "django_celery_beat": ["*"],
+    },  # fmt: skip
+    OWNERS: {
+        "fleet": ["view_node", "view_pool", "view_nodeevent", "view_admissioncheck"],
+        # Their usage, statements and appeals (scoped to their own rows by the admin and the API).
+        "marketplace": [
+            "view_usagerecord",
+            "view_statement",
+            "view_statementline",
+            "view_appeal",
+            "add_appeal",
+            "view_ownedlease",
+            "view_ownedquarantine",
+        ],
+    },
     CLIENTS: {
         "leases": ["add_lease", "view_lease", "change_lease", "add_leaserequest", "view_leaserequest", "view_shape"],
         "fleet": ["view_pool"],
     },
+    # No model permission: POST /fencing/validate checks the group itself.
+    FENCING_VALIDATORS: {},
 }
 
 

@@ -13,12 +13,18 @@ Variables (all optional; with none set, nodepool runs on the embedded default):
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
+import socket
 import tempfile
+from datetime import timedelta
 from pathlib import Path
 
 import environ
+
+from nodepool.api.areas import TAGS as API_TAGS
+from nodepool.structured_logs import configure_structlog, logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(environ.Env().str("NODEPOOL_VAR_DIR", default=str(BASE_DIR / "var")))
@@ -30,18 +36,16 @@ env = environ.Env(
 )
 
 
-def _secret_key() -> str:
-    """The SECRET_KEY from the environment, or one generated once into var/secret_key (0600).
+def _var_secret(filename: str) -> str:
+    """A secret generated once into ``var/<filename>`` (0600) and read back by every process.
 
-    Several processes start at once (gunicorn workers, Celery worker and beat), so the key file
-    is published atomically: written to a private temporary file, then hard-linked into place,
+    Several processes start at once (gunicorn workers, Celery worker and beat), so the file is
+    published atomically: written to a private temporary file, then hard-linked into place,
     which fails if another process got there first. Every process then reads the one winner.
     """
-    if env.str("SECRET_KEY", default=""):
-        return env.str("SECRET_KEY")
-    path = VAR_DIR / "secret_key"
+    path = VAR_DIR / filename
     if not path.exists():
-        fd, tmp = tempfile.mkstemp(dir=VAR_DIR, prefix=".secret_key.")  # created 0600
+        fd, tmp = tempfile.mkstemp(dir=VAR_DIR, prefix=f".{filename}.")  # created 0600
         try:
             with os.fdopen(fd, "w") as f:
                 f.write(secrets.token_urlsafe(50))
@@ -51,6 +55,11 @@ def _secret_key() -> str:
         finally:
             os.unlink(tmp)
     return path.read_text().strip()
+
+
+def _secret_key() -> str:
+    """The SECRET_KEY from the environment, or one generated once into var/secret_key."""
+    return env.str("SECRET_KEY", default="") or _var_secret("secret_key")
 
 
 SECRET_KEY = _secret_key()
@@ -66,19 +75,27 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
+    "knox",  # hashed, expiring user API tokens (nodepool.tokens)
+    "axes",  # login lockout (admin and browsable-API login)
     "django_filters",
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI served from our static files, not a CDN
     "django_celery_beat",
+    "django_structlog",
     "nodepool.apps.NodepoolConfig",
     "fleet",
     "leases",
     "maintenance",
+    "operations",
+    "marketplace",
 ]
 
 MIDDLEWARE = [
     "nodepool.api.middleware.RequestIdMiddleware",
+    # A flooding node's repeated 429 answered before everything else (fleet.api.renewal_views).
+    "fleet.api.renewal_views.RenewalFloodGate",
+    "nodepool.api.middleware.HeaderLimitMiddleware",
+    "nodepool.api.middleware.ProblemJsonMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     # Before anything that may read the body (CSRF reads POST forms).
@@ -89,13 +106,17 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Structured request logs (nodepool.structured_logs): after authentication, so a session user is known.
+    "django_structlog.middlewares.RequestMiddleware",
+    "axes.middleware.AxesMiddleware",  # last: turns a lockout into the lockout page (429)
 ]
 
 ROOT_URLCONF = "nodepool.urls"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [],
+        # Before the apps' templates: admin/base_site.html here overrides the stock admin's.
+        "DIRS": [BASE_DIR / "nodepool" / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -109,6 +130,34 @@ TEMPLATES = [
 WSGI_APPLICATION = "nodepool.wsgi.application"
 
 # --- Database -------------------------------------------------------------------------------
+# Timeouts (docs/foundation.md): a database that accepts connections and never answers must cost
+# a web request seconds, not minutes. nodepool/wsgi.py marks web processes (PROCESS_KIND "web");
+# Celery sweeps, migrations and management commands get the longer (default: no) statement timeout.
+PROCESS_KIND = env.str("NODEPOOL_PROCESS_KIND", default="")
+NODEPOOL_DB_CONNECT_TIMEOUT = env.int("NODEPOOL_DB_CONNECT_TIMEOUT", default=3)
+NODEPOOL_DB_STATEMENT_TIMEOUT_MS = env.int("NODEPOOL_DB_STATEMENT_TIMEOUT_MS", default=10_000)
+NODEPOOL_DB_SWEEP_STATEMENT_TIMEOUT_MS = env.int("NODEPOOL_DB_SWEEP_STATEMENT_TIMEOUT_MS", default=0)
+NODEPOOL_READYZ_BUDGET = env.float("NODEPOOL_READYZ_BUDGET", default=2.5)
+
+
+def postgres_timeouts(*, connect_timeout: int, statement_timeout_ms: int, jit: bool = False) -> dict:
+    """libpq connection options: ``connect_timeout`` (seconds), a session ``statement_timeout``
+    (milliseconds; 0 = none) and ``jit``, set at connect so that no request pays an extra statement.
+
+    JIT compilation is off unless asked for: PostgreSQL compiles any query whose *estimated* cost
+    passes ``jit_above_cost``, and the grouped queries of a 409 explanation on 10,000 nodes spent
+    18 of their 30 ms compiling (PostgreSQL's docs: JIT pays off for long CPU-bound analytics, and
+    its overhead outweighs it on short queries). ``NODEPOOL_DB_JIT=1`` turns it back on.
+    """
+    options = {"connect_timeout": connect_timeout}
+    settings = [] if jit else ["-c jit=off"]
+    if statement_timeout_ms > 0:
+        settings.append(f"-c statement_timeout={statement_timeout_ms}")
+    if settings:
+        options["options"] = " ".join(settings)
+    return options
+
+
 DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'nodepool.sqlite3'}")}
 DB_VENDOR = "sqlite" if "sqlite" in DATABASES["default"]["ENGINE"] else "postgresql"
 if DB_VENDOR == "sqlite":
@@ -127,7 +176,36 @@ if DB_VENDOR == "sqlite":
 else:
     DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=60))
     DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        postgres_timeouts(
+            connect_timeout=NODEPOOL_DB_CONNECT_TIMEOUT,
+            statement_timeout_ms=(
+                NODEPOOL_DB_STATEMENT_TIMEOUT_MS if PROCESS_KIND == "web" else NODEPOOL_DB_SWEEP_STATEMENT_TIMEOUT_MS
+            ),
+            jit=env.bool("NODEPOOL_DB_JIT", default=False),
+        )
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Login lockout (django-axes; docs/foundation.md) -------------------------------------------
+AUTHENTICATION_BACKENDS = [
+    "nodepool.auth_backends.LoginLockoutBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env.int("NODEPOOL_LOGIN_FAILURE_LIMIT", default=5)
+AXES_COOLOFF_TIME = timedelta(minutes=env.int("NODEPOOL_LOGIN_LOCKOUT_MINUTES", default=15)) or None
+# Per user and address together: a guesser cannot lock a real operator out from elsewhere.
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+# Not verbose: no "AXES: BEGIN" line on every manage.py command, and lockout logs name only the
+# lockout parameters (username, IP), not the user agent.
+AXES_VERBOSE = False
+AXES_LOCKOUT_TEMPLATE = "nodepool/login_locked_out.html"
+# Behind a reverse proxy, set NODEPOOL_PROXY_COUNT to the number of proxies adding X-Forwarded-For.
+AXES_IPWARE_PROXY_COUNT = env.int("NODEPOOL_PROXY_COUNT", default=0) or None
+AXES_IPWARE_META_PRECEDENCE_ORDER = (
+    ["HTTP_X_FORWARDED_FOR", "REMOTE_ADDR"] if env.int("NODEPOOL_PROXY_COUNT", default=0) else ["REMOTE_ADDR"]
+)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -147,22 +225,37 @@ STATIC_ROOT.mkdir(exist_ok=True)
 NODEPOOL_MAX_BODY_BYTES = env.int("NODEPOOL_MAX_BODY_BYTES", default=256 * 1024)
 NODEPOOL_MAX_JSON_DEPTH = env.int("NODEPOOL_MAX_JSON_DEPTH", default=12)
 DATA_UPLOAD_MAX_MEMORY_SIZE = NODEPOOL_MAX_BODY_BYTES
+# Headers above these get 431 problem+json from the app; gunicorn.conf.py lets up to twice the
+# per-header limit through to it (gunicorn's own plain-text refusal only beyond that).
+NODEPOOL_MAX_HEADER_BYTES = env.int("NODEPOOL_MAX_HEADER_BYTES", default=8192)
+NODEPOOL_MAX_HEADERS_TOTAL_BYTES = env.int("NODEPOOL_MAX_HEADERS_TOTAL_BYTES", default=32768)
+
+# --- User API tokens (django-rest-knox) ------------------------------------------------------------
+NODEPOOL_USER_TOKEN_TTL_DAYS = env.int("NODEPOOL_USER_TOKEN_TTL_DAYS", default=90)
+REST_KNOX = {
+    "AUTH_HEADER_PREFIX": "Token",  # the header clients and the CLI already send
+    "TOKEN_PREFIX": "npu_",
+    "TOKEN_TTL": timedelta(days=NODEPOOL_USER_TOKEN_TTL_DAYS) if NODEPOOL_USER_TOKEN_TTL_DAYS > 0 else None,
+    "AUTO_REFRESH": False,
+}
 
 # --- REST framework ----------------------------------------------------------------------------
 REST_FRAMEWORK = {
+    "DEFAULT_METADATA_CLASS": "nodepool.api.metadata.Metadata",
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "fleet.authentication.NodeCredentialAuthentication",
-        "rest_framework.authentication.TokenAuthentication",
+        "nodepool.api.authentication.UserTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # A signed-in user with a role; views narrow it (nodepool.api.permissions).
+    "DEFAULT_PERMISSION_CLASSES": ["nodepool.api.permissions.HasRole"],
     "DEFAULT_PARSER_CLASSES": ["nodepool.api.parsers.BoundedJSONParser"],
     "DEFAULT_RENDERER_CLASSES": [
         "nodepool.api.renderers.ProblemAwareJSONRenderer",
-        "rest_framework.renderers.BrowsableAPIRenderer",
+        "nodepool.api.renderers.ProblemAwareBrowsableAPIRenderer",
     ],
     "DEFAULT_CONTENT_NEGOTIATION_CLASS": "nodepool.api.negotiation.ProblemAwareNegotiation",
-    "DEFAULT_FILTER_BACKENDS": ["django_filters.rest_framework.DjangoFilterBackend"],
+    "DEFAULT_FILTER_BACKENDS": ["nodepool.api.filters.StrictFilterBackend"],
     "DEFAULT_PAGINATION_CLASS": "nodepool.api.pagination.Pagination",
     "PAGE_SIZE": 50,
     "DEFAULT_THROTTLE_CLASSES": [
@@ -175,7 +268,7 @@ REST_FRAMEWORK = {
         "enrollment": env.str("THROTTLE_ENROLLMENT", default="600/min"),
     },
     "EXCEPTION_HANDLER": "nodepool.api.problems.exception_handler",
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "nodepool.api.openapi.NodepoolAutoSchema",
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
 }
 SPECTACULAR_SETTINGS = {
@@ -184,6 +277,8 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "COMPONENT_SPLIT_REQUEST": True,
+    # Operations grouped per area (pools, enrollment, nodes, maintenance, leases…): nodepool.api.schema.
+    "TAGS": API_TAGS,
     # One enum component per state machine, named after it (several models have a "state" field).
     "ENUM_NAME_OVERRIDES": {
         "LifecycleEnum": "fleet.choices.Lifecycle",
@@ -196,6 +291,14 @@ SPECTACULAR_SETTINGS = {
         "LeaseRequestStateEnum": "leases.choices.LeaseRequestState",
         "DrainStateEnum": "maintenance.choices.DrainState",
         "EvictionPolicyEnum": "maintenance.choices.EvictionPolicy",
+        "UsageStateEnum": "marketplace.choices.UsageState",
+        "StatementStateEnum": "marketplace.choices.StatementState",
+        "CheckpointStateEnum": "leases.choices.CheckpointState",
+        "EvidenceCloseEnum": "leases.choices.EvidenceClose",
+        "UpgradeStateEnum": "operations.choices.UpgradeState",
+        "UpgradeNodeStateEnum": "operations.choices.UpgradeNodeState",
+        "MachineStateEnum": "operations.choices.MachineState",
+        "PreemptionStateEnum": "operations.choices.PreemptionState",
     },
     # /api/docs/ must work on a control plane without internet access (and not follow "@latest").
     "SWAGGER_UI_DIST": "SIDECAR",
@@ -204,6 +307,13 @@ SPECTACULAR_SETTINGS = {
 }
 
 CACHES = {"default": env.cache("CACHE_URL", default="locmemcache://")}
+# Redis (broker, results, cache): a hung Redis fails a call within seconds instead of blocking it.
+REDIS_SOCKET_TIMEOUT = env.float("NODEPOOL_REDIS_SOCKET_TIMEOUT", default=10.0)
+REDIS_SOCKET_CONNECT_TIMEOUT = env.float("NODEPOOL_REDIS_SOCKET_CONNECT_TIMEOUT", default=3.0)
+if CACHES["default"]["BACKEND"].endswith("RedisCache"):
+    CACHES["default"].setdefault("OPTIONS", {}).update(
+        {"socket_timeout": REDIS_SOCKET_TIMEOUT, "socket_connect_timeout": REDIS_SOCKET_CONNECT_TIMEOUT}
+    )
 
 # --- Celery ------------------------------------------------------------------------------------
 # The embedded broker is kombu's SQLAlchemy transport on a SQLite file: it needs no server and,
@@ -220,12 +330,23 @@ CELERY_RESULT_BACKEND = env.str(
 )
 CELERY_TASK_ALWAYS_EAGER = env.bool("CELERY_TASK_ALWAYS_EAGER", default=False)
 CELERY_TASK_EAGER_PROPAGATES = True
+# The queue tasks go to (and a worker started without -Q consumes); tests give each worker its own.
+CELERY_TASK_DEFAULT_QUEUE = env.str("CELERY_TASK_DEFAULT_QUEUE", default="celery")
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # The embedded broker's transport (nodepool.broker) polls every 0.1 s unless told otherwise here.
 CELERY_BROKER_TRANSPORT_OPTIONS = env.json("CELERY_BROKER_TRANSPORT_OPTIONS", default={})
+if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+    # kombu's own BRPOP wait is 1 s, well under the socket timeout.
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "socket_timeout": REDIS_SOCKET_TIMEOUT,
+        "socket_connect_timeout": REDIS_SOCKET_CONNECT_TIMEOUT,
+        **CELERY_BROKER_TRANSPORT_OPTIONS,
+    }
+CELERY_REDIS_SOCKET_TIMEOUT = REDIS_SOCKET_TIMEOUT
+CELERY_REDIS_SOCKET_CONNECT_TIMEOUT = REDIS_SOCKET_CONNECT_TIMEOUT
 CELERY_BEAT_SCHEDULER = "nodepool.beat:DatabaseScheduler"
 CELERY_TIMEZONE = "UTC"
 CELERY_TASK_TIME_LIMIT = 300
@@ -235,9 +356,19 @@ NODEPOOL = {
     # Node credentials (seconds).
     "CREDENTIAL_TTL": env.int("NODEPOOL_CREDENTIAL_TTL", default=24 * 3600),
     "CREDENTIAL_ROTATION_OVERLAP": env.int("NODEPOOL_CREDENTIAL_ROTATION_OVERLAP", default=300),
-    # Heartbeats: the fleet-wide ceiling on heartbeats per second (Nomad's max_heartbeats_per_second).
-    "MAX_HEARTBEATS_PER_SECOND": env.float("NODEPOOL_MAX_HEARTBEATS_PER_SECOND", default=50.0),
+    # Rotations per node within any hour (an agent rotates about once a TTL; more is a loop or abuse).
+    "CREDENTIAL_ROTATIONS_PER_HOUR": env.int("NODEPOOL_CREDENTIAL_ROTATIONS_PER_HOUR", default=6),
+    # The fleet-wide ceiling on renewals per second (Nomad's max_heartbeats_per_second), sized from
+    # bench/fleet_scale.py (docs/heartbeats.md, "Sizing"): below it every pool keeps its own interval
+    # and grace, so detection does not grow with the fleet; above it intervals and graces stretch.
+    "MAX_HEARTBEATS_PER_SECOND": env.float("NODEPOOL_MAX_HEARTBEATS_PER_SECOND", default=1000.0),
+    # Flood guard: a node's renewals (and, separately, status reports) may not come sooner than
+    # this fraction of the interval last told (429 + Retry-After); 0 turns it off.
+    "MIN_SPACING_FRACTION": env.float("NODEPOOL_MIN_SPACING_FRACTION", default=0.5),
     "CLOCK_SKEW_THRESHOLD": env.float("NODEPOOL_CLOCK_SKEW_THRESHOLD", default=30.0),
+    # A move of the server's clock between two sweeps beyond this (seconds) is a detected gap
+    # (clock jump or control-plane outage) that deadlines do not count (fleet.clock).
+    "CLOCK_JUMP_THRESHOLD": env.float("NODEPOOL_CLOCK_JUMP_THRESHOLD", default=60.0),
     # Kubernetes' unhealthy-zone threshold: above this fraction silent, stop declaring leases lost.
     "UNHEALTHY_ZONE_FRACTION": env.float("NODEPOOL_UNHEALTHY_ZONE_FRACTION", default=0.55),
     # ...but only once at least this many nodes of the group are silent (a lone node's pool may lose it).
@@ -247,16 +378,66 @@ NODEPOOL = {
     # Detailed metrics (POST /nodes/{id}/metrics): per-node rate and size limits.
     "METRICS_RATE": env.str("NODEPOOL_METRICS_RATE", default="12/min"),
     "METRICS_MAX_BODY_BYTES": env.int("NODEPOOL_METRICS_MAX_BODY_BYTES", default=128 * 1024),
+    # Per-lease secrets (leases.secrets): the HMAC server key; empty derives one from SECRET_KEY.
+    "LEASE_SECRET_KEY": env.str("NODEPOOL_LEASE_SECRET_KEY", default=""),
+    # Marketplace: the settlement window's floor (seconds; a pool's default is the larger of this
+    # and twice its scaled loss threshold) and how often the reconciliation sweep runs.
+    "SETTLEMENT_WINDOW_MIN": env.int("NODEPOOL_SETTLEMENT_WINDOW_MIN", default=15 * 60),
+    "RECONCILE_SWEEP_INTERVAL": env.float("NODEPOOL_RECONCILE_SWEEP_INTERVAL", default=60.0),
+    # /metrics: how long one process reuses the fleet-state queries' answer (seconds).
+    "METRICS_CACHE_SECONDS": env.float("NODEPOOL_METRICS_CACHE_SECONDS", default=5.0),
+    # How often the beat task fleet.refresh_fleet_state recomputes the fleet-wide figures /metrics
+    # and the admin fleet overview read (node counts, capacity, usage, drift; fleet/fleet_state.py).
+    "FLEET_STATE_INTERVAL": env.float("NODEPOOL_FLEET_STATE_INTERVAL", default=15.0),
+    # Retention (nodepool/retention.py): events and ended leases older than this many days are
+    # pruned hourly in batches; a node's last events and evidence types are always kept.
+    "RETENTION_DAYS": env.float("NODEPOOL_RETENTION_DAYS", default=90.0),
+    "RETENTION_KEEP_EVENTS_PER_NODE": env.int("NODEPOOL_RETENTION_KEEP_EVENTS_PER_NODE", default=50),
+    "RETENTION_BATCH": env.int("NODEPOOL_RETENTION_BATCH", default=1000),
+    "RETENTION_MAX_BATCHES": env.int("NODEPOOL_RETENTION_MAX_BATCHES", default=20),
+    # Pool operations (operations/conf.py): upgrade tick, autoscaling pass, provider retries (seconds).
+    "UPGRADE_TICK": env.float("NODEPOOL_UPGRADE_TICK", default=2.0),
+    "AUTOSCALE_INTERVAL": env.float("NODEPOOL_AUTOSCALE_INTERVAL", default=15.0),
+    "PROVIDER_MAX_ATTEMPTS": env.int("NODEPOOL_PROVIDER_MAX_ATTEMPTS", default=3),
+    "SIMULATED_PROVIDER_URL": env.str("NODEPOOL_SIMULATED_PROVIDER_URL", default="http://127.0.0.1:8000"),
 }
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+# Structured logs (nodepool.structured_logs): LOG_FORMAT=json (production default) or text (make run/demo).
+LOG_FORMAT = env.str("LOG_FORMAT", default="json")
+LOGGING = logging_config(LOG_FORMAT, env.str("LOG_LEVEL", default="INFO"))
+# Periodic tasks' routine lines at DEBUG unless the task changed something (nodepool.logs).
+LOGGING["filters"] = {
+    "periodic": {"()": "nodepool.logs.PeriodicTaskChatter"},
+    "machine_traffic": {"()": "nodepool.logs.RoutineMachineTraffic"},
 }
+LOGGING["loggers"].update(
+    {name: {"filters": ["periodic"]} for name in ("celery.beat", "celery.worker.strategy", "celery.app.trace")}
+)
+# Applied renewals and 429s at DEBUG (nodepool.logs): their counts are a metric.
+LOGGING["loggers"]["django_structlog.middlewares.request"] = {"filters": ["machine_traffic"]}
+configure_structlog()
+DJANGO_STRUCTLOG_CELERY_ENABLED = True  # tasks carry the originating request's log context
+DJANGO_STRUCTLOG_STATUS_START_LOG_LEVEL = logging.DEBUG  # one line per request (request_finished)
+DJANGO_STRUCTLOG_IP_LOGGING_ENABLED = False  # no client addresses in logs
+
+# Optional tracing (nodepool.tracing): OpenTelemetry's Django and Celery instrumentation, on only
+# when an OTLP/HTTP traces endpoint is configured.
+OTEL_EXPORTER_OTLP_ENDPOINT = env.str("OTEL_EXPORTER_OTLP_ENDPOINT", default="")
+OTEL_SERVICE_NAME = env.str("OTEL_SERVICE_NAME", default="nodepool")
+
+# /metrics (nodepool.metrics): the bearer token Prometheus sends. Default: generated once into
+# var/metrics_token (Prometheus reads it with `authorization: credentials_file`).
+METRICS_TOKEN = env.str("NODEPOOL_METRICS_TOKEN", default="") or _var_secret("metrics_token")
+
+# Prometheus multiprocess mode (nodepool.metrics), on when PROMETHEUS_MULTIPROC_DIR is set (make run
+# and docker-compose set it). Processes of several containers may share the directory, where pids
+# repeat, so each process's files are named by hostname and pid. Set here, before any metric exists.
+if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    from prometheus_client import values as _prometheus_values
+
+    _prometheus_values.ValueClass = _prometheus_values.MultiProcessValue(
+        process_identifier=lambda: f"{socket.gethostname()}_{os.getpid()}"
+    )
 
 # Benchmarks only: a bare one-UPDATE view to compare heartbeats with (bench/common.py sets this).
 NODEPOOL_BENCH = env.bool("NODEPOOL_BENCH", default=False)

@@ -16,7 +16,7 @@ import logging
 import signal
 import sys
 
-from .fleet import FleetSimulator
+from .fleet import FleetSimulator, run_coroutine
 from .shapes import PoolSpec
 
 
@@ -133,7 +133,7 @@ async def run(args) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    summary = asyncio.run(run(args))
+    summary = run_coroutine(run(args))
     print(json.dumps(summary))
     return 0 if summary["enrolled"] else 1
 

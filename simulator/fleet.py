@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import random
 import threading
 from collections import Counter
@@ -46,6 +47,7 @@ class FleetSimulator:
         max_connections: int = 100,
         max_backoff: float = 60.0,
         enroll_attempts: int = 5,
+        renewals: bool = True,
     ):
         self.url = api_base(url)
         self.pools = pools
@@ -58,6 +60,7 @@ class FleetSimulator:
         self.max_connections = max_connections
         self.max_backoff = max_backoff
         self.enroll_attempts = enroll_attempts
+        self.renewals = renewals  # False: every beat is a full status report (the pre-renewal protocol)
         self.rng = random.Random(f"{seed}:faults")
         self.nodes: dict[str, VirtualNode] = {}
         self.client: httpx.AsyncClient | None = None
@@ -90,6 +93,7 @@ class FleetSimulator:
             node = VirtualNode(
                 spec, rng=random.Random(f"{self.seed}:{spec.name}"), max_backoff=self.max_backoff, gate=self.gate()
             )
+            node.renewals_supported = self.renewals
             self.nodes[spec.name] = node
             added.append(node)
         return added
@@ -201,6 +205,14 @@ class FleetSimulator:
         """Benchmarks answer ``factor`` × the declared capacity: declared but not confirmed."""
         self.node(name).benchmark_factor = float(factor)
 
+    def break_upgrades(self, name: str, broken: bool = True) -> None:
+        """The node's next upgrades restart it without changing its version (admission refuses them)."""
+        self.node(name).broken_upgrade = broken
+
+    async def preempt(self, name: str, seconds: float) -> int:
+        """Inject a spot preemption notice: the node says it goes away in ``seconds``."""
+        return await self.node(name).preemption_notice(self._client(), seconds)
+
     # -- reading -------------------------------------------------------------------------------
     def stats(self) -> dict:
         """Counts across the fleet: nodes, enrollment, lifecycles seen, verdicts, faults, leases."""
@@ -284,6 +296,12 @@ class FleetThread:
     def underperform(self, name: str, factor: float = 0.4) -> None:
         self._call(self.sim.underperform, name, factor)
 
+    def break_upgrades(self, name: str, broken: bool = True) -> None:
+        self._call(self.sim.break_upgrades, name, broken)
+
+    def preempt(self, name: str, seconds: float) -> int:
+        return self._run(self.sim.preempt(name, seconds))
+
     def node(self, name: str) -> dict:
         return self._call(lambda: self.sim.node(name).summary())
 
@@ -297,3 +315,15 @@ class FleetThread:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(10)
         self.loop.close()
+
+
+def run_coroutine(coro):
+    """``asyncio.run(coro)``, also from a thread whose event loop is already running (a notebook,
+    an embedding application, a test session that drives a browser): then in a thread of its own.
+    Returns what the coroutine returns; raises what it raises."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="simulator") as executor:
+        return executor.submit(asyncio.run, coro).result()

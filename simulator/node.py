@@ -1,4 +1,9 @@
-"""One virtual node: enrollment, heartbeats, instructions and its faults, over a shared AsyncClient.
+"""One virtual node: enrollment, renewals and status reports, instructions and its faults, over a
+shared AsyncClient.
+
+Like the agent (docs/heartbeats.md): a status report first and whenever the node's leases change,
+a flag asks, or ``status_report_interval`` has passed; a renewal (``POST /nodes/{id}/renewals``)
+otherwise. A control plane without renewals (404/405) gets full heartbeats every time.
 
 Faults are plain attributes that the fleet (or a test) sets at any time; the heartbeat loop
 reads them at each beat:
@@ -9,7 +14,14 @@ reads them at each beat:
 * ``duplicate_next`` — the next N heartbeats are sent twice with the same sequence;
 * ``reorder_next`` — the next N pairs of heartbeats are sent later one first;
 * ``impossible`` — declared at enrollment: absurd capacity;
-* ``benchmark_factor`` — benchmarks answer declared × factor (< 1: declared but not confirmed).
+* ``benchmark_factor`` — benchmarks answer declared × factor (< 1: declared but not confirmed);
+* ``broken_upgrade`` — an ``upgrade`` instruction restarts the node but the new version does
+  not take (it comes back with the old one, so admission refuses the target).
+
+An ``upgrade`` instruction (docs/pool-operations.md) is carried out as the real agent does it:
+the node restarts (a new incarnation, its work gone) running the instructed version. A node
+already at that version ignores it. :meth:`VirtualNode.preemption_notice` sends a spot
+preemption notice, as a node's agent does when its cloud announces a reclaim.
 """
 
 from __future__ import annotations
@@ -31,6 +43,8 @@ from agent.backoff import Backoff, jittered
 from .shapes import NodeSpec
 
 log = logging.getLogger("simulator")
+# Renewal flags (fleet.instructions): any bit but ROTATE_CREDENTIAL asks for a status report.
+FLAG_ROTATE_CREDENTIAL = 16
 # Lease event refusals that mean "this lease is not yours any more" (docs/api-contract.md).
 NOT_OURS = {"stale_fencing_token", "lease_superseded", "stale_incarnation", "lease_ended", "not_found"}
 
@@ -58,6 +72,9 @@ class Unavailable(Exception):
     pass
 
 
+LEASE_EVENT_ATTEMPTS = 4  # a lease event is sent again after 0.5, 1 and 2 s (capped by max_backoff)
+
+
 class VirtualNode:
     """A simulated machine. ``spec`` is what it declares; the rest is its session and faults."""
 
@@ -82,6 +99,11 @@ class VirtualNode:
         self.interval = 10.0
         self.clock_offset = 0.0
         self.rotate_requested = False
+        self.renewals_supported = True
+        self.report_wanted = True
+        self.status_report_interval = 60.0
+        self.last_report_at: float | None = None
+        self.reported_leases: tuple = ()
         self.backoff = Backoff(base=1.0, cap=max_backoff, rng=self.rng)
         # Faults.
         self.partitioned = False
@@ -90,6 +112,9 @@ class VirtualNode:
         self.reorder_next = 0
         self.impossible = False
         self.benchmark_factor = 1.0
+        self.broken_upgrade = False
+        self.upgrades_done: set[tuple[str, str]] = set()
+        self.agent_version = spec.agent_version or __version__
         # What the control plane said and what the node did.
         self.lifecycle = ""
         self.liveness = ""
@@ -133,7 +158,7 @@ class VirtualNode:
             "hostname": self.spec.name,
             "display_name": "",
             "addresses": [self.spec.address],
-            "agent_version": __version__,
+            "agent_version": self.agent_version,
             "labels": self.spec.labels,
             "capability": self.spec.capability(impossible=self.impossible),
         }
@@ -159,10 +184,35 @@ class VirtualNode:
         """The agent restarted: a new incarnation, sequence from 0, its running work died with it."""
         self.incarnation += 1
         self.sequence = 0
+        self.report_wanted = True
         self.leases.clear()
         for task in list(self._tasks):
             task.cancel()
         self.counters["restarts"] += 1
+
+    def upgrade(self, instruction: dict) -> bool:
+        """Carry out an ``upgrade`` instruction: restart running ``version`` (unless already there).
+
+        With ``broken_upgrade`` the restart happens but the version stays (a failed upgrade).
+        Returns True when the node restarted.
+        """
+        version = str(instruction.get("version") or "")
+        key = (str(instruction.get("upgrade_id") or ""), version)
+        if not version or version == self.agent_version or key in self.upgrades_done:
+            return False
+        self.upgrades_done.add(key)  # once per instruction, as the agent does (a failed one is not retried)
+        if not self.broken_upgrade:
+            self.agent_version = version
+        self.counters["upgrades"] += 1
+        self.restart()
+        return True
+
+    async def preemption_notice(self, client: httpx.AsyncClient, seconds: float) -> int:
+        """Tell the control plane this (spot) machine goes away in ``seconds``; returns the HTTP status."""
+        body = {"deadline": rfc3339(time.time() + self.clock_offset + seconds)}
+        response = await self._post(client, f"/nodes/{self.node_id}/preemption-notice", body)
+        self.counters[f"preemption_notice_{response.status_code}"] += 1
+        return response.status_code
 
     # -- heartbeats ----------------------------------------------------------------------------
     def heartbeat_body(self) -> dict:
@@ -172,7 +222,7 @@ class VirtualNode:
             "incarnation": self.incarnation,
             "sequence": self.sequence,
             "observed_at": rfc3339(time.time() + self.clock_skew),
-            "agent_version": __version__,
+            "agent_version": self.agent_version,
             "ready": ready,
             "ready_reason": "",
             "conditions": self._conditions(),
@@ -204,6 +254,11 @@ class VirtualNode:
         try:
             if self._rotation_due():
                 await self.rotate(client)
+            if not self._wants_status_report():
+                delay = await self.renew(client)
+                if delay is not None:
+                    self.backoff.reset()
+                    return delay
             bodies = [self.heartbeat_body()]
             if self.reorder_next > 0:
                 self.reorder_next -= 1
@@ -216,9 +271,51 @@ class VirtualNode:
             for body in bodies:
                 response = await self._post(client, f"/nodes/{self.node_id}/heartbeats", body)
                 await self._handle(client, response)
+            self.last_report_at = time.monotonic()
+            # What the report said, not what its answer started: newly assigned work is a change.
+            self.reported_leases = tuple(sorted(lease["lease_id"] for lease in bodies[0]["leases"]))
+            self.report_wanted = False
         except Unavailable:
             return self.backoff.next_delay()
         self.backoff.reset()
+        return jittered(self.interval, rng=self.rng)
+
+    def _wants_status_report(self) -> bool:
+        if not self.renewals_supported or self.report_wanted or self.last_report_at is None:
+            return True
+        if self.reorder_next or self.duplicate_next:  # those faults are about status reports
+            return True
+        if time.monotonic() - self.last_report_at >= self.status_report_interval:
+            return True
+        return tuple(sorted(self.leases)) != self.reported_leases
+
+    async def renew(self, client: httpx.AsyncClient) -> float | None:
+        """One renewal; the delay to the next beat, or None when the server has no renewals."""
+        self.sequence += 1
+        body = {"incarnation": self.incarnation, "sequence": self.sequence}
+        response = await self._post(client, f"/nodes/{self.node_id}/renewals", body)
+        if response.status_code in (404, 405):
+            self.renewals_supported = False
+            self.sequence -= 1  # not applied: the status report takes the number
+            return None
+        if response.status_code != 200:
+            code = _code(response)
+            self.counters[f"refused_{code}"] += 1
+            if code == "node_retired":
+                self.lifecycle = "retired"
+            raise Unavailable(code)
+        answer = response.json()
+        self.counters[f"renewal_{answer.get('code', 'applied')}"] += 1
+        if answer.get("next_renewal_in"):
+            self.interval = max(0.01, float(answer["next_renewal_in"]))
+        flags = int(answer.get("flags") or 0)
+        if flags & FLAG_ROTATE_CREDENTIAL:
+            self.rotate_requested = True
+        if flags & ~FLAG_ROTATE_CREDENTIAL or answer.get("code") in (
+            "status_report_required", "stale_sequence", "stale_incarnation",
+        ):  # fmt: skip
+            self.report_wanted = True
+            return 0.01  # what waits comes with the status report: send it now
         return jittered(self.interval, rng=self.rng)
 
     async def _handle(self, client: httpx.AsyncClient, response: httpx.Response) -> None:
@@ -235,6 +332,8 @@ class VirtualNode:
             self.clock_offset = server_time - time.time()
         if answer.get("next_heartbeat_in"):
             self.interval = max(0.01, float(answer["next_heartbeat_in"]))
+        if answer.get("status_report_interval"):
+            self.status_report_interval = max(self.interval, float(answer["status_report_interval"]))
         self.lifecycle = answer.get("lifecycle", self.lifecycle)
         self.liveness = answer.get("liveness", self.liveness)
         if not answer.get("applied", True):
@@ -250,6 +349,9 @@ class VirtualNode:
             self._spawn(self._benchmark(client, instructions["run_benchmark"]))
         if instructions.get("rotate_credential"):
             self.rotate_requested = True
+        if instructions.get("upgrade"):
+            self.upgrade(instructions["upgrade"])
+            return  # a new process: what the old one was told about leases no longer applies
         if "leases" in answer:
             await self._reconcile(client, answer.get("leases") or [])
 
@@ -297,10 +399,17 @@ class VirtualNode:
             "state": state,
             "message": message,
         }
-        try:
-            response = await self._post(client, f"/node-leases/{lease.lease_id}/events", body)
-        except Unavailable:
-            return
+        # A lease's end or checkpoint is reported until the server takes it (a few tries, backing
+        # off): a 503 (a deadlock retried by the client, a restart) must not lose it, or the work
+        # waits for the drain deadline instead of moving at once.
+        for attempt in range(LEASE_EVENT_ATTEMPTS):
+            try:
+                response = await self._post(client, f"/node-leases/{lease.lease_id}/events", body)
+                break
+            except Unavailable:
+                if attempt == LEASE_EVENT_ATTEMPTS - 1:
+                    return
+                await asyncio.sleep(min(self.backoff.cap, 0.5 * 2**attempt))
         self.counters[f"lease_{state}_{response.status_code}"] += 1
         if response.status_code in (404, 410) or (response.status_code == 409 and _code(response) in NOT_OURS):
             self.leases.pop(lease.lease_id, None)
@@ -366,6 +475,7 @@ class VirtualNode:
             "shape": self.spec.shape,
             "incarnation": self.incarnation,
             "sequence": self.sequence,
+            "agent_version": self.agent_version,
             "lifecycle": self.lifecycle,
             "liveness": self.liveness,
             "leases": sorted(self.leases),

@@ -59,6 +59,7 @@ class NodeSpec:
     gpu_count: int = 0
     address: str = ""
     labels: dict = field(default_factory=dict)
+    agent_version: str = ""  # empty: the agent package's own version
 
     def capability(self, *, impossible: bool = False) -> dict:
         """The ``capability`` of the enrollment body; ``impossible`` declares absurd figures."""

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 from django.contrib.auth.models import Group, User
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
 from nodepool.api.permissions import CLIENTS, OPERATORS, OWNERS
+from nodepool.tokens import create_user_token
+from tests.celery_support import broker  # noqa: F401  (the real-worker fixture, for any test file)
 
 
 @pytest.fixture(autouse=True)
@@ -19,6 +20,39 @@ def _eager_celery(settings):
     app.conf.task_eager_propagates = True
     yield
     app.conf.task_always_eager = False
+
+
+@pytest.fixture(autouse=True)
+def _fresh_local_cache():
+    """Every test starts with an empty per-process cache. The local-memory cache stores absolute
+    expiry times: a test that moved the clock into the future (time_machine) left keys that, back
+    on the real clock, live until then. One such key (the lease queue's one-a-second kick guard)
+    silenced every later kick in the process, so CI's autoscaling e2e waited for placements that
+    never came. A shared cache (CACHE_URL) is left alone."""
+    from django.core.cache import caches
+    from django.core.cache.backends.locmem import LocMemCache
+
+    backend = caches["default"]
+    if isinstance(backend, LocMemCache):
+        backend.clear()  # the storage is per process, shared by every thread's instance
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _fresh_renewal_caches():
+    """fleet.renewals keeps pool timings and node pools per process; tests reuse ids."""
+    from fleet.renewals import forget_cached_timings
+
+    forget_cached_timings()
+    yield
+    forget_cached_timings()
+
+
+@pytest.fixture
+def no_flood_guard(settings):
+    """For tests about ordering, not spacing: they send messages back to back on purpose.
+    The flood guard itself is tested in tests/test_renewals_flood.py."""
+    settings.NODEPOOL = {**settings.NODEPOOL, "MIN_SPACING_FRACTION": 0.0}
 
 
 def _user(username: str, group: str | None) -> User:
@@ -51,8 +85,8 @@ def client_user(db) -> User:
 def _api(user: User | None) -> APIClient:
     api = APIClient()
     if user is not None:
-        token, _ = Token.objects.get_or_create(user=user)
-        api.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+        _, key = create_user_token(user)
+        api.credentials(HTTP_AUTHORIZATION=f"Token {key}")
     return api
 
 
@@ -74,3 +108,41 @@ def owner_api(owner) -> APIClient:
 @pytest.fixture
 def client_api(client_user) -> APIClient:
     return _api(client_user)
+
+
+# --- race tests must have run on PostgreSQL where CI asks for it -----------------------------------
+# select_for_update takes row locks only on PostgreSQL; on SQLite, BEGIN IMMEDIATE serialises every
+# writing transaction, so a race test there cannot see a missing lock. CI sets
+# NODEPOOL_REQUIRE_PG_RACES=1 for its PostgreSQL run; the session then fails loudly unless it ran
+# on PostgreSQL and at least one test marked `race` passed.
+_race_tests = {"passed": 0, "failed": 0, "skipped": 0}
+
+
+def pytest_runtest_logreport(report):
+    if "race" not in report.keywords:
+        return
+    if report.when == "call":
+        _race_tests["passed" if report.passed else "failed" if report.failed else "skipped"] += 1
+    elif report.when == "setup" and report.skipped:
+        _race_tests["skipped"] += 1
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import os
+
+    if os.environ.get("NODEPOOL_REQUIRE_PG_RACES") != "1" or hasattr(session.config, "workerinput"):
+        return  # not asked for, or an xdist worker (the controller sees every worker's reports)
+    from django.conf import settings
+
+    engine = settings.DATABASES["default"]["ENGINE"]
+    problems = []
+    if "postgresql" not in engine:
+        problems.append(f"the database is {engine}, not PostgreSQL")
+    if _race_tests["passed"] == 0:
+        problems.append(f"no test marked `race` passed ({_race_tests})")
+    if problems:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = "NODEPOOL_REQUIRE_PG_RACES=1 but the race tests did not run on PostgreSQL: " + "; ".join(problems)
+        if reporter:
+            reporter.write_line(message, red=True, bold=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

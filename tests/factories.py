@@ -42,6 +42,15 @@ def set_lifecycle(node: Node, state: str) -> Node:
     return node
 
 
+def place_test_hold(node: Node, owner: str = "user:someone", reason: str = "test hold") -> Node:
+    """Cordon ``node`` with a hold of ``owner`` through the holds service; returns the node refreshed."""
+    from maintenance.holds import place_hold
+
+    place_hold(node, owner, reason)
+    node.refresh_from_db()
+    return node
+
+
 def set_capacity(node: Node, resources: dict[str, int], reserved: dict[str, int] | None = None) -> None:
     """Give ``node`` capacity (canonical units) in its inventory and as verified capability."""
     reserved = reserved or {}

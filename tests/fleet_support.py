@@ -13,6 +13,7 @@ from django.utils import timezone
 from fleet.models import Pool
 from fleet.services import bootstrap_token_create
 from tests.factories import PoolFactory
+from tests.support import node_api  # noqa: F401  (re-exported: the fleet tests import it from here)
 
 ENROLL = "/api/v1/node-enrollments"
 
@@ -47,14 +48,6 @@ def enrollment(token: str, **overrides) -> dict:
 
 def enroll(api, token: str, **overrides):
     return api.post(ENROLL, enrollment(token, **overrides), format="json")
-
-
-def node_api(secret: str):
-    from rest_framework.test import APIClient
-
-    api = APIClient()
-    api.credentials(HTTP_AUTHORIZATION=f"Node {secret}")
-    return api
 
 
 class Signer:

@@ -6,14 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 from rest_framework.test import APIClient
 
+from tests.support import node_api  # noqa: F401  (re-exported: the heartbeat tests import it from here)
+
 T0 = datetime(2026, 11, 29, 9, 0, 0, tzinfo=UTC)
-
-
-def node_api(secret: str) -> APIClient:
-    """An API client that authenticates as a node (``Authorization: Node <credential>``)."""
-    api = APIClient()
-    api.credentials(HTTP_AUTHORIZATION=f"Node {secret}")
-    return api
 
 
 def beat(sequence: int = 0, incarnation: int = 1, observed_at: datetime | None = None, **fields) -> dict:

@@ -69,3 +69,18 @@ def act(api, node: Node, action: str, body: dict | None = None, *, version: int 
         version = node.version
     headers = {"HTTP_IF_MATCH": f'"{version}"'}
     return api.post(f"/api/v1/nodes/{node.pk}/{action}{query}", body or {"reason": "test"}, format="json", **headers)
+
+
+def run_for(traveller, seconds: float, *, step: float = 30) -> None:
+    """Move ``traveller`` (a time_machine traveller) ``seconds`` ahead with the control plane
+    running meanwhile: its clock is observed every ``step`` seconds, as the periodic sweeps do.
+    A bare jump of more than ``NODEPOOL["CLOCK_JUMP_THRESHOLD"]`` would be a detected gap
+    (fleet.clock), during which deadlines stand still."""
+    from fleet import clock
+
+    remaining = seconds
+    while remaining > 0:
+        move = min(step, remaining)
+        traveller.shift(move)
+        remaining -= move
+        clock.observe()

@@ -82,8 +82,17 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-def wait_for(predicate: Callable[[], object], timeout: float, what: str, log: Path | None = None, step=0.1):
-    """Poll ``predicate`` until truthy; fail with the log's tail after ``timeout`` seconds."""
+def wait_for(
+    predicate: Callable[[], object],
+    timeout: float,
+    what: str,
+    log: Path | None = None,
+    step=0.1,
+    *,
+    state: Callable[[], str] | None = None,
+):
+    """Poll ``predicate`` until truthy; fail with ``state()`` (what the test can say about where
+    things stand) and the log's tail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -91,4 +100,5 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str, log: Pa
             return value
         time.sleep(step)
     tail = log.read_text(errors="replace")[-4000:] if log and log.exists() else ""
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}\n--- log tail ---\n{tail}")
+    where = f"\n--- state ---\n{state()}" if state else ""
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}{where}\n--- log tail ---\n{tail}")

@@ -8,21 +8,36 @@ import pytest
 from agent import inventory
 from agent.runner import EXIT_CONFIG, AgentExit
 from agent.state import AgentState, StateError, StateFile
-from tests.fake_control_plane import FakeControlPlane, make_agent
+from fleet.models import Node
+from tests.control_plane import ControlPlane
+
+# These tests drive the pre-renewal protocol (a full heartbeat every step, as old agents do) with
+# steps back to back; renewals and the flood guard have their own tests (tests/test_agent_renewals.py).
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_flood_guard")]
 
 
 @pytest.fixture
-def fake():
-    return FakeControlPlane()
+def cp():
+    return ControlPlane()
 
 
-def test_first_start_enrolls_with_the_bootstrap_token_and_declares_the_real_host(fake, tmp_path):
-    agent = make_agent(fake, tmp_path)
+def make_agent(cp, tmp_path, **config):
+    return cp.make_agent(tmp_path, renewals=False, **config)
+
+
+def _enrollments(cp):
+    return [e for e in cp.exchanges if e.path == "/api/v1/node-enrollments"]
+
+
+def test_first_start_enrolls_with_the_bootstrap_token_and_declares_the_real_host(cp, tmp_path):
+    agent = make_agent(cp, tmp_path)
     agent.start()
 
-    (node,) = fake.nodes.values()
-    sent = node.enrollment
-    assert sent["bootstrap_token"] == "npb_good.secret"
+    (node,) = Node.objects.all()
+    (exchange,) = _enrollments(cp)
+    sent = exchange.request
+    assert exchange.status == 201
+    assert sent["bootstrap_token"] == cp.token
     resources = sent["capability"]["resources"]
     cpus = len(os.sched_getaffinity(0))
     quota = inventory.cgroup_cpu_limit()
@@ -31,13 +46,15 @@ def test_first_start_enrolls_with_the_bootstrap_token_and_declares_the_real_host
     assert int(resources["ephemeral-storage"]) == os.statvfs("/").f_blocks * os.statvfs("/").f_frsize
     assert sent["capability"]["features"]["kernel"] == os.uname().release
     assert sent["capability"]["features"]["arch"] == inventory.architecture()
-    assert agent.state.node_id == node.id
+    assert agent.state.node_id == str(node.pk)
     assert agent.state.incarnation == 1
+    assert (node.pool.name, node.lifecycle, node.hostname) == ("general", "pending", sent["hostname"])
+    assert node.declared["resources"]["memory"] == inventory.memory_bytes()
     agent.shutdown()
 
 
-def test_state_file_is_written_with_mode_0600(fake, tmp_path):
-    agent = make_agent(fake, tmp_path)
+def test_state_file_is_written_with_mode_0600(cp, tmp_path):
+    agent = make_agent(cp, tmp_path)
     agent.start()
     agent.shutdown()
 
@@ -47,23 +64,24 @@ def test_state_file_is_written_with_mode_0600(fake, tmp_path):
     assert saved.credential.startswith("npn_")
 
 
-def test_every_start_bumps_the_incarnation_and_restarts_the_sequence(fake, tmp_path):
-    first = make_agent(fake, tmp_path)
+def test_every_start_bumps_the_incarnation_and_restarts_the_sequence(cp, tmp_path):
+    first = make_agent(cp, tmp_path)
     first.start()
     first.step()
     first.step()
     first.shutdown()
     assert StateFile(tmp_path / "state.json").load().sequence == 3  # two heartbeats + the farewell
 
-    second = make_agent(fake, tmp_path)
+    second = make_agent(cp, tmp_path)
     second.start()
     second.step()
     second.shutdown()
 
-    assert len(fake.nodes) == 1, "a restart must not enroll a second node"
-    node = next(iter(fake.nodes.values()))
-    assert [(h["incarnation"], h["sequence"]) for h in node.heartbeats] == [(1, 1), (1, 2), (1, 3), (2, 1), (2, 2)]
-    assert node.verdicts == ["applied"] * 5
+    (node,) = Node.objects.all()  # a restart must not enroll a second node
+    beats = cp.heartbeats(node.pk)
+    assert [(h["incarnation"], h["sequence"]) for h in beats] == [(1, 1), (1, 2), (1, 3), (2, 1), (2, 2)]
+    assert cp.verdicts(node.pk) == ["applied"] * 5
+    assert (node.incarnation, node.sequence, node.restart_count) == (2, 2, 1)
 
 
 def test_state_file_readable_by_others_is_refused(tmp_path):
@@ -75,37 +93,38 @@ def test_state_file_readable_by_others_is_refused(tmp_path):
         StateFile(path).load()
 
 
-def test_a_second_agent_on_the_same_state_file_refuses_to_start(fake, tmp_path):
-    first = make_agent(fake, tmp_path)
+def test_a_second_agent_on_the_same_state_file_refuses_to_start(cp, tmp_path):
+    first = make_agent(cp, tmp_path)
     first.start()
-    second = make_agent(fake, tmp_path)
+    second = make_agent(cp, tmp_path)
 
     with pytest.raises(StateError, match="another agent"):
         second.start()
     first.shutdown()
 
 
-def test_refused_bootstrap_token_stops_the_agent_with_a_configuration_error(fake, tmp_path):
-    agent = make_agent(fake, tmp_path, token="npb_wrong.secret")
+def test_refused_bootstrap_token_stops_the_agent_with_a_configuration_error(cp, tmp_path):
+    agent = make_agent(cp, tmp_path, token="npb_wrong.secret")
 
     with pytest.raises(AgentExit) as exc:
         agent.start()
     assert exc.value.code == EXIT_CONFIG
-    assert "invalid_bootstrap_token" in str(exc.value)
+    assert "403 bootstrap_token_invalid" in str(exc.value)
     assert not (tmp_path / "state.json").exists()
+    assert not Node.objects.exists()
 
 
-def test_without_identity_or_bootstrap_token_the_agent_exits(fake, tmp_path):
-    agent = make_agent(fake, tmp_path, token="")
+def test_without_identity_or_bootstrap_token_the_agent_exits(cp, tmp_path):
+    agent = make_agent(cp, tmp_path, token="")
 
     with pytest.raises(AgentExit, match="no --bootstrap-token"):
         agent.start()
 
 
-def test_status_command_prints_state_without_the_secret(fake, tmp_path, capsys):
+def test_status_command_prints_state_without_the_secret(cp, tmp_path, capsys):
     from agent.cli import main
 
-    agent = make_agent(fake, tmp_path)
+    agent = make_agent(cp, tmp_path)
     agent.start()
     agent.shutdown()
 

@@ -5,9 +5,11 @@ import subprocess
 
 import psutil
 import pytest
+from django.test import TestCase
 
 from agent import benchmark, conditions, inventory
-from tests.fake_control_plane import FakeControlPlane, make_agent, wait_until
+from fleet.models import Benchmark
+from tests.control_plane import ControlPlane, wait_until
 
 
 def test_nvidia_smi_output_becomes_gpu_resources_and_accelerators():
@@ -90,23 +92,26 @@ def test_benchmark_measures_real_cpu_and_memory():
     assert result["duration_seconds"] > 0
 
 
-@pytest.fixture
-def fake():
-    return FakeControlPlane()
-
-
-def test_a_benchmark_instruction_is_answered_with_real_figures_and_the_nonce(fake, tmp_path):
-    agent = make_agent(fake, tmp_path, benchmark_cpu_seconds=0.2, benchmark_memory_bytes=16 * 2**20)
+@pytest.mark.django_db
+def test_admission_asks_for_a_benchmark_and_the_agent_answers_it_once_with_real_figures(tmp_path):
+    # benchmark_tolerance is low so that a busy CI machine's figures still pass admission.
+    cp = ControlPlane({"bench": {"benchmark_required": True, "benchmark_tolerance": 0.01}})
+    agent = cp.make_agent(tmp_path, renewals=False, benchmark_cpu_seconds=0.2, benchmark_memory_bytes=16 * 2**20)
     agent.start()
-    nonce = fake.request_benchmark(agent.state.node_id)
-    request = fake.nodes[agent.state.node_id].benchmark
     agent.step()
-    fake.nodes[agent.state.node_id].benchmark = request  # the same instruction seen twice runs once
+    assert cp.admit(agent.state.node_id) == "admitting"
     agent.step()
+    request = agent.last_response["instructions"]["run_benchmark"]
+    nonce = request["nonce"]
+    agent.step()  # the same instruction seen twice runs once
+    assert agent.last_response["instructions"]["run_benchmark"] == request
 
-    assert wait_until(lambda: fake.benchmarks[nonce]["result"] is not None, step=agent.tick, timeout=60)
-    result = fake.benchmarks[nonce]["result"]
-    assert result["cpu_millicores"] > 0
-    assert result["memory_bytes"] == inventory.memory_bytes()
+    with TestCase.captureOnCommitCallbacks(execute=True):  # admission goes on after the result
+        assert wait_until(lambda: Benchmark.objects.get(nonce=nonce).status == "completed", step=agent.tick, timeout=60)
+    bench = Benchmark.objects.get(nonce=nonce)
+    assert bench.result["cpu_millicores"] > 0
+    assert bench.result["memory_bytes"] == inventory.memory_bytes()
     assert agent.benchmarks_started == {nonce}
+    assert len(cp.sent(agent.state.node_id, f"benchmarks/{nonce}")) == 1
+    assert cp.node(agent.state.node_id).lifecycle == "ready"
     agent.shutdown()

@@ -6,102 +6,18 @@ test database, and talks to it through a separate client app: eager mode is not 
 
 from __future__ import annotations
 
-import os
-import sys
 import time
-import uuid
-from pathlib import Path
 
 import pytest
-from celery import Celery
 from celery.result import ResultSet
-from django.conf import settings
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
-from kombu import Connection
 
 from fleet.models import Pool
+from tests.celery_support import Broker, assert_clean_log, celery_cmd  # noqa: F401
 from tests.factories import PoolFactory
-from tests.processes import child_env, running, wait_for
+from tests.processes import running, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-
-REDIS_URL = os.environ.get(
-    "NODEPOOL_TEST_REDIS_URL",
-    settings.CELERY_BROKER_URL if settings.CELERY_BROKER_URL.startswith("redis") else "redis://127.0.0.1:6379/1",
-)
-
-
-def redis_answers() -> bool:
-    try:
-        with Connection(REDIS_URL, connect_timeout=1) as conn:
-            conn.ensure_connection(max_retries=1, timeout=1)
-    except Exception:
-        return False
-    return True
-
-
-class Broker:
-    """Where a test's worker and client meet: broker URL, result backend and a private queue."""
-
-    def __init__(self, kind: str, tmp_path: Path):
-        self.kind = kind
-        self.tmp = tmp_path
-        self.queue = f"test-{uuid.uuid4().hex[:12]}"
-        if kind == "embedded":
-            self.url = f"sqla+sqlite:///{tmp_path / 'broker.sqlite3'}"
-            self.backend = f"db+sqlite:///{tmp_path / 'results.sqlite3'}"
-        else:
-            self.url = self.backend = REDIS_URL
-        self.log = tmp_path / "processes.log"
-
-    def env(self) -> dict[str, str]:
-        return child_env(self.tmp / "var", CELERY_BROKER_URL=self.url, CELERY_RESULT_BACKEND=self.backend)
-
-    def client(self) -> Celery:
-        client = Celery("test-client", broker=self.url, backend=self.backend, set_as_current=False)
-        client.conf.task_default_queue = self.queue
-        return client
-
-    def worker_args(self, concurrency: int = 2) -> list[str]:
-        return [
-            *celery_cmd(),
-            "worker",
-            "-I",
-            "tests.celery_tasks",
-            "-Q",
-            self.queue,
-            "-n",
-            f"{self.queue}@%h",
-            f"--concurrency={concurrency}",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-            "--loglevel=INFO",
-        ]
-
-    def log_text(self) -> str:
-        return self.log.read_text(errors="replace") if self.log.exists() else ""
-
-
-def celery_cmd() -> list[str]:
-    return [sys.executable, "-m", "celery", "-A", "nodepool"]
-
-
-@pytest.fixture(params=["embedded", "redis"])
-def broker(request, tmp_path, monkeypatch) -> Broker:
-    if request.param == "redis" and not redis_answers():
-        pytest.skip(f"Redis does not answer at {REDIS_URL}")
-    # Celery lets these variables override a client app's explicit broker and backend.
-    monkeypatch.delenv("CELERY_BROKER_URL", raising=False)
-    monkeypatch.delenv("CELERY_RESULT_BACKEND", raising=False)
-    (tmp_path / "var").mkdir()
-    return Broker(request.param, tmp_path)
-
-
-def assert_clean_log(broker: Broker) -> None:
-    text = broker.log_text()
-    for bad in ("JSONDecodeError", "Traceback", "database is locked", "Unrecoverable error"):
-        assert bad not in text, f"{bad} in the worker log:\n{text[-4000:]}"
 
 
 def test_a_real_worker_runs_ping_and_a_database_task(broker):
@@ -171,19 +87,25 @@ def test_beat_sends_a_one_second_schedule_that_the_worker_executes(broker):
 
 def test_two_processes_creating_the_same_queue_on_a_fresh_embedded_broker_both_succeed(tmp_path):
     """``make run`` starts worker and beat at once: kombu's insert of the queue row raced across
-    processes (UNIQUE constraint failed: kombu_queue.name); the loser now reads the winner's row."""
+    processes (UNIQUE constraint failed: kombu_queue.name), and so did its creation of the tables
+    (table kombu_message already exists); the loser now reads what the winner made."""
     import subprocess
     import sys
+    import time
 
     url = f"sqla+sqlite:///{tmp_path / 'broker.sqlite3'}"
+    # Every process waits for the same instant before it opens the broker, so that their
+    # table creation (kombu's check-then-create) and queue inserts overlap.
     script = (
-        "import sys, nodepool.broker\n"
+        "import sys, time, nodepool.broker\n"
         "from kombu import Connection\n"
+        "time.sleep(max(0.0, float(sys.argv[2]) - time.time()))\n"
         "with Connection(sys.argv[1]) as conn:\n"
         "    ch = conn.channel()\n"
         "    for i in range(40):\n"
         "        ch._get_or_create(f'q{i}')\n"
     )
-    procs = [subprocess.Popen([sys.executable, "-c", script, url], stderr=subprocess.PIPE) for _ in range(4)]
+    start = str(time.time() + 3.0)  # importing kombu and nodepool takes about a second per process
+    procs = [subprocess.Popen([sys.executable, "-c", script, url, start], stderr=subprocess.PIPE) for _ in range(4)]
     results = [(p.wait(timeout=60), p.stderr.read().decode()) for p in procs]
     assert all(code == 0 for code, _ in results), results

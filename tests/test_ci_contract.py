@@ -48,3 +48,14 @@ def test_ci_script_is_strict_bash_and_runs_both_stacks():
     for needed in ("ruff check", "ruff format --check", "pg_isready", "redis-cli", "make test"):
         assert needed in script
     assert script.index('DATABASE_URL="$PG_URL"') < script.index("env -u DATABASE_URL -u CELERY_BROKER_URL -u")
+
+
+def test_ci_installs_the_system_chromium_idempotently_and_runs_browser_tests_on_sqlite_only():
+    script = (ROOT / ".ci" / "run").read_text()
+    step = script[script.index('step "system Chromium') :]
+    assert (
+        step.index("command -v chromium") < step.index("apt-get update") < step.index("apt-get install -y -q chromium")
+    )
+    pg_step = script[script.index('step "tests on PostgreSQL') : script.index('step "tests on SQLite')]
+    assert '-m "not browser"' in pg_step
+    assert "not browser" not in script[script.index('step "tests on SQLite') :]

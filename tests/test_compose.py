@@ -37,13 +37,47 @@ def test_docker_compose_config_accepts_the_file():
         ["docker", "compose", "-f", str(COMPOSE), "config", "-q"],
         capture_output=True,
         text=True,
-        env={"SECRET_KEY": "x", "PATH": "/usr/local/bin:/usr/bin:/bin"},
+        env={
+            "SECRET_KEY": "x",
+            "NODEPOOL_METRICS_TOKEN": "x",
+            "GRAFANA_ADMIN_PASSWORD": "x",
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+        },
     )
     assert result.returncode == 0, result.stderr
 
 
 def test_every_service_of_the_production_shape_is_there(compose):
-    assert set(compose["services"]) == SERVICES
+    always = {name for name, service in compose["services"].items() if not service.get("profiles")}
+    assert always == SERVICES
+
+
+def test_the_observability_profile_adds_prometheus_and_grafana_provisioned_from_deploy(compose):
+    services = compose["services"]
+    profiled = {name for name, service in services.items() if service.get("profiles")}
+    assert profiled == {"prometheus", "grafana"}
+    assert all(services[name]["profiles"] == ["observability"] for name in profiled)
+    prometheus = yaml.safe_load((ROOT / "deploy/prometheus/prometheus.yml").read_text())
+    token_file = prometheus["scrape_configs"][0]["authorization"]["credentials_file"]
+    assert "./deploy/prometheus:/etc/prometheus:ro" in services["prometheus"]["volumes"]
+    assert services["prometheus"]["secrets"] == [
+        {"source": "nodepool_metrics_token", "target": f"/etc/prometheus/{token_file}"}
+    ]
+    assert compose["secrets"]["nodepool_metrics_token"] == {"environment": "NODEPOOL_METRICS_TOKEN"}
+    assert prometheus["scrape_configs"][0]["static_configs"] == [{"targets": ["web:8000"]}]
+    assert prometheus["rule_files"] == ["alerts.yml"]
+    grafana = services["grafana"]["volumes"]
+    assert "./deploy/grafana/provisioning:/etc/grafana/provisioning:ro" in grafana
+    assert "./deploy/grafana/nodepool.json:/var/lib/grafana/dashboards/nodepool.json:ro" in grafana
+
+
+def test_app_services_share_one_multiprocess_metrics_directory(compose):
+    for name in APP_SERVICES:
+        service = compose["services"][name]
+        assert service["environment"]["PROMETHEUS_MULTIPROC_DIR"] == "/run/nodepool-metrics", name
+        assert "metrics:/run/nodepool-metrics" in service["volumes"], name
+        assert re.fullmatch(r"\$\{NODEPOOL_METRICS_TOKEN:\?[^}]+\}", service["environment"]["NODEPOOL_METRICS_TOKEN"])
+    assert compose["volumes"]["metrics"]["driver_opts"]["type"] == "tmpfs"
 
 
 def test_every_service_has_a_healthcheck_or_says_why_not(compose):
@@ -95,3 +129,22 @@ def test_the_dockerfile_installs_pinned_requirements_and_serves_static_files():
     assert "USER nodepool" in dockerfile
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".git", ".venv", "var"} <= set(ignored)
+
+
+def test_the_image_collects_static_files_where_the_settings_serve_them_from():
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    var_dir = re.search(r"NODEPOOL_VAR_DIR=(\S+)", dockerfile).group(1)
+    assert "manage.py collectstatic --noinput" in dockerfile
+    # STATIC_ROOT is <NODEPOOL_VAR_DIR>/static and whitenoise serves it; the image's user owns it.
+    assert f"chown -R nodepool {var_dir}" in dockerfile
+    assert dockerfile.index("collectstatic") < dockerfile.index("USER nodepool")
+
+
+def test_make_run_collects_static_files_before_starting():
+    plan = subprocess.run(
+        ["make", "-n", "-o", "venv", "-o", "migrate", "run"], cwd=ROOT, capture_output=True, text=True
+    )
+    lines = plan.stdout.splitlines()
+    collect = next(i for i, line in enumerate(lines) if "collectstatic --noinput" in line)
+    start = next(i for i, line in enumerate(lines) if "nodepool.procfile" in line)
+    assert collect < start

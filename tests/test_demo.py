@@ -7,11 +7,39 @@ import re
 import subprocess
 import sys
 
+import httpx
 import pytest
 
 from nodepool.demo.client import TimedOut, poll
 from nodepool.demo.processes import Supervisor, port_in_use
 from tests.processes import ROOT, free_port
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def assert_api_docs_bundle_served(base: str) -> None:
+    """/api/docs/ names its Swagger UI bundle under /static/ (no CDN), and that bundle is served."""
+    docs = httpx.get(f"{base}/api/docs/", timeout=10)
+    assert docs.status_code == 200, docs.status_code
+    bundle = re.search(r'src="(/static/drf_spectacular_sidecar/[^"]+\.js)"', docs.text)
+    assert bundle, docs.text[:500]
+    js = httpx.get(base + bundle.group(1), timeout=10)
+    assert js.status_code == 200 and len(js.content) > 10_000, (js.status_code, len(js.content))
+
+
+def test_make_demo_leaves_the_default_database_alone():
+    # The demo migrates its own var dir's database; `make demo` must not migrate the default one.
+    plan = subprocess.run(
+        ["make", "--no-print-directory", "-n", "-o", "venv", "demo"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert plan.returncode == 0, plan.stderr
+    commands = [line for line in plan.stdout.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    assert commands and all("manage.py demo" in line for line in commands), commands
 
 
 def test_poll_returns_the_first_value_that_passes_the_check():
@@ -56,10 +84,23 @@ def test_the_one_shot_demo_passes_every_step_and_stops_every_process(tmp_path):
     env.pop("NODEPOOL_VAR_DIR", None)
     args = [sys.executable, "manage.py", "demo", "--once", "--nodes", "30", "--port", str(port)]
     args += ["--var-dir", str(tmp_path / "demo"), "--no-progress"]
-    result = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    output = result.stdout + result.stderr
-    assert result.returncode == 0, output[-4000:]
-    assert "9/9 steps passed" in output
+    log = tmp_path / "demo.log"
+    with open(log, "wb") as out:
+        demo = subprocess.Popen(args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        # While the story runs, the demo's web server serves the admin's and the API docs' files.
+        base = f"http://127.0.0.1:{port}"
+        poll(lambda: _answers(f"{base}/healthz"), bool, timeout=300, what="the demo's web server", interval=0.5)
+        css = httpx.get(f"{base}/static/admin/css/base.css", timeout=10)
+        assert css.status_code == 200 and "text/css" in css.headers["content-type"], css.status_code
+        assert_api_docs_bundle_served(base)
+        returncode = demo.wait(timeout=600)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+    output = log.read_text(errors="replace")
+    assert returncode == 0, output[-4000:]
+    assert re.search(r"(\d+)/\1 steps passed", output), output[-2000:]
     assert "[FAIL]" not in output
     stopped = re.search(r"stopped: (.*)", output).group(1)
     assert set(re.findall(r"(\w+) \(", stopped)) == {"web", "worker", "beat", "agent"}

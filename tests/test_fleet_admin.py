@@ -2,7 +2,6 @@ import re
 from datetime import timedelta
 
 import pytest
-from django.test import Client
 from django.utils import timezone
 
 from fleet.choices import Lifecycle
@@ -10,17 +9,13 @@ from fleet.models import BootstrapToken, Node, Pool
 from fleet.secrets import hash_secret
 from tests.factories import NodeFactory, set_lifecycle
 from tests.fleet_support import make_pool
+from tests.support import staff_client
 
 pytestmark = pytest.mark.django_db
 SOON = (timezone.now() + timedelta(days=30)).date().isoformat()
 
 
-def _login(user) -> Client:
-    user.is_staff = True
-    user.save()
-    browser = Client()
-    browser.force_login(user)
-    return browser
+_login = staff_client
 
 
 @pytest.fixture
@@ -33,13 +28,15 @@ def owner_browser(owner):
     return _login(owner)
 
 
-def test_operator_sees_nodes_with_inlines(operator_browser):
+def test_operator_sees_the_node_page_in_sections_with_inlines(operator_browser):
     node = NodeFactory(hostname="rack4-n1")
     assert operator_browser.get("/admin/fleet/node/").status_code == 200
     page = operator_browser.get(f"/admin/fleet/node/{node.pk}/change/")
     assert page.status_code == 200
     content = page.content.decode()
-    assert "rack4-n1" in content and "Admission checks" in content and "Node events" in content
+    assert "rack4-n1" in content and "Admission checks" in content
+    for section in ("summary", "capability", "resources", "conditions", "events"):
+        assert f'id="section-{section}"' in content
 
 
 def test_node_search_by_id_hostname_and_label(operator_browser):
@@ -155,7 +152,7 @@ def test_owner_admin_is_read_only_and_limited_to_their_nodes(owner_browser, owne
 
 
 def test_node_page_shows_only_the_most_recent_events(operator_browser):
-    from fleet.admin import RECENT_EVENTS_INLINE
+    from fleet.admin_display import TIMELINE_EVENTS as RECENT_EVENTS_INLINE
     from fleet.events import Actor, record_event
 
     node = NodeFactory()

@@ -1,7 +1,4 @@
-import threading
-
 import pytest
-from django.db import connection
 
 from fleet import admission
 from fleet.choices import CheckStatus, Lifecycle, NodeEventType, PoolKind
@@ -9,6 +6,7 @@ from fleet.events import Actor
 from fleet.models import AdmissionCheck, Node, NodeEvent, NodeResource
 from tests.factories import NodeFactory
 from tests.fleet_support import Signer, enroll, fresh_throttles, make_pool, make_token  # noqa: F401
+from tests.races import race
 
 pytestmark = pytest.mark.usefixtures("fresh_throttles")
 SYSTEM = Actor.system("test")
@@ -54,7 +52,7 @@ def test_admit_needs_the_current_version(operator_api):
     url = f"/api/v1/nodes/{node.pk}/admit"
     assert operator_api.post(url, {}, format="json").status_code == 428
     assert operator_api.post(url, {}, format="json", HTTP_IF_MATCH='"5"').status_code == 412
-    assert operator_api.post(url, {}, format="json", HTTP_IF_MATCH="garbage").json()["code"] == "invalid_version"
+    assert operator_api.post(url, {}, format="json", HTTP_IF_MATCH="garbage").json()["code"] == "invalid_if_match"
     assert operator_api.post(url, {"bogus": 1}, format="json", HTTP_IF_MATCH='"1"').status_code == 400
     node.refresh_from_db()
     assert node.lifecycle == Lifecycle.PENDING and node.version == 1
@@ -219,6 +217,7 @@ def lost_tasks(monkeypatch):
     monkeypatch.setattr(tasks.run_admission, "delay", lambda *args, **kwargs: None)
 
 
+@pytest.mark.race
 @pytest.mark.django_db(transaction=True)
 def test_two_admission_runs_at_once_decide_once(lost_tasks):
     from fleet.services import node_admit
@@ -226,21 +225,9 @@ def test_two_admission_runs_at_once_decide_once(lost_tasks):
     node = NodeFactory()
     node_admit(node_id=node.pk, expected_version=1, actor=SYSTEM)
     attempt = Node.objects.get().admission_attempt
-    results: list[str] = []
-    barrier = threading.Barrier(4)
-
-    def run():
-        try:
-            barrier.wait()
-            results.append(admission.run_admission(node_id=node.pk, attempt=attempt, actor=SYSTEM))
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    outcome = race(lambda index: admission.run_admission(node_id=node.pk, attempt=attempt, actor=SYSTEM), 4)
+    assert not outcome.errors, outcome.errors
+    results = outcome.results
     assert Node.objects.get().lifecycle == Lifecycle.READY
     assert results.count("ready") == 1, results
     assert NodeEvent.objects.filter(node=node, type=NodeEventType.LIFECYCLE, to_state="ready").count() == 1
@@ -248,30 +235,24 @@ def test_two_admission_runs_at_once_decide_once(lost_tasks):
     assert NodeResource.objects.filter(node=node).count() == 3
 
 
+@pytest.mark.race
 @pytest.mark.django_db(transaction=True)
 def test_two_operators_admitting_the_same_version_one_wins(lost_tasks):
     from fleet.services import node_admit
     from nodepool.api.problems import PreconditionFailed
 
     node = NodeFactory(pool=make_pool(kind=PoolKind.STANDARD))
-    outcomes: list[str] = []
-    barrier = threading.Barrier(5)
 
-    def act():
+    def act(index):
         try:
-            barrier.wait()
             node_admit(node_id=node.pk, expected_version=1, actor=Actor.system("op"))
-            outcomes.append("ok")
+            return "ok"
         except PreconditionFailed:
-            outcomes.append("412")
-        finally:
-            connection.close()
+            return "412"
 
-    threads = [threading.Thread(target=act) for _ in range(5)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    outcome = race(act, 5)
+    assert not outcome.errors, outcome.errors
+    outcomes = outcome.results
     assert sorted(outcomes) == ["412"] * 4 + ["ok"]
     assert Node.objects.get().admission_attempt == 1
 

@@ -1,8 +1,6 @@
-import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
 from fleet.choices import PoolKind
@@ -11,6 +9,7 @@ from fleet.secrets import hash_secret
 from fleet.services import node_enroll
 from nodepool.api.problems import Forbidden
 from tests.fleet_support import enroll, fresh_throttles, make_pool, make_token  # noqa: F401
+from tests.races import race
 
 pytestmark = pytest.mark.usefixtures("fresh_throttles")
 TOKENS = "/api/v1/bootstrap-tokens"
@@ -85,32 +84,24 @@ def test_revoking_twice_keeps_the_first_time(operator_api, time_machine):
 
 
 def _race_for_last_use(secret: str, threads: int) -> list[str]:
-    outcomes: list[str] = []
-    barrier = threading.Barrier(threads)
-
-    def attempt(index: int):
+    def attempt(index: int) -> str:
         try:
-            barrier.wait()
             node_enroll(
                 bootstrap_token=secret,
                 hostname=f"racer-{index}",
                 agent_version="1.0.0",
                 capability={"resources": {"cpu": 1000, "memory": 2**30}},
             )
-            outcomes.append("won")
+            return "won"
         except Forbidden as exc:
-            outcomes.append(exc.get_codes())
-        finally:
-            connection.close()
+            return exc.get_codes()
 
-    workers = [threading.Thread(target=attempt, args=(i,)) for i in range(threads)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
-    return outcomes
+    outcome = race(attempt, threads)
+    assert not outcome.errors, outcome.errors
+    return outcome.results
 
 
+@pytest.mark.race
 @pytest.mark.django_db(transaction=True)
 def test_racing_enrollments_for_the_last_use_have_exactly_one_winner():
     pool = make_pool()
@@ -125,6 +116,7 @@ def test_racing_enrollments_for_the_last_use_have_exactly_one_winner():
     assert BootstrapToken.objects.get().uses == 3
 
 
+@pytest.mark.race
 @pytest.mark.django_db(transaction=True)
 def test_racing_enrollments_never_exceed_max_uses():
     pool = make_pool()

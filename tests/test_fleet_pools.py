@@ -57,12 +57,12 @@ def test_inconsistent_pool_policy_is_refused(operator_api, body, field):
 @pytest.mark.parametrize(
     "body, code",
     [
-        ({"reservations": {"system": {"cpu": "lots"}}}, "validation_error"),
+        ({"reservations": {"system": {"cpu": "lots"}}}, "invalid_quantity"),
         ({"reservations": {"party": {"cpu": "1"}}}, "validation_error"),
         ({"labels": {"bad key!": "x"}}, "validation_error"),
         ({"taints": [{"key": "gpu", "effect": "Sometimes"}]}, "validation_error"),
         ({"allowed_agent_versions": "~~1"}, "validation_error"),
-        ({"required_capabilities": {"resources": {"cpu": "-1"}}}, "validation_error"),
+        ({"required_capabilities": {"resources": {"cpu": "-1"}}}, "invalid_quantity"),
         ({"kind": "timeshare"}, "validation_error"),
         ({"version": 7}, "unknown_field"),
         ({"id": 7}, "unknown_field"),
@@ -78,9 +78,10 @@ def test_bad_pool_input_is_refused(operator_api, body, code):
 
 def test_duplicate_pool_name_conflicts(operator_api):
     make_pool(name="general")
-    response = operator_api.post(POOLS, {"name": "general"}, format="json")
-    assert response.status_code in (400, 409)
+    response = operator_api.post(POOLS, {"name": "general", "description": "another"}, format="json")
+    assert (response.status_code, response.json()["code"]) == (400, "validation_error")
     assert Pool.objects.count() == 1
+    assert Pool.objects.get().description == "a test pool"
 
 
 def test_attestation_pool_accepts_an_ed25519_key(operator_api):
@@ -152,6 +153,7 @@ def test_only_operators_change_pools(client_api, owner_api):
         )
         assert api.delete(f"{POOLS}/general", HTTP_IF_MATCH='"1"').status_code == 403
     assert Pool.objects.get().description == "a test pool"
+    assert Pool.objects.get().version == 1
 
 
 def test_deleting_a_pool_with_nodes_conflicts(operator_api):
@@ -159,9 +161,12 @@ def test_deleting_a_pool_with_nodes_conflicts(operator_api):
     NodeFactory(pool=pool)
     response = operator_api.delete(f"{POOLS}/general", HTTP_IF_MATCH='"1"')
     assert response.status_code == 409 and response.json()["code"] == "pool_has_nodes"
+    assert Pool.objects.filter(name="general").exists(), "a refused delete keeps the pool"
     make_pool(name="empty")
     assert operator_api.delete(f"{POOLS}/empty").status_code == 428
+    assert Pool.objects.filter(name="empty").exists()
     assert operator_api.delete(f"{POOLS}/empty", HTTP_IF_MATCH='"1"').status_code == 204
+    assert not Pool.objects.filter(name="empty").exists()
 
 
 def test_unknown_pool_is_404(operator_api):

@@ -16,7 +16,8 @@ from fleet.models import Benchmark, Node, NodeEvent
 from tests.factories import NodeFactory, PoolFactory, make_schedulable_node, set_lifecycle
 from tests.heartbeat_helpers import T0, beat, node_api, post_beat, seconds
 
-pytestmark = pytest.mark.django_db
+# Ordering and liveness tests send messages back to back; the flood guard has its own tests.
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_flood_guard")]
 
 
 @pytest.fixture(autouse=True)
@@ -272,7 +273,9 @@ def test_another_nodes_credential_is_forbidden(node_secret):
 def test_no_credential_or_a_user_token_cannot_send_heartbeats(node_secret, anon_api, operator_api):
     node, _ = node_secret
     assert anon_api.post(f"/api/v1/nodes/{node.pk}/heartbeats", beat(), format="json").status_code == 401
-    assert operator_api.post(f"/api/v1/nodes/{node.pk}/heartbeats", beat(), format="json").status_code in (401, 403)
+    as_user = operator_api.post(f"/api/v1/nodes/{node.pk}/heartbeats", beat(), format="json")
+    assert (as_user.status_code, as_user.json()["code"]) == (403, "forbidden")  # a user, but not this node
+    assert Node.objects.get(pk=node.pk).sequence == node.sequence, "no heartbeat was applied"
 
 
 def test_a_revoked_credential_is_refused_with_401(node_secret):
@@ -331,7 +334,6 @@ def test_beyond_a_documented_limit_is_422_and_nothing_is_applied(node_secret, fi
         ({"sequence": -1}, "sequence"),
         ({"sequence": True}, "sequence"),
         ({"observed_at": "yesterday"}, "observed_at"),
-        ({"observed_at": "2026-11-29T09:00:00"}, "observed_at"),
         ({"ready": "yes"}, "ready"),
         ({"conditions": [{"type": "Ready", "status": "Maybe"}]}, "conditions[0].status"),
         (
@@ -355,7 +357,8 @@ def test_malformed_heartbeat_fields_are_400_and_nothing_is_applied(node_secret, 
         del body["incarnation"]
     response = node_api(secret).post(f"/api/v1/nodes/{node.pk}/heartbeats", body, format="json")
     assert response.status_code == 400, response.json()
-    assert response.json()["code"] == "validation_error"
+    quantity = isinstance(fields.get("usage", {}).get("cpu"), str)  # a string the quantity parser refused
+    assert response.json()["code"] == ("invalid_quantity" if quantity else "validation_error")
     assert field in [e["field"] for e in response.json()["errors"]]
     node.refresh_from_db()
     assert node.sequence == -1

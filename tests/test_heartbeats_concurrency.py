@@ -7,15 +7,16 @@ from collections import Counter
 
 import pytest
 from django.core.cache import cache
-from django.db import connection
 
 from fleet.choices import Liveness, NodeEventType
 from fleet.liveness import sweep_liveness
 from fleet.models import Node, NodeEvent
+from tests import races
 from tests.factories import PoolFactory, make_schedulable_node
 from tests.heartbeat_helpers import T0, node_api, post_beat, seconds, send
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+# Ordering and liveness tests send messages back to back; the flood guard has its own tests.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.usefixtures("no_flood_guard")]
 THREADS = 8
 
 
@@ -26,29 +27,13 @@ def _frozen(time_machine):
 
 
 def race(work, count=THREADS):
-    """Run ``work(i)`` in ``count`` threads released together; returns results in thread order."""
-    barrier = threading.Barrier(count)
-    results: list = [None] * count
-    errors: list = []
-
-    def run(i):
-        try:
-            barrier.wait()
-            results[i] = work(i)
-        except Exception as exc:
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert not errors, errors
-    return results
+    """Run ``work(i)`` in ``count`` threads released together (tests/races.py); results in thread order."""
+    outcome = races.race(work, count)
+    assert not outcome.errors, outcome.errors
+    return outcome.results
 
 
+@pytest.mark.race
 def test_identical_racing_heartbeats_apply_exactly_once():
     node, secret = make_schedulable_node(PoolFactory())
     NodeEvent.objects.all().delete()
@@ -62,6 +47,7 @@ def test_identical_racing_heartbeats_apply_exactly_once():
     assert NodeEvent.objects.filter(node=node, type=NodeEventType.READINESS).count() == 1
 
 
+@pytest.mark.race
 def test_racing_sequences_leave_the_highest_and_never_go_back():
     node, secret = make_schedulable_node(PoolFactory())
     results = race(lambda i: post_beat(node_api(secret), node, sequence=i + 1, usage={"cpu": i + 1}).json())
@@ -70,6 +56,7 @@ def test_racing_sequences_leave_the_highest_and_never_go_back():
     assert all(r["code"] in ("applied", "stale_sequence") for r in results)
 
 
+@pytest.mark.race
 def test_racing_restarts_count_one_restart():
     node, secret = make_schedulable_node(PoolFactory())
     send(node, 50)
@@ -80,6 +67,7 @@ def test_racing_restarts_count_one_restart():
     assert NodeEvent.objects.filter(node=node, type=NodeEventType.RESTART).count() == 1
 
 
+@pytest.mark.race
 def test_two_sweeps_at_once_give_one_event_per_node_and_one_loss_per_node(time_machine, monkeypatch, settings):
     settings.NODEPOOL = {**settings.NODEPOOL, "UNHEALTHY_ZONE_FRACTION": 1.0}  # the whole fleet dies here
     pool = PoolFactory()
@@ -105,6 +93,7 @@ def test_two_sweeps_at_once_give_one_event_per_node_and_one_loss_per_node(time_m
     assert sorted(lost_calls) == sorted(str(n.pk) for n in nodes)
 
 
+@pytest.mark.race
 def test_a_sweep_racing_heartbeats_never_leaves_a_fresh_node_degraded(time_machine):
     pool = PoolFactory()
     nodes = [make_schedulable_node(pool)[0] for _ in range(THREADS - 1)]

@@ -7,20 +7,19 @@ never hard-coded, and every fixture file is imported.
 import io
 import json
 import re
-import threading
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
 import yaml
 from django.core.management import CommandError, call_command
-from django.db import connection
 
 from fleet.choices import Lifecycle, NodeEventType
 from fleet.events import Actor
 from fleet.k8s_import import ImportError_, import_nodes, map_node
 from fleet.models import Node, NodeEvent
 from tests.factories import PoolFactory, set_lifecycle
+from tests.races import race
 
 
 def _fixtures_dir() -> Path:
@@ -159,7 +158,7 @@ def test_a_changed_node_is_updated_in_place_and_its_lifecycle_kept(pool):
     source = yaml.safe_load((FIXTURES / "nodelist-2-notready-kubeadm.yaml").read_text())
     node1 = source["items"][0]
     target = Node.objects.get(external_id=f"k8s:{node1['metadata']['uid']}")
-    set_lifecycle(target, Lifecycle.CORDONED)
+    set_lifecycle(target, Lifecycle.MAINTENANCE)  # (cordoned is a hold now, not a lifecycle)
     node1["metadata"]["labels"]["rack"] = "r12"
     node1["spec"]["taints"] = []
 
@@ -168,10 +167,11 @@ def test_a_changed_node_is_updated_in_place_and_its_lifecycle_kept(pool):
     target.refresh_from_db()
     assert report.updated == ["node1"] and report.unchanged == ["node2"]
     assert target.labels["rack"] == "r12" and target.taints == []
-    assert target.lifecycle == Lifecycle.CORDONED
+    assert target.lifecycle == Lifecycle.MAINTENANCE
     assert target.version == 2
     event = NodeEvent.objects.filter(node=target, type=NodeEventType.POLICY).get()
-    assert sorted(event.data["changed"]) == ["labels", "taints"]
+    assert sorted(event.data["changed"]) == ["labels", "taints", "taints_added_at"]
+    assert target.taints_added_at == {}
 
 
 def test_a_node_imported_into_another_pool_is_not_moved(pool):
@@ -254,26 +254,45 @@ def test_the_command_refuses_an_unknown_pool_or_file(pool):
         call_command("import_k8s_nodes", str(FIXTURES / "README.md"), "--pool", pool.name)
 
 
+@pytest.mark.race
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_imports_of_the_same_dump_create_each_node_once():
     pool = PoolFactory(name="concurrent")
     text = (FIXTURES / "nodelist-openshift-gcp-3-masters-3-workers.json").read_text()
-    errors = []
+    outcome = race(lambda index: import_nodes(text=text, pool=pool, actor=Actor.system("test")), 4)
 
-    def worker():
-        try:
-            import_nodes(text=text, pool=pool, actor=Actor.system("test"))
-        except Exception as exc:  # surfaced below
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=worker) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-
-    assert errors == []
+    assert outcome.errors == []
     assert Node.objects.count() == 6
     assert NodeEvent.objects.filter(type=NodeEventType.ENROLLED).count() == 6
+
+
+def test_a_taints_time_added_comes_from_the_dump_where_it_has_one(pool, time_machine):
+    time_machine.move_to("2026-11-30T06:00:00Z", tick=False)
+    source = yaml.safe_load((FIXTURES / "nodelist-2-notready-kubeadm.yaml").read_text())
+    node1 = source["items"][0]
+    # As the node lifecycle controller writes it: a NoExecute taint with its timeAdded.
+    node1["spec"]["taints"].append(
+        {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute", "timeAdded": "2026-11-30T05:50:00Z"}
+    )
+    without_time = [t for t in node1["spec"]["taints"] if "timeAdded" not in t]
+
+    import_nodes(text=yaml.safe_dump(source), pool=pool, actor=Actor.system("test"))
+
+    target = Node.objects.get(external_id=f"k8s:{node1['metadata']['uid']}")
+    assert target.taints_added_at["node.kubernetes.io/unreachable:NoExecute"] == "2026-11-30T05:50:00+00:00"
+    for taint in without_time:  # no timeAdded in the dump: added when imported
+        assert target.taints_added_at[f"{taint['key']}:{taint['effect']}"] == "2026-11-30T06:00:00+00:00"
+
+    time_machine.shift(3600)
+    again = import_nodes(text=yaml.safe_dump(source), pool=pool, actor=Actor.system("test"))
+    assert "node1" in again.unchanged, "a re-import keeps the recorded times"
+
+
+def test_a_malformed_time_added_is_reported_and_the_import_time_used(pool):
+    item = _source("nodelist-2-notready-kubeadm.yaml")[0]
+    item["spec"]["taints"].append({"key": "k", "effect": "NoExecute", "timeAdded": "yesterday"})
+
+    mapped = map_node(item)
+
+    assert "k:NoExecute" not in mapped.taints_added
+    assert any("timeAdded 'yesterday'" in note for note in mapped.unmapped)

@@ -6,7 +6,7 @@ import pytest
 
 from fleet.models import NodeResource
 from leases.models import Lease, Shape
-from tests.factories import NodeFactory, PoolFactory, make_schedulable_node, set_lifecycle
+from tests.factories import NodeFactory, PoolFactory, make_schedulable_node, place_test_hold
 
 GiB = 2**30
 pytestmark = pytest.mark.django_db
@@ -96,13 +96,13 @@ def test_unschedulable_accounts_for_every_node_once(client_api, pool):
     make_schedulable_node(pool, resources={"cpu": 500, "memory": 8 * GiB})
     make_schedulable_node(pool, taints=[{"key": "gpu", "value": "true", "effect": "NoSchedule"}])
     cordoned, _ = make_schedulable_node(pool)
-    set_lifecycle(cordoned, "cordoned")
+    place_test_hold(cordoned)
     response = ask(client_api)
     assert response.status_code == 409
     body = response.json()
     assert body["code"] == "unschedulable"
     assert body["nodes_considered"] == 4
-    assert body["reasons"] == {"insufficient_cpu": 2, "untolerated_taint": 1, "lifecycle_not_ready": 1}
+    assert body["reasons"] == {"insufficient_cpu": 2, "untolerated_taint": 1, "cordoned": 1}
     assert sum(body["reasons"].values()) == body["nodes_considered"]
     assert body["detail"].startswith("0/4 nodes are available: 2 Insufficient cpu")
     assert body["fragmented"] is False
@@ -335,7 +335,8 @@ def test_nodes_and_strangers_cannot_ask_for_leases(anon_api, owner_api, pool):
 
     node_api = APIClient()
     node_api.credentials(HTTP_AUTHORIZATION=f"Node {secret}")
-    assert ask(node_api).status_code in (401, 403)
+    as_node = ask(node_api)
+    assert (as_node.status_code, as_node.json()["code"]) == (403, "forbidden")  # a node is no client
     assert not Lease.objects.exists()
 
 

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 
 import pytest
 import time_machine
-from django.db import connection
 from django.utils import timezone
 
 from fleet.events import Actor
@@ -16,40 +14,22 @@ from leases.models import Lease
 from leases.services import lease_create
 from leases.sweeps import check_consistency, expire_leases
 from tests.factories import PoolFactory, make_schedulable_node
+from tests.races import Hold, race
+from tests.support import grant_status
 
 THREADS = 16
 
 
 def run_in_threads(count, target):
-    results, errors = [], []
-    barrier = threading.Barrier(count)
-
-    def worker(index):
-        try:
-            barrier.wait()
-            results.append(target(index))
-        except Exception as exc:  # collected for the assertion message
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return results, errors
+    outcome = race(target, count)
+    return outcome.results, outcome.errors
 
 
 def grant(user, workload_id, cpu="1"):
-    body = {"workload_id": workload_id, "pool": "race", "resources": {"cpu": cpu}}
-    try:
-        lease, status = lease_create(data=body, client=user, actor=Actor.system("test"))
-        return status
-    except Exception as exc:
-        return getattr(exc, "status_code", repr(exc))
+    return grant_status(user, workload_id, pool="race", cpu=cpu)
 
 
+@pytest.mark.race
 @pytest.mark.django_db(transaction=True)
 def test_racing_clients_never_oversubscribe_one_node(client_user):
     node, _ = make_schedulable_node(PoolFactory(name="race"), resources={"cpu": 8000, "memory": 2**34})
@@ -62,6 +42,7 @@ def test_racing_clients_never_oversubscribe_one_node(client_user):
     assert check_consistency().drift == []
 
 
+@pytest.mark.race
 @pytest.mark.django_db(transaction=True)
 def test_racing_requests_for_one_workload_get_one_live_lease(client_user):
     node, _ = make_schedulable_node(PoolFactory(name="race"), resources={"cpu": 64000, "memory": 2**34})
@@ -73,6 +54,7 @@ def test_racing_requests_for_one_workload_get_one_live_lease(client_user):
     assert NodeResource.objects.get(node=node, name="cpu").allocated == 1000
 
 
+@pytest.mark.race
 @pytest.mark.django_db(transaction=True)
 def test_racing_retries_with_one_idempotency_key_share_one_lease(client_user):
     make_schedulable_node(PoolFactory(name="race"), resources={"cpu": 64000, "memory": 2**34})
@@ -88,6 +70,7 @@ def test_racing_retries_with_one_idempotency_key_share_one_lease(client_user):
     assert Lease.objects.count() == 1
 
 
+@pytest.mark.race
 @pytest.mark.django_db(transaction=True)
 def test_a_loser_of_the_race_takes_the_next_node(client_user):
     pool = PoolFactory(name="race")
@@ -99,6 +82,7 @@ def test_a_loser_of_the_race_takes_the_next_node(client_user):
         assert NodeResource.objects.get(node=node, name="cpu").allocated == 2000
 
 
+@pytest.mark.race
 @pytest.mark.django_db(transaction=True)
 def test_two_expiry_sweeps_at_once_return_capacity_once(client_user):
     node, _ = make_schedulable_node(PoolFactory(name="race"), resources={"cpu": 8000, "memory": 2**34})
@@ -115,9 +99,8 @@ def test_two_expiry_sweeps_at_once_return_capacity_once(client_user):
 
 @pytest.mark.django_db
 def test_a_node_cordoned_after_it_was_chosen_gets_no_lease(client_user, monkeypatch):
-    from fleet.choices import Lifecycle
     from leases import placement
-    from tests.factories import set_lifecycle
+    from tests.factories import place_test_hold
 
     pool = PoolFactory(name="race")
     chosen, _ = make_schedulable_node(pool, resources={"cpu": 8000, "memory": 2**34})
@@ -127,7 +110,7 @@ def test_a_node_cordoned_after_it_was_chosen_gets_no_lease(client_user, monkeypa
     def find_then_cordon(*args, **kwargs):
         candidates, examined = find(*args, **kwargs)
         # An operator cordons the best candidate between the read and the reservation.
-        set_lifecycle(chosen, Lifecycle.CORDONED)
+        place_test_hold(chosen, "user:olivia")
         return sorted(candidates, key=lambda c: c.node.pk != chosen.pk), examined
 
     monkeypatch.setattr(placement, "find_candidates", find_then_cordon)
@@ -137,6 +120,7 @@ def test_a_node_cordoned_after_it_was_chosen_gets_no_lease(client_user, monkeypa
     assert NodeResource.objects.get(node=chosen, name="cpu").allocated == 0
 
 
+@pytest.mark.race
 @pytest.mark.django_db(transaction=True)
 def test_a_grant_racing_a_quarantine_never_leaves_a_live_lease_on_the_quarantined_node(client_user, operator):
     from fleet.choices import Lifecycle
@@ -145,21 +129,29 @@ def test_a_grant_racing_a_quarantine_never_leaves_a_live_lease_on_the_quarantine
 
     node, _ = make_schedulable_node(PoolFactory(name="race"), resources={"cpu": 64000, "memory": 2**36})
     version = node.version
+    # The grant stops inside its transaction right after re-checking (and on PostgreSQL share-
+    # locking) the node; the quarantine starts then. Without the lock it would commit first, miss
+    # the uncommitted lease, and leave it live on a quarantined node.
+    inside = Hold("leases.services._hold_schedulable_node", parties=2, timeout=1.0)
 
     def act(index):
         if index == 0:
+            assert inside.arrived.wait(10), "the grant never reached its critical section"
             return quarantine_node(
                 node_id=node.pk, expected_version=version, reason="incident", evidence={}, actor=Actor.system("test")
             )
-        return grant(client_user, f"job-q-{index}")
+        return grant(client_user, "job-q")
 
-    results, errors = run_in_threads(8, act)
-    assert not errors, errors
+    with inside:
+        outcome = race(act, 2)
+    assert not outcome.errors, outcome.errors
+    assert outcome.results[1] == 201
     assert Node.objects.get(pk=node.pk).lifecycle == Lifecycle.QUARANTINED
     assert not Lease.objects.filter(node=node, state__in=LIVE_LEASE_STATES).exists()
     assert NodeResource.objects.get(node=node, name="cpu").allocated == 0
 
 
+@pytest.mark.race
 @pytest.mark.django_db(transaction=True)
 def test_two_operators_checkpointing_one_lease_on_the_same_version_one_wins(client_user, operator_api):
     make_schedulable_node(PoolFactory(name="race"), resources={"cpu": 8000, "memory": 2**34})

@@ -12,6 +12,7 @@ from rest_framework.test import APIClient
 from fleet.models import Node, NodeEvent, NodeResource
 from leases.models import Lease
 from leases.sweeps import expire_leases
+from tests import support
 from tests.factories import PoolFactory, make_schedulable_node, set_lifecycle
 
 pytestmark = pytest.mark.django_db
@@ -29,9 +30,7 @@ def node_and_secret(pool):
 
 @pytest.fixture
 def node_api(node_and_secret):
-    api = APIClient()
-    api.credentials(HTTP_AUTHORIZATION=f"Node {node_and_secret[1]}")
-    return api
+    return support.node_api(node_and_secret[1])
 
 
 @pytest.fixture
@@ -124,6 +123,18 @@ def test_running_event_activates_the_lease(node_api, lease):
     assert response.status_code == 200
     assert response.json()["state"] == "active"
     assert response.json()["workload_state"] == "running"
+
+
+def test_a_node_cannot_report_the_control_planes_unknown_workload_state(node_api, lease):
+    response = post(node_api, lease, "events", fence(lease, state="unknown"))
+    assert response.status_code == 400
+    assert Lease.objects.get(pk=lease["id"]).workload_state == ""
+
+
+def test_a_lease_released_while_running_says_its_workload_state_is_unknown(node_api, client_api, lease):
+    post(node_api, lease, "events", fence(lease, state="running"))
+    response = post(client_api, lease, "release", fence(lease, outcome="cancelled"))
+    assert (response.json()["state"], response.json()["workload_state"]) == ("released", "unknown")
 
 
 def test_succeeded_event_ends_the_lease_and_frees_capacity(node_api, lease, node_and_secret):

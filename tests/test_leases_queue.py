@@ -96,3 +96,21 @@ def test_other_clients_cannot_see_a_lease_request(client_api, operator_api, node
     waiting = ask(operator_api, "job-2", queue=True).json()
     assert client_api.get(f"/api/v1/lease-requests/{waiting['id']}").status_code == 404
     assert client_api.delete(f"/api/v1/lease-requests/{waiting['id']}").status_code == 404
+
+
+def test_a_queued_request_is_explained_again_at_most_every_explanation_ttl(client_api, node, monkeypatch):
+    from leases import placement
+
+    ask(client_api, "job-1")
+    ask(client_api, "job-2", queue=True)
+    calls = []
+    real = placement.diagnose
+    monkeypatch.setattr(placement, "diagnose", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for _ in range(5):
+        assert place_pending_requests() == {"placed": 0, "pending": 1}
+    assert len(calls) == 1, "five retries, one full explanation"
+    request = LeaseRequest.objects.get(workload_id="job-2")
+    assert request.attempts >= 5 and request.reasons == {"insufficient_cpu": 1}
+    cache.clear()  # the explanation's time is up
+    place_pending_requests()
+    assert len(calls) == 2

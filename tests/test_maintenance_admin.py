@@ -9,7 +9,7 @@ from django.contrib.auth.models import User
 from fleet.models import Node, NodeEvent
 from leases.models import Lease
 from maintenance.models import DisruptionBudget, Drain, Quarantine
-from tests.factories import make_schedulable_node, set_lifecycle
+from tests.factories import make_schedulable_node, place_test_hold, set_lifecycle
 from tests.maintenance_helpers import make_lease
 
 pytestmark = pytest.mark.django_db
@@ -54,8 +54,10 @@ def test_the_cordon_action_applies_with_a_reason_and_records_it(admin_client, no
 
     assert response.status_code == 200
     node.refresh_from_db()
-    assert (node.lifecycle, node.lifecycle_reason) == ("cordoned", "bios update")
-    assert NodeEvent.objects.get(node=node).actor_name == "ada-admin"
+    assert (node.lifecycle, node.cordoned) == ("ready", True)
+    hold = node.holds.get()
+    assert (hold.owner, hold.reason) == ("user:ada-admin", "bios update")
+    assert NodeEvent.objects.get(node=node, type="hold").actor_name == "ada-admin"
 
 
 def test_an_action_without_a_reason_shows_the_form_again_and_changes_nothing(admin_client, node):
@@ -74,15 +76,25 @@ def test_an_action_on_a_stale_version_reports_it_and_changes_nothing(admin_clien
 
     assert b"read it again" in response.content
     node.refresh_from_db()
-    assert node.lifecycle == "ready"
+    assert (node.lifecycle, node.cordoned) == ("ready", False)
 
 
 def test_a_refused_transition_is_reported_with_the_allowed_actions(admin_client):
     node = set_lifecycle(make_schedulable_node()[0], "maintenance")
 
+    response = apply(admin_client, "return_nodes_to_service", {"reason": "x"}, set_lifecycle(node, "pending"))
+
+    assert b"allowed from pending: admit, cordon, quarantine, retire" in response.content
+
+
+def test_uncordon_without_a_hold_of_ones_own_is_reported_and_changes_nothing(admin_client):
+    node = place_test_hold(make_schedulable_node()[0], "user:olivia")
+
     response = apply(admin_client, "uncordon_nodes", {"reason": "x"}, node)
 
-    assert b"allowed from maintenance: return-to-service, quarantine, retire" in response.content
+    assert b"is not yours" not in response.content
+    assert b"user:ada-admin holds no cordon on this node; held by user:olivia" in response.content
+    assert Node.objects.get(pk=node.pk).cordoned is True
 
 
 def test_the_drain_action_takes_a_reason_a_policy_and_a_deadline(admin_client, node):
@@ -162,7 +174,7 @@ def test_a_drain_is_cancelled_from_the_drain_admin_with_a_reason(admin_client, n
     assert b'name="reason"' in form.content
     drain.refresh_from_db()
     assert drain.state == "cancelled"
-    assert Node.objects.get(pk=node.pk).lifecycle == "cordoned"
+    assert (Node.objects.get(pk=node.pk).lifecycle, Node.objects.get(pk=node.pk).cordoned) == ("ready", False)
     assert Lease.objects.get(node=node).state == "active"
 
 

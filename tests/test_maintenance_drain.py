@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
 import time_machine
-from django.db import connection
 
 from fleet.choices import NodeEventType
 from fleet.events import Actor
@@ -17,7 +15,8 @@ from leases.models import Lease
 from maintenance import drains, tasks
 from maintenance.models import Drain, Eviction
 from tests.factories import make_schedulable_node
-from tests.maintenance_helpers import act, allocated, heartbeat, make_lease
+from tests.maintenance_helpers import act, allocated, heartbeat, make_lease, run_for
+from tests.races import race
 
 pytestmark = pytest.mark.django_db
 
@@ -216,6 +215,7 @@ def test_a_deadline_task_for_a_missing_drain_is_harmless(db):
     assert tasks.enforce_drain_deadline("00000000-0000-0000-0000-000000000000") == "missing"
 
 
+@pytest.mark.race
 @pytest.mark.django_db(transaction=True)
 def test_the_deadline_fired_concurrently_by_task_and_sweep_enforces_exactly_once(operator_api):
     node, _ = make_schedulable_node()
@@ -223,27 +223,11 @@ def test_the_deadline_fired_concurrently_by_task_and_sweep_enforces_exactly_once
         make_lease(node, f"job-{i}", ttl=7200)
     with time_machine.travel(datetime.now(UTC), tick=False) as clock:
         drain = start(operator_api, node, deadline_in=60)
-        clock.shift(61)
-        barrier = threading.Barrier(4)
-        errors = []
-
-        def fire(call):
-            try:
-                barrier.wait()
-                call()
-            except Exception as exc:  # surfaced below: a thread's exception is otherwise only a warning
-                errors.append(exc)
-            finally:
-                connection.close()
-
+        run_for(clock, 61)
         calls = [lambda: tasks.enforce_drain_deadline(str(drain.pk)), tasks.sweep_drains] * 2
-        threads = [threading.Thread(target=fire, args=(call,)) for call in calls]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        outcome = race(lambda index: calls[index](), len(calls))
 
-    assert errors == []
+    assert outcome.errors == []
     drain.refresh_from_db()
     assert drain.state == "forced"
     assert Eviction.objects.filter(drain=drain).count() == 3
@@ -260,11 +244,11 @@ def test_moving_the_deadline_later_makes_the_old_timer_harmless(operator_api, no
     )
     assert response.status_code == 200
     assert response.json()["version"] == 2
-    clock.shift(601)
+    run_for(clock, 601)
     tasks.enforce_drain_deadline(str(drain.pk))  # the old timer
     drain.refresh_from_db()
     assert drain.state == "active"
-    clock.shift(3000)
+    run_for(clock, 3000)
     tasks.enforce_drain_deadline(str(drain.pk))  # the new timer
     drain.refresh_from_db()
     assert drain.state == "forced"
@@ -286,7 +270,7 @@ def test_a_deadline_change_needs_the_drain_version_and_a_future_deadline(operato
     assert drain.version == 1
 
 
-def test_cancelling_a_drain_returns_the_node_to_cordoned_not_ready(operator_api, node):
+def test_cancelling_a_drain_removes_only_the_drains_own_hold(operator_api, node):
     lease = make_lease(node, "job-1")
     drain = start(operator_api, node, policy="checkpoint")
 
@@ -295,7 +279,10 @@ def test_cancelling_a_drain_returns_the_node_to_cordoned_not_ready(operator_api,
 
     assert response.status_code == 200
     assert response.json()["state"] == "cancelled"
-    assert response.json()["node"]["lifecycle"] == "cordoned"
+    assert response.json()["node"]["lifecycle"] == "ready"
+    node.refresh_from_db()
+    assert node.cordoned is False
+    assert node.holds.get().owner == f"drain:{drain.pk}" and node.holds.get().removed_at is not None
     assert again.status_code == 409
     assert again.json()["code"] == "drain_not_active"
     lease.refresh_from_db()
@@ -409,3 +396,19 @@ def test_the_beat_entry_expires_before_its_next_run():
     entry = BEAT_SCHEDULE["maintenance-sweep-drains"]
     assert entry["task"] == tasks.sweep_drains.name
     assert entry["options"]["expires"] < entry["schedule"]
+
+
+def test_starting_a_drain_queues_the_deadline_task_with_eta_equal_to_the_deadline(
+    operator_api, node, clock, monkeypatch, django_capture_on_commit_callbacks
+):
+    make_lease(node, "job-1")
+    sent = []
+    monkeypatch.setattr(
+        tasks.enforce_drain_deadline, "apply_async", lambda args=None, **options: sent.append((args, options))
+    )
+
+    with django_capture_on_commit_callbacks(execute=True):
+        drain = start(operator_api, node, deadline_in=600)
+
+    assert sent == [([str(drain.pk)], {"eta": drain.deadline})]
+    assert drain.deadline == T0 + timedelta(seconds=600)

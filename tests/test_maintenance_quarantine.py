@@ -117,7 +117,7 @@ def test_release_sends_the_node_back_to_pending_for_a_fresh_admission(operator_a
     assert response.status_code == 200
     body = response.json()
     assert body["lifecycle"] == "pending"  # never straight to ready
-    assert body["allowed_actions"] == ["admit", "quarantine", "retire"]
+    assert body["allowed_actions"] == ["admit", "cordon", "quarantine", "retire"]
     assert body["artifacts_blocked"] is False
     assert "credential" not in body  # a new one comes through re-enrollment
     quarantine = Quarantine.objects.get(node=node)
@@ -145,12 +145,13 @@ def test_usage_above_capacity_quarantines_the_node_naming_the_rule_and_evidence(
     assert quarantine.rule == "impossible_usage"
     assert quarantine.reason.startswith("impossible_usage: ")
     assert "cpu 64000 > capacity 8000" in quarantine.reason
-    assert quarantine.evidence["over_capacity"] == {"cpu": {"usage": 64000, "capacity": 8000}}
+    assert quarantine.evidence["over_capacity"] == {"cpu": {"usage": 64000, "capacity": 8000, "in_inventory": True}}
 
 
 def test_usage_within_capacity_and_tolerance_is_fine(node):
     assert (
-        rules.evaluate_heartbeat(node, usage={"cpu": 8200, "gpu": 5}, agent_version="1.0.0", actor=NODE_ACTOR) is None
+        rules.evaluate_heartbeat(node, usage={"cpu": 8200, "memory": 1}, agent_version="1.0.0", actor=NODE_ACTOR)
+        is None
     )
     node.refresh_from_db()
     assert node.lifecycle == "ready"

@@ -8,6 +8,7 @@ import os
 import re
 import signal
 import subprocess
+import time
 
 import httpx
 import pytest
@@ -74,14 +75,23 @@ def test_make_run_serves_docs_and_admin_and_stops_every_process(tmp_path, sig):
         pids = started_pids(log)
         assert set(pids) == {"web", "worker", "beat"}
 
+        # Run past a few beat periods (5 s sweeps) so that quiet periodic work can be checked.
+        time.sleep(6)
+        stopping = time.monotonic()
         os.killpg(make.pid, sig)  # what a terminal does on Ctrl-C; a supervisor's stop for SIGTERM
         make.wait(timeout=60)
+        stop_seconds = time.monotonic() - stopping
 
         for name, pid in pids.items():
             wait_for(lambda pid=pid: not group_alive(pid), 5, f"{name} (pid {pid}) to exit", log)
         text = log.read_text(errors="replace")
         assert "SIGKILL" not in text, text[-3000:]
         assert "Warm shutdown" in text
+        # The worker's pool children are stopped by the worker, not signalled under it.
+        assert "exited with 'signal 15" not in text, text[-3000:]
+        assert stop_seconds < 10, (stop_seconds, text[-3000:])
+        # Periodic tasks that changed nothing stay out of an INFO log.
+        assert "Sending due task" not in text and "fleet.sweep_liveness[" not in text, text[-3000:]
         assert not answers(f"{base}/healthz")
         # The development secret was generated into the var dir, readable by its owner only.
         assert (tmp_path / "var" / "secret_key").stat().st_mode & 0o777 == 0o600

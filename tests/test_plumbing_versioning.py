@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.transaction import TransactionManagementError
 
 from fleet.models import Pool
@@ -15,6 +14,7 @@ from nodepool.api.versioning import etag_for, lock_for_action
 from tests.conftest import _api
 from tests.factories import PoolFactory
 from tests.problems import assert_problem
+from tests.races import Hold, race
 
 pytestmark = pytest.mark.urls("tests.plumbing_urls")
 
@@ -46,15 +46,15 @@ def test_if_match_with_the_current_etag_acts_and_bumps_the_version(operator_api)
 
 
 @pytest.mark.django_db
-def test_a_weak_etag_is_accepted_as_the_same_version(operator_api):
+def test_a_weak_etag_never_matches_if_match_strong_comparison(operator_api):
     pool = PoolFactory()
-    assert describe(operator_api, pool, HTTP_IF_MATCH='W/"1"').status_code == 200
+    assert_problem(describe(operator_api, pool, HTTP_IF_MATCH='W/"1"'), 412, "version_mismatch")
 
 
 @pytest.mark.django_db
-def test_a_bare_version_number_in_if_match_is_tolerated(operator_api):
+def test_an_unquoted_version_number_in_if_match_is_400(operator_api):
     pool = PoolFactory()
-    assert describe(operator_api, pool, HTTP_IF_MATCH="1").status_code == 200
+    assert_problem(describe(operator_api, pool, HTTP_IF_MATCH="1"), 400, "invalid_if_match")
 
 
 @pytest.mark.django_db
@@ -79,12 +79,34 @@ def test_missing_version_is_428_and_changes_nothing(operator_api):
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("header", ["*", "1, 2", '"1", "2"', "abc", '"-1"', '"1', "", '"99999999999999999999999"'])
+@pytest.mark.parametrize("header", ["1, 2", "abc", '"1', "", '"1" "2"', "W/1", '"1",x'])
 def test_malformed_if_match_is_400(operator_api, header):
     pool = PoolFactory()
-    assert_problem(describe(operator_api, pool, HTTP_IF_MATCH=header), 400, "invalid_version")
+    assert_problem(describe(operator_api, pool, HTTP_IF_MATCH=header), 400, "invalid_if_match")
     pool.refresh_from_db()
     assert pool.version == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("header", ['"-1"', '"99999999999999999999999"', '"xyzzy"', 'W/"1", W/"2"'])
+def test_well_formed_tags_that_are_not_the_current_version_are_412(operator_api, header):
+    pool = PoolFactory()
+    assert_problem(describe(operator_api, pool, HTTP_IF_MATCH=header), 412, "version_mismatch")
+    pool.refresh_from_db()
+    assert pool.version == 1
+
+
+@pytest.mark.django_db
+def test_if_match_star_on_an_operator_action_is_428(operator_api):
+    pool = PoolFactory()
+    assert_problem(describe(operator_api, pool, HTTP_IF_MATCH="*"), 428, "version_required")
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("header", ['"7", "1"', '"xyzzy", "r2d2xxxx", "1"', 'W/"1", "1"', ' , "1" ,'])
+def test_a_list_matches_when_any_strong_member_does(operator_api, header):
+    pool = PoolFactory()
+    assert describe(operator_api, pool, HTTP_IF_MATCH=header).status_code == 200
 
 
 @pytest.mark.django_db
@@ -129,30 +151,22 @@ def test_lock_for_action_returns_the_row_or_raises_404_and_412():
             lock_for_action(Pool.objects, pk=pool.pk + 1000, expected=1)
 
 
+@pytest.mark.race
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("racers", [2, 6])
 def test_of_several_actions_on_the_same_version_exactly_one_wins(operator, racers):
     pool = PoolFactory()
-    barrier = threading.Barrier(racers)
-    statuses: list[int] = []
 
-    def act(n: int) -> None:
-        try:
-            api = _api(operator)
-            barrier.wait(timeout=10)
-            response = describe(
-                api, pool, {"expected_version": 1, "description": f"racer-{n}"}, QUERY_STRING="hold=0.05"
-            )
-            statuses.append(response.status_code)
-        finally:
-            connection.close()
+    def act(n: int) -> int:
+        body = {"expected_version": 1, "description": f"racer-{n}"}
+        return describe(_api(operator), pool, body).status_code
 
-    threads = [threading.Thread(target=act, args=(n,)) for n in range(racers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
+    # Every racer that reads the row waits there for the others: without the row lock they would
+    # all read version 1 and all pass the check.
+    with Hold("nodepool.api.versioning.check_version", parties=racers, timeout=0.3) as hold:
+        statuses = race(act, racers).results
 
+    assert hold.max_inside == 1, "the version check ran under the row lock, one racer at a time"
     assert sorted(statuses) == [200] + [412] * (racers - 1)
     pool.refresh_from_db()
     assert pool.version == 2

@@ -16,7 +16,8 @@ from datetime import datetime
 from django.utils.dateparse import parse_datetime
 from rest_framework.exceptions import ErrorDetail, ValidationError
 
-from nodepool.api.problems import Unprocessable
+from nodepool.api.fields import timezone_required
+from nodepool.api.problems import Problem, Unprocessable
 from nodepool.quantity import RESOURCE_NAME, QuantityError, to_canonical
 
 from .. import heartbeats as hb
@@ -47,6 +48,13 @@ class _Errors:
                 "The heartbeat exceeds a documented limit; nothing was applied.",
                 "heartbeat_limit_exceeded",
                 errors=[{"field": f, "code": c, "message": m} for f, c, m in self.limits + self.shape],
+            )
+        quantities = [(f, c, m) for f, c, m in self.shape if c == "invalid_quantity"]
+        if quantities:
+            raise Problem(
+                f"{quantities[0][0]}: {quantities[0][2]}",
+                "invalid_quantity",
+                errors=[{"field": f, "code": c, "message": m} for f, c, m in self.shape],
             )
         if self.shape:
             raise ValidationError({f: [ErrorDetail(m, code=c)] for f, c, m in self.shape})
@@ -89,7 +97,9 @@ def _timestamp(errors: _Errors, data: dict, name: str) -> datetime | None:
         parsed = parse_datetime(value)
     except ValueError:
         parsed = None
-    if parsed is None or parsed.tzinfo is None:
+    if parsed is not None and parsed.tzinfo is None:
+        raise timezone_required(name)  # one rule for every time the API accepts (nodepool.api.fields)
+    if parsed is None:
         errors.bad(name, "Must be an RFC 3339 time with a UTC offset.")
         return None
     return parsed
@@ -146,7 +156,7 @@ def _usage(errors: _Errors, value) -> dict[str, int]:
         try:
             out[name] = amount if isinstance(amount, int) else to_canonical(name, amount)
         except QuantityError as exc:
-            errors.bad(f"usage.{name}", str(exc))
+            errors.bad(f"usage.{name}", str(exc), "invalid_quantity")
             continue
         if not 0 <= out[name] < 2**62:
             errors.bad(f"usage.{name}", "Must be between 0 and 2**62.")

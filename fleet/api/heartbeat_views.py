@@ -15,9 +15,11 @@ from rest_framework.response import Response
 from rest_framework.throttling import SimpleRateThrottle
 from rest_framework.views import APIView
 
+from nodepool.api.authentication import UserTokenAuthentication
 from nodepool.api.problems import Gone
 
 from .. import heartbeats as hb
+from .. import metrics
 from ..authentication import IsNodeSelf, NodeCredentialAuthentication, node_from_request
 from ..choices import Lifecycle
 from ..events import Actor
@@ -41,11 +43,13 @@ class HeartbeatAuthentication(NodeCredentialAuthentication):
     NODE_FIELDS = (
         "id", "pool", "lifecycle", "liveness", "liveness_changed_at", "last_heartbeat_at", "next_liveness_check_at",
         "ready", "ready_reason", "conditions", "health", "health_reasons", "incarnation", "sequence",
-        "restart_count", "agent_version", "usage", "version",
+        "restart_count", "agent_version", "usage", "version", "instructions", "interval_given",
+        "status_report_not_before", "status_report_overdue",
     )  # fmt: skip
     POOL_FIELDS = (
-        "id", "name", "heartbeat_interval", "heartbeat_grace", "loss_threshold", "unhealthy_conditions",
-        "degraded_conditions", "trust_node_labels", "allowed_agent_versions",
+        "id", "name", "heartbeat_interval", "status_report_interval", "heartbeat_grace", "loss_threshold",
+        "unhealthy_conditions", "degraded_conditions", "trust_node_labels", "allowed_agent_versions",
+        "allowed_undeclared_resources",
     )  # fmt: skip
     _statements: dict = {}
 
@@ -104,14 +108,15 @@ class HeartbeatAuthentication(NodeCredentialAuthentication):
 
 
 class HeartbeatView(APIView):
-    """Apply a heartbeat; 200 whether applied or not (``applied`` and ``code`` say which).
+    """Apply a heartbeat (the status report); 200 whether applied or not (``applied`` and ``code``).
 
     Limits: body ≤ 64 KiB (413), ≤ 32 conditions, ≤ 256 leases, ≤ 32 usage entries, bounded strings
-    (422). No throttle: ordering makes floods harmless to state, and the interval the response
-    gives keeps the fleet under ``NODEPOOL["MAX_HEARTBEATS_PER_SECOND"]``.
+    (422). No DRF throttle: the flood guard is the service's (429 with ``Retry-After`` sooner than
+    half the interval told, fleet.heartbeats), checked against the row the UPDATE compares with.
     """
 
-    authentication_classes = [HeartbeatAuthentication]
+    # A user token is recognised only to be refused with 403 (a user with no role, issue 11).
+    authentication_classes = [HeartbeatAuthentication, UserTokenAuthentication]
     permission_classes = [IsNodeSelf]
     throttle_classes: list = []
     max_body_bytes = hb.MAX_BODY_BYTES
@@ -132,7 +137,14 @@ class HeartbeatView(APIView):
             actor=Actor.for_node(node, request_id=getattr(request._request, "request_id", "")),
             credential=getattr(request._request, "node_credential", None),
         )
+        metrics.count(metrics.STATUS_REPORT, outcome.code)
         return Response(heartbeat_response(outcome))
+
+    def handle_exception(self, exc):
+        response = super().handle_exception(exc)
+        code = response.data.get("code", "error") if isinstance(response.data, dict) else "error"
+        metrics.count(metrics.STATUS_REPORT, code)
+        return response
 
 
 def heartbeat_response(outcome: hb.HeartbeatOutcome) -> dict:
@@ -143,6 +155,9 @@ def heartbeat_response(outcome: hb.HeartbeatOutcome) -> dict:
         "code": outcome.code,
         "server_time": outcome.received_at,
         "next_heartbeat_in": outcome.next_heartbeat_in,
+        # Agents that renew (POST /nodes/{id}/renewals) read these; older agents ignore them.
+        "next_renewal_in": outcome.next_heartbeat_in,
+        "status_report_interval": outcome.status_report_interval,
         "incarnation": node.incarnation,
         "sequence": node.sequence,
         "liveness": node.liveness,
@@ -153,6 +168,7 @@ def heartbeat_response(outcome: hb.HeartbeatOutcome) -> dict:
             "checkpoint_leases": outcome.checkpoint_leases,
             "run_benchmark": outcome.run_benchmark,
             "rotate_credential": outcome.rotate_credential,
+            **outcome.instructions,
         },
     }
     if outcome.assigned_leases is not None:
@@ -178,7 +194,7 @@ class NodeMetricsView(APIView):
     """Store the node's latest detailed metrics (202). Its own limits: body ≤ 128 KiB (413),
     ≤ 512 series (422), ``NODEPOOL["METRICS_RATE"]`` per node (429)."""
 
-    authentication_classes = [NodeCredentialAuthentication]
+    authentication_classes = [NodeCredentialAuthentication, UserTokenAuthentication]
     permission_classes = [IsNodeSelf]
     throttle_classes = [NodeMetricsThrottle]
 

@@ -12,6 +12,7 @@ from nodepool.api.permissions import is_operator
 
 from ..models import Node
 from ..selectors import RECENT_CREDENTIALS, RECENT_EVENTS, unschedulable_reasons
+from .events import visible_events
 
 
 def _loaded(node: Node, attr: str, relation: str, limit: int):
@@ -34,6 +35,26 @@ def _check(check) -> dict:
     }
 
 
+def hold_dict(hold) -> dict:
+    """One cordon hold as the API shows it (node and maintenance answers alike)."""
+    return {
+        "id": hold.pk,
+        "owner": hold.owner,
+        "reason": hold.reason,
+        "created_at": hold.created_at,
+        "created_by": hold.created_by_name,
+        "expires_at": hold.expires_at,
+    }
+
+
+def active_holds(node: Node) -> list:
+    """The node's active holds: the prefetched list when loaded, else one query."""
+    holds = getattr(node, "prefetched_active_holds", None)
+    if holds is None:
+        holds = list(node.holds.filter(removed_at__isnull=True).order_by("created_at", "pk"))
+    return holds
+
+
 class NodeSerializer(serializers.ModelSerializer):
     pool = serializers.SlugRelatedField(slug_field="name", read_only=True)
     owner = serializers.SlugRelatedField(slug_field="username", read_only=True)
@@ -45,15 +66,18 @@ class NodeSerializer(serializers.ModelSerializer):
     admission = serializers.SerializerMethodField()
     credentials = serializers.SerializerMethodField()
     recent_events = serializers.SerializerMethodField()
+    holds = serializers.SerializerMethodField()
+    reported_readiness = serializers.SerializerMethodField()
 
     class Meta:
         model = Node
         fields = [
-            "id", "pool", "owner", "hostname", "display_name", "addresses", "labels", "node_labels", "taints",
-            "lifecycle", "lifecycle_reason", "lifecycle_changed_at",
-            "liveness", "liveness_changed_at", "last_heartbeat_at",
-            "ready", "ready_reason", "health", "health_reasons", "conditions",
+            "id", "pool", "owner", "hostname", "display_name",
             "schedulable", "unschedulable_reasons",
+            "addresses", "labels", "node_labels", "taints", "taints_added_at",
+            "lifecycle", "lifecycle_reason", "lifecycle_changed_at", "cordoned", "holds",
+            "liveness", "liveness_changed_at", "last_heartbeat_at",
+            "reported_readiness", "ready", "ready_reason", "health", "health_reasons", "conditions",
             "incarnation", "sequence", "restart_count", "agent_version", "clock_skew_seconds", "usage",
             "capability", "capacity", "enrollment", "admission", "credentials", "artifacts_blocked",
             "recent_events", "version", "created_at", "updated_at",
@@ -71,6 +95,14 @@ class NodeSerializer(serializers.ModelSerializer):
 
     def get_unschedulable_reasons(self, node: Node) -> list[dict]:
         return self._reasons(node)
+
+    def get_holds(self, node: Node) -> list[dict]:
+        return [hold_dict(h) for h in active_holds(node)]
+
+    def get_reported_readiness(self, node: Node) -> dict:
+        """What the node last said about its own readiness, and when: the node's word, not a verdict
+        (``schedulable`` is the control plane's)."""
+        return {"ready": node.ready, "reason": node.ready_reason, "reported_at": node.last_heartbeat_at}
 
     def get_capability(self, node: Node) -> dict:
         return {"declared": node.declared, "measured": node.measured, "verified": node.verified}
@@ -135,5 +167,12 @@ class NodeSerializer(serializers.ModelSerializer):
                 "data": e.data,
                 "at": e.created_at,
             }
-            for e in _loaded(node, "recent_events", "events", RECENT_EVENTS)
+            for e in self._visible_events(node)
         ]
+
+    def _visible_events(self, node: Node):
+        events = _loaded(node, "recent_events", "events", RECENT_EVENTS)
+        request = self.context.get("request")
+        if request is None:  # an internal rendering (the admin, the demo): every event
+            return events
+        return visible_events(request.user, node, events, self.context.setdefault("event_visibility", {}))

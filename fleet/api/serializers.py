@@ -16,9 +16,11 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 from rest_framework import serializers
 
+from nodepool.api.fields import AwareDateTimeField
 from nodepool.api.problems import Problem
 
-from ..capability import CapabilityError, parse_capability, parse_labels, parse_taints
+from ..capability import CapabilityError, parse_capability, parse_labels, parse_request_classes, parse_taints
+from ..labels import reserved_label_errors
 from ..models import BootstrapToken, Pool
 from ..policy import (
     parse_required_capabilities,
@@ -41,7 +43,17 @@ PASSTHROUGH = frozenset({"expected_version"})
 
 
 def _raise_capability(exc: CapabilityError, prefix: str):
-    """Re-raise a parser error as a DRF field error, its path relative to the field ``prefix``."""
+    """Re-raise a parser error as a DRF field error, its path relative to the field ``prefix``.
+
+    A quantity the parser refuses is 400 ``invalid_quantity`` (one stable code for every
+    endpoint that takes quantities), with the offending member in ``errors``.
+    """
+    if exc.code == "invalid_quantity":
+        raise Problem(
+            f"{exc.field}: {exc.message}",
+            "invalid_quantity",
+            errors=[{"field": exc.field, "code": "invalid_quantity", "message": exc.message}],
+        ) from exc
     if exc.field.startswith(prefix + "."):
         raise serializers.ValidationError({exc.field[len(prefix) + 1 :]: [exc.message]}) from exc
     raise serializers.ValidationError([exc.message]) from exc
@@ -82,8 +94,9 @@ class PoolSerializer(serializers.ModelSerializer):
             "id", "name", "description", "kind", "labels", "taints", "reservations", "admission_mode",
             "allowed_agent_versions", "required_capabilities", "required_labels", "benchmark_required",
             "benchmark_tolerance", "benchmark_timeout", "attestation_required", "attestation_public_key",
-            "trust_node_labels", "heartbeat_interval", "heartbeat_grace", "loss_threshold", "unhealthy_conditions",
-            "degraded_conditions", "scheduling_policy", "node_count", "version", "created_at", "updated_at",
+            "trust_node_labels", "heartbeat_interval", "status_report_interval", "heartbeat_grace", "loss_threshold",
+            "unhealthy_conditions", "degraded_conditions", "allowed_undeclared_resources", "scheduling_policy",
+            "ready_ratio_objective", "request_classes", "node_count", "version", "created_at", "updated_at",
         ]  # fmt: skip
         read_only_fields = ["id", "version", "created_at", "updated_at"]
 
@@ -119,6 +132,14 @@ class PoolSerializer(serializers.ModelSerializer):
     def validate_allowed_agent_versions(self, value):
         return self._parse(parse_specifier, value, "allowed_agent_versions")
 
+    def validate_request_classes(self, value):
+        return self._parse(parse_request_classes, value, "request_classes")
+
+    def validate_ready_ratio_objective(self, value):
+        if not (math.isfinite(value) and 0.5 <= value < 1.0):
+            raise serializers.ValidationError("must be a fraction from 0.5 to below 1 (e.g. 0.99)")
+        return value
+
     def _condition_list(self, value):
         if not isinstance(value, list) or len(value) > 32 or not all(isinstance(v, str) and v for v in value):
             raise serializers.ValidationError("must be a list of at most 32 condition types")
@@ -129,6 +150,15 @@ class PoolSerializer(serializers.ModelSerializer):
 
     def validate_degraded_conditions(self, value):
         return self._condition_list(value)
+
+    def validate_allowed_undeclared_resources(self, value):
+        if (
+            not isinstance(value, list)
+            or len(value) > 32
+            or not all(isinstance(v, str) and 0 < len(v) <= 253 for v in value)
+        ):
+            raise serializers.ValidationError("must be a list of at most 32 resource names (1-253 characters)")
+        return value
 
 
 # --- bootstrap tokens ------------------------------------------------------------------------------------
@@ -158,7 +188,7 @@ class BootstrapTokenSerializer(serializers.ModelSerializer):
 class BootstrapTokenCreateSerializer(StrictSerializer):
     pool = serializers.SlugRelatedField(slug_field="name", queryset=Pool.objects.all())
     description = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
-    expires_at = serializers.DateTimeField(required=False)
+    expires_at = AwareDateTimeField(required=False)
     ttl_seconds = serializers.IntegerField(min_value=60, max_value=365 * 86400, required=False)
     max_uses = serializers.IntegerField(min_value=1, max_value=100_000, default=1)
     owner = serializers.SlugRelatedField(
@@ -214,6 +244,14 @@ class EnrollmentSerializer(StrictSerializer):
             return parse_capability(value, field="capability")
         except CapabilityError as exc:
             _raise_capability(exc, "capability")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        """Refuse label keys reserved to operators (Kubernetes' NodeRestriction; fleet.labels)."""
+        errors = reserved_label_errors(attrs.get("labels") or {}, hostname=attrs.get("hostname", ""))
+        if errors:
+            keys = ", ".join(e["field"].removeprefix("labels.") for e in errors)
+            raise Problem(f"A node may not set these labels: {keys}.", "reserved_label", errors=errors)
+        return attrs
 
 
 # --- node credentials, operator actions and benchmarks -------------------------------------------------------

@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from . import views
+from . import events, views
 from .heartbeat_views import HeartbeatView, NodeMetricsView
 
 pool_list = views.PoolViewSet.as_view({"get": "list", "post": "create"})
@@ -34,7 +34,11 @@ urlpatterns = [
     path("nodes/<uuid:pk>/credentials", views.NodeCredentialIssueView.as_view(), name="node-credential-issue"),
     path("nodes/<uuid:pk>/credentials/revoke", views.NodeCredentialRevokeView.as_view(), name="node-credential-revoke"),
     path("nodes/<uuid:pk>/credentials/rotate", views.NodeCredentialRotateView.as_view(), name="node-credential-rotate"),
+    # Events: the fleet's stream and one node's timeline.
+    path("events", events.EventList.as_view(), name="event-list"),
+    path("nodes/<uuid:pk>/events", events.NodeEventTimeline.as_view(), name="node-events"),
     # Heartbeats and detailed metrics (the node itself).
     path("nodes/<uuid:pk>/heartbeats", HeartbeatView.as_view(), name="node-heartbeats"),
+    # Liveness renewals (POST nodes/<id>/renewals) are routed first of all, in nodepool/urls.py.
     path("nodes/<uuid:pk>/metrics", NodeMetricsView.as_view(), name="node-metrics"),
 ]

@@ -24,7 +24,7 @@ from ..authentication import IsNodeSelf, node_from_request
 from ..choices import Lifecycle
 from ..events import Actor
 from ..filtersets import NodeFilterSet
-from ..models import BootstrapToken, Pool
+from ..models import BootstrapToken, Node, Pool
 from ..selectors import node_queryset_for
 from . import schema
 from .nodes import NodeSerializer
@@ -140,13 +140,16 @@ class NodeEnrollmentView(APIView):
             attestation=dict(data["attestation"]) if data.get("attestation") else None,
             request_id=getattr(request._request, "request_id", ""),
         )
-        node.refresh_from_db(fields=["lifecycle"])
+        # Read, not refresh_from_db(): django-fsm's refresh lifts the protected flag on the field
+        # shared by every thread, and two enrollments at once in a threaded server then fail with
+        # "Direct lifecycle modification is not allowed" (seen with the live server).
+        lifecycle = Node.objects.filter(pk=node.pk).values_list("lifecycle", flat=True).get()
         body = {
             "node_id": str(node.pk),
             "incarnation": node.incarnation,
             "credential": secret,
             "credential_expires_at": credential.expires_at,
-            "lifecycle": node.lifecycle,
+            "lifecycle": lifecycle,
             "heartbeat_interval": node.pool.heartbeat_interval,
             "pool": node.pool.name,
         }

@@ -4,16 +4,14 @@ The services validate the raw JSON themselves (leases.spec, leases.fencing) so t
 field gets a stable problem code; these serializers only describe the bodies for the docs.
 """
 
+import copy
+
 from drf_spectacular.utils import inline_serializer
 from rest_framework import serializers
 
 _quantities = serializers.DictField(child=serializers.CharField(), help_text='Kubernetes quantities: {"cpu": "500m"}')
 
-LeaseCreateRequest = inline_serializer(
-    "LeaseCreateRequest",
-    {
-        "workload_id": serializers.CharField(max_length=200),
-        "pool": serializers.CharField(required=False),
+_placement_fields = {
         "resources": _quantities,
         "shape": serializers.CharField(required=False, help_text="a shape name, or name@version"),
         "node_selector": serializers.DictField(child=serializers.CharField(), required=False),
@@ -24,6 +22,13 @@ LeaseCreateRequest = inline_serializer(
         "priority": serializers.IntegerField(required=False),
         "queue": serializers.BooleanField(required=False),
         "command": serializers.ListField(child=serializers.CharField(), required=False),
+}  # fmt: skip
+LeaseCreateRequest = inline_serializer(
+    "LeaseCreateRequest",
+    {
+        "workload_id": serializers.CharField(max_length=200),
+        "pool": serializers.CharField(required=False),
+        **copy.deepcopy(_placement_fields),
     },
 )
 _fence = {
@@ -48,10 +53,26 @@ ExpectedVersionRequest = inline_serializer(
     "ExpectedVersionRequest", {"expected_version": serializers.IntegerField(required=False)}
 )
 FencingValidateRequest = inline_serializer(
-    "FencingValidateRequest", {"workload_id": serializers.CharField(), "fencing_token": serializers.IntegerField()}
+    "FencingValidateRequest",
+    {
+        "workload_id": serializers.CharField(required=False),
+        "fencing_token": serializers.IntegerField(min_value=0, required=False),
+        "lease_secret": serializers.CharField(
+            required=False,
+            help_text="the lease's own secret: with workload_id and fencing_token, the right to see that lease; "
+            "alone, a self-contained check of the secret (docs/marketplace.md)",
+        ),
+    },
 )
 FencingValidateResponse = inline_serializer(
-    "FencingValidateResponse", {"valid": serializers.BooleanField(), "current_token": serializers.IntegerField()}
+    "FencingValidateResponse",
+    {
+        "valid": serializers.BooleanField(),
+        "current_token": serializers.IntegerField(allow_null=True, help_text="null when no lease is live"),
+        "last_issued_token": serializers.IntegerField(allow_null=True, required=False),
+        "lease_id": serializers.UUIDField(allow_null=True),
+        "code": serializers.CharField(required=False, help_text="the lease-secret check's verdict"),
+    },
 )
 ShapeCreateRequest = inline_serializer(
     "ShapeCreateRequest",
@@ -60,5 +81,39 @@ ShapeCreateRequest = inline_serializer(
         "resources": _quantities,
         "features": serializers.JSONField(required=False),
         "description": serializers.CharField(required=False),
+    },
+)
+
+PlacementPreviewRequest = inline_serializer(
+    "PlacementPreviewRequest",
+    {
+        **copy.deepcopy(_placement_fields),
+        "workload_id": serializers.CharField(max_length=200, required=False),
+        "pool": serializers.CharField(required=False, help_text="one pool; omitted: every pool"),
+        "count": serializers.IntegerField(required=False, min_value=1, max_value=1000, default=1),
+    },
+)
+PlacementPreviewResponse = inline_serializer(
+    "PlacementPreviewResponse",
+    {
+        "count": serializers.IntegerField(),
+        "fits": serializers.IntegerField(help_text="such leases that fit now, summed over the pools"),
+        "pools": serializers.ListField(
+            child=serializers.JSONField(),
+            help_text="[{pool, requested, fits, placeable, placements: [{node_id, hostname, leases}], unschedulable}]",
+        ),
+    },
+)
+PoolCapacityResponse = inline_serializer(
+    "PoolCapacityResponse",
+    {
+        "pool": serializers.CharField(),
+        "resources": serializers.JSONField(help_text="{name: {allocatable, allocated, free, largest_free_block}}"),
+        "nodes": serializers.JSONField(
+            help_text="{total, schedulable, ready, in_service, lifecycle, liveness, health}"
+        ),
+        "ready_ratio": serializers.FloatField(allow_null=True),
+        "ready_ratio_objective": serializers.FloatField(),
+        "request_classes": serializers.JSONField(help_text='[{"name", "fits"}]: can serve N now'),
     },
 )

@@ -45,6 +45,7 @@ class LeaseSerializer(serializers.ModelSerializer):
             "missed_reports",
             "last_reported_at",
             "client",
+            "superseded_by",
             "version",
         ]
         read_only_fields = fields
@@ -91,6 +92,7 @@ def lease_representation(lease: Lease) -> dict:
         "missed_reports": lease.missed_reports,
         "last_reported_at": _when(lease.last_reported_at),
         "client": lease.client.username if lease.client_id else None,
+        "superseded_by": str(lease.superseded_by_id) if lease.superseded_by_id else None,
         "version": lease.version,
     }
 
@@ -115,6 +117,7 @@ class LeaseRequestSerializer(serializers.ModelSerializer):
             "message",
             "attempts",
             "lease_id",
+            "requeued_from",
             "spec",
             "created_at",
             "last_attempt_at",

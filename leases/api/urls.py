@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import views
+from . import capacity_views, views
 
 urlpatterns = [
     path("node-leases", views.LeaseListCreate.as_view(), name="lease-list"),
@@ -14,5 +14,7 @@ urlpatterns = [
     path("shapes", views.ShapeListCreate.as_view(), name="shape-list"),
     path("shapes/<int:pk>", views.ShapeDetail.as_view(), name="shape-detail"),
     path("fencing/validate", views.FencingValidate.as_view(), name="fencing-validate"),
+    path("pools/<slug:name>/capacity", capacity_views.PoolCapacity.as_view(), name="pool-capacity"),
+    path("placement-previews", capacity_views.PlacementPreviews.as_view(), name="placement-preview"),
     path("lease-consistency-reports", views.ConsistencyReportList.as_view(), name="leaseconsistency-list"),
 ]

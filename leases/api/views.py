@@ -4,19 +4,19 @@ from __future__ import annotations
 
 from django.db import transaction
 from drf_spectacular.utils import extend_schema
-from rest_framework import generics, status
+from rest_framework import exceptions, generics, status
 from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from fleet.authentication import node_from_request
 from fleet.events import Actor
-from nodepool.api.permissions import IsClientOrOperator, IsOperator, is_client, is_operator
+from nodepool.api.permissions import IsClientOrOperator, IsOperator, is_client, is_fencing_validator, is_operator
 from nodepool.api.problems import NotFound
 from nodepool.api.versioning import ETagMixin, expected_version, lock_for_action
 
 from .. import services
-from ..filtersets import LeaseFilterSet, LeaseRequestFilterSet
+from ..filtersets import LeaseFilterSet, LeaseRequestFilterSet, ShapeFilterSet
 from ..models import ConsistencyReport, Lease, LeaseRequest, Shape
 from . import schema
 from .serializers import ConsistencyReportSerializer, LeaseRequestSerializer, LeaseSerializer, ShapeSerializer
@@ -31,11 +31,38 @@ class IsNode(BasePermission):
         return node_from_request(request) is not None
 
 
-class IsClientOperatorOrNode(BasePermission):
-    message = "Only lease clients, operators and nodes may validate fencing tokens."
+class MayValidateFencing(BasePermission):
+    """Nodes, lease clients, operators, ``fencing-validators``, or a caller presenting a lease secret.
+
+    Which lease each of them may learn about is decided per lease by :func:`_may_see_for_fencing`.
+    """
+
+    message = "Only lease clients, operators, nodes and fencing validators may validate fencing tokens."
 
     def has_permission(self, request, view):
-        return node_from_request(request) is not None or is_client(request.user)
+        if node_from_request(request) is not None or is_client(request.user) or is_fencing_validator(request.user):
+            return True
+        data = request.data
+        return isinstance(data, dict) and isinstance(data.get("lease_secret"), str)
+
+
+def _may_see_for_fencing(request):
+    """The caller's rights over one lease: its client, operators, its node, fencing validators, or
+    whoever presents the lease's own secret (issue 12 registers the verifier)."""
+    node = node_from_request(request)
+    user = request.user
+    secret = request.data.get("lease_secret") if isinstance(request.data, dict) else None
+
+    def may_see(lease) -> bool:
+        if is_operator(user) or is_fencing_validator(user):
+            return True
+        if node is not None and lease.node_id == node.pk:
+            return True
+        if getattr(user, "is_authenticated", False) and lease.client_id == user.pk:
+            return True
+        return secret is not None and services.lease_secret_matches(lease, secret)
+
+    return may_see
 
 
 def _visible_leases(user):
@@ -151,21 +178,32 @@ class LeaseEvents(ETagMixin, APIView):
         return _lease_response(lease)
 
 
+# Answers to a lease secret that is not one this control plane issued (its HMAC does not verify).
+UNVERIFIED_SECRET_CODES = frozenset({"malformed_lease_secret", "bad_lease_secret"})
+
+
 class FencingValidate(APIView):
     """``POST /fencing/validate`` ``{workload_id, fencing_token}`` → ``{valid, current_token}``."""
 
-    permission_classes = [IsClientOperatorOrNode]
+    permission_classes = [MayValidateFencing]
     throttle_classes: list = []
 
     @extend_schema(request=schema.FencingValidateRequest, responses=schema.FencingValidateResponse)
     def post(self, request):
-        return Response(services.fencing_validate(data=request.data))
+        answer = services.fencing_validate(data=request.data, may_see=_may_see_for_fencing(request))
+        anonymous = node_from_request(request) is None and not request.user.is_authenticated
+        if anonymous and answer.get("code") in UNVERIFIED_SECRET_CODES:
+            # A caller with no credential is answered only when the secret itself proves who it is
+            # (a genuine secret, current or stale); anything else is an unauthenticated request.
+            raise exceptions.NotAuthenticated("Present a lease secret this control plane issued, or authenticate.")
+        return Response(answer)
 
 
-class LeaseRequestList(generics.ListAPIView):
+class LeaseRequestVisibility:
+    """Who sees which lease requests: operators all, a client its own."""
+
     permission_classes = [IsClientOrOperator]
     serializer_class = LeaseRequestSerializer
-    filterset_class = LeaseRequestFilterSet
 
     def get_queryset(self):
         if getattr(self, "swagger_fake_view", False):
@@ -174,12 +212,18 @@ class LeaseRequestList(generics.ListAPIView):
         return queryset if is_operator(self.request.user) else queryset.filter(client=self.request.user)
 
 
-class LeaseRequestDetail(ETagMixin, LeaseRequestList, generics.RetrieveAPIView):
+class LeaseRequestList(LeaseRequestVisibility, generics.ListAPIView):
+    """``GET /lease-requests`` (``?state=``, ``?pool=``, ``?workload_id=``)."""
+
+    filterset_class = LeaseRequestFilterSet
+
+
+class LeaseRequestDetail(ETagMixin, LeaseRequestVisibility, generics.RetrieveAPIView):
     """``GET /lease-requests/{id}`` (current reasons, pending time); ``DELETE`` cancels a pending one."""
 
     @extend_schema(operation_id="v1_lease_requests_retrieve")
     def get(self, request, *args, **kwargs):
-        return generics.RetrieveAPIView.get(self, request, *args, **kwargs)
+        return super().get(request, *args, **kwargs)
 
     def delete(self, request, pk):
         lease_request = services.lease_request_cancel(
@@ -202,7 +246,7 @@ class ShapeListCreate(generics.ListAPIView):
 
     permission_classes = [ShapePermission]
     serializer_class = ShapeSerializer
-    filterset_fields = ["name", "version"]
+    filterset_class = ShapeFilterSet
     queryset = Shape.objects.all()
 
     @extend_schema(request=schema.ShapeCreateRequest, responses={201: ShapeSerializer})

@@ -5,13 +5,16 @@ from datetime import timedelta
 from django.utils import timezone
 from rest_framework import serializers
 
+from fleet.api.nodes import active_holds, hold_dict
 from fleet.models import Node
+from nodepool.api.fields import AwareDateTimeField
+from nodepool.api.permissions import is_operator
 
 from .. import conf
 from ..budgets import budget_status
 from ..choices import EvictionPolicy
 from ..models import DisruptionBudget, Drain, Quarantine
-from ..selectors import active_drain, allowed_actions
+from ..selectors import active_drain, allowed_actions, public_evidence
 
 REASON_MAX = 2000
 
@@ -23,8 +26,23 @@ class ActionReasonSerializer(serializers.Serializer):
     expected_version = serializers.IntegerField(required=False, min_value=0, help_text="or send If-Match")
 
 
+class CordonRequestSerializer(ActionReasonSerializer):
+    expires_at = AwareDateTimeField(
+        required=False, default=None, help_text="RFC 3339 with offset; the hold ends by itself then"
+    )
+
+
+class UncordonRequestSerializer(ActionReasonSerializer):
+    owner = serializers.CharField(
+        required=False, default=None, max_length=200, help_text="whose hold (default: your own); needs force"
+    )
+    force = serializers.BooleanField(
+        default=False, help_text="operators only: remove another actor's hold (or every hold); recorded"
+    )
+
+
 class DeadlineMixin(serializers.Serializer):
-    deadline = serializers.DateTimeField(required=False, help_text="RFC 3339; or deadline_in")
+    deadline = AwareDateTimeField(required=False, help_text="RFC 3339 with offset or Z; or deadline_in")
     deadline_in = serializers.IntegerField(required=False, min_value=1, help_text="seconds from now; or deadline")
 
     def validate(self, attrs):
@@ -70,6 +88,7 @@ class NodeStateSerializer(serializers.ModelSerializer):
     pool = serializers.CharField(source="pool.name", read_only=True)
     allowed_actions = serializers.SerializerMethodField()
     active_drain = serializers.SerializerMethodField()
+    holds = serializers.SerializerMethodField()
 
     class Meta:
         model = Node
@@ -81,6 +100,8 @@ class NodeStateSerializer(serializers.ModelSerializer):
             "lifecycle",
             "lifecycle_reason",
             "lifecycle_changed_at",
+            "cordoned",
+            "holds",
             "artifacts_blocked",
             "allowed_actions",
             "active_drain",
@@ -90,6 +111,9 @@ class NodeStateSerializer(serializers.ModelSerializer):
 
     def get_allowed_actions(self, node) -> list[str]:
         return allowed_actions(node)
+
+    def get_holds(self, node) -> list[dict]:
+        return [hold_dict(h) for h in active_holds(node)]
 
     def get_active_drain(self, node) -> str | None:
         drain = active_drain(node)
@@ -133,6 +157,14 @@ class DrainSerializer(serializers.ModelSerializer):
 class QuarantineSerializer(serializers.ModelSerializer):
     node = serializers.UUIDField(source="node_id", read_only=True)
     node_lifecycle = serializers.CharField(source="node.lifecycle", read_only=True)
+    evidence = serializers.SerializerMethodField()
+
+    def get_evidence(self, quarantine) -> dict:
+        # Owners read it without what operators marked private (maintenance.selectors.public_evidence).
+        request = self.context.get("request")
+        if request is not None and is_operator(request.user):
+            return quarantine.evidence
+        return public_evidence(quarantine.evidence)
 
     class Meta:
         model = Quarantine

@@ -16,6 +16,7 @@ urlpatterns = [
     path("nodes/<uuid:pk>/release", views.ReleaseView.as_view(), name="node-release"),
     path("nodes/<uuid:pk>/return-to-service", views.ReturnToServiceView.as_view(), name="node-return-to-service"),
     path("nodes/<uuid:pk>/retire", views.RetireView.as_view(), name="node-retire"),
+    path("nodes/<uuid:pk>/repair-drain", views.RepairDrainView.as_view(), name="node-repair-drain"),
     path("drains/<uuid:pk>/cancel", views.DrainCancelView.as_view(), name="drain-cancel"),
     path("drains/<uuid:pk>/deadline", views.DrainDeadlineView.as_view(), name="drain-deadline"),
     *router.urls,

@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from fleet.events import Actor
-from nodepool.api.permissions import is_client, is_operator
+from nodepool.api.permissions import HasRole, is_client, is_operator
 from nodepool.api.problems import PreconditionRequired, Problem
 from nodepool.api.versioning import ETagMixin, expected_version
 
@@ -23,7 +23,7 @@ from ..filtersets import DrainFilterSet, QuarantineFilterSet
 from ..selectors import budgets, drains_for, quarantines_for
 from . import serializers as s
 
-_TRUE, _FALSE = {"true", "1", "yes"}, {"false", "0", "no", ""}
+_TRUE, _FALSE = {"true", "1", "yes"}, {"false", "0", "no"}
 
 
 class HasModelPermission(BasePermission):
@@ -59,14 +59,22 @@ class NodeActionView(ETagMixin, APIView):
         raise NotImplementedError
 
 
-@extend_schema(request=s.ActionReasonSerializer, responses=s.NodeStateSerializer)
+@extend_schema(request=s.CordonRequestSerializer, responses=s.NodeStateSerializer)
 class CordonView(NodeActionView):
+    """Place the caller's own hold (``user:<username>``); other actors' holds are untouched."""
+
+    request_serializer = s.CordonRequestSerializer
+
     def act(self, **kwargs):
         return services.cordon_node(**kwargs)
 
 
-@extend_schema(request=s.ActionReasonSerializer, responses=s.NodeStateSerializer)
+@extend_schema(request=s.UncordonRequestSerializer, responses=s.NodeStateSerializer)
 class UncordonView(NodeActionView):
+    """Remove the caller's own hold; ``owner`` + ``force`` (operators only) removes someone else's."""
+
+    request_serializer = s.UncordonRequestSerializer
+
     def act(self, **kwargs):
         return services.uncordon_node(**kwargs)
 
@@ -75,6 +83,14 @@ class UncordonView(NodeActionView):
 class ReturnToServiceView(NodeActionView):
     def act(self, **kwargs):
         return services.return_node_to_service(**kwargs)
+
+
+@extend_schema(request=s.ActionReasonSerializer, responses=s.NodeStateSerializer)
+class RepairDrainView(NodeActionView):
+    """A node left ``draining`` with no active drain → ``ready`` under the operator's own hold (recorded)."""
+
+    def act(self, **kwargs):
+        return drains.repair_stuck_drain(**kwargs)
 
 
 @extend_schema(request=s.RetireRequestSerializer, responses=s.NodeStateSerializer)
@@ -119,7 +135,14 @@ class ReleaseView(NodeActionView):
 
 
 def _dry_run(request) -> bool:
-    raw = (request.query_params.get("dry_run") or "").strip().lower()
+    """``?dry_run``: absent is false; ``true``/``1``/``yes`` or ``false``/``0``/``no``.
+
+    Raises:
+        Problem: 400 ``invalid_query_parameter`` for anything else, an empty value included.
+    """
+    if "dry_run" not in request.query_params:
+        return False
+    raw = request.query_params["dry_run"].strip().lower()
     if raw in _TRUE:
         return True
     if raw in _FALSE:
@@ -172,7 +195,7 @@ class DrainActionView(ETagMixin, APIView):
 
 @extend_schema(request=s.ActionReasonSerializer, responses=s.DrainSerializer)
 class DrainCancelView(DrainActionView):
-    """``POST /drains/{id}/cancel`` with the drain's version: node back to cordoned (not ready)."""
+    """``POST /drains/{id}/cancel`` with the drain's version: node back to ready without the drain's hold."""
 
     def post(self, request, pk):
         serializer = s.ActionReasonSerializer(data=request.data)
@@ -236,7 +259,7 @@ class DisruptionBudgetViewSet(
     """Disruption budgets per workload group. Changes and deletes need the budget's version."""
 
     serializer_class = s.DisruptionBudgetSerializer
-    permission_classes = [IsAuthenticated, ReadForClientsWriteForOperators]
+    permission_classes = [HasRole, ReadForClientsWriteForOperators]
     filterset_fields = ["group"]
 
     def get_queryset(self):

@@ -1,14 +1,20 @@
-"""Request plumbing that runs before any view: request ids and the request body ceiling."""
+"""Request plumbing that runs before any view: request ids, header and body ceilings, and the
+guarantee that every error under ``/api/`` and the probes is ``application/problem+json``."""
 
 from __future__ import annotations
 
 import io
+import logging
 import re
 import uuid
 
 from django.conf import settings
+from django.db import InterfaceError, OperationalError
 
-from .problems import problem_response
+from .problems import PROBLEM_CONTENT_TYPE, database_unavailable_response, problem_response
+
+logger = logging.getLogger(__name__)
+PROBLEM_PATHS = ("/api/", "/healthz", "/readyz")
 
 _SAFE = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 
@@ -76,3 +82,75 @@ def _read_at_most(stream, size: int) -> bytes:
         parts.append(chunk)
         remaining -= len(chunk)
     return b"".join(parts)
+
+
+class HeaderLimitMiddleware:
+    """431 problem+json for a request header above ``NODEPOOL_MAX_HEADER_BYTES`` (8 KiB), or for all
+    headers together above ``NODEPOOL_MAX_HEADERS_TOTAL_BYTES`` (32 KiB) — RFC 6585 §5.
+
+    gunicorn refuses larger ones itself, before the application sees them, with its own plain-text
+    page: ``gunicorn.conf.py`` sets its per-header limit (``limit_request_field_size``) to twice ours
+    so that the common case gets this answer (docs/foundation.md, "Request limits").
+    """
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        limit, total_limit, total = settings.NODEPOOL_MAX_HEADER_BYTES, settings.NODEPOOL_MAX_HEADERS_TOTAL_BYTES, 0
+        for key, value in request.META.items():
+            if not key.startswith("HTTP_") or not isinstance(value, str):
+                continue
+            size = len(key) + len(value)
+            total += size
+            if size > limit:
+                name = key[5:].replace("_", "-").title()
+                return problem_response(
+                    431,
+                    "header_too_large",
+                    f"The {name} header is {len(value)} bytes; the limit is {limit} bytes per header.",
+                    header=name,
+                    limit=limit,
+                )
+        if total > total_limit:
+            return problem_response(
+                431,
+                "headers_too_large",
+                f"The request headers total {total} bytes; the limit is {total_limit} bytes.",
+                limit=total_limit,
+            )
+        return self.get_response(request)
+
+
+class ProblemJsonMiddleware:
+    """Errors under ``/api/`` and the probes are problem+json whatever produced them or the ``Accept``.
+
+    DRF views already answer problem+json (nodepool.api.problems); this covers the rest: Django's
+    own 405 of a plain view, and a database that is down or too slow outside DRF (503 with
+    ``Retry-After``). The admin's and the browsable API's own HTML pages are not under these paths.
+    """
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        response = self.get_response(request)
+        if response.status_code < 400 or not request.path.startswith(PROBLEM_PATHS):
+            return response
+        content_type = (response.get("Content-Type") or "").split(";")[0].strip()
+        if content_type in (PROBLEM_CONTENT_TYPE, "application/json"):
+            return response
+        problem = problem_response(
+            response.status_code,
+            "method_not_allowed" if response.status_code == 405 else "error",
+            "Method not allowed." if response.status_code == 405 else "The request could not be processed.",
+        )
+        for header in ("Allow", "Retry-After", "WWW-Authenticate"):
+            if response.has_header(header):
+                problem[header] = response[header]
+        return problem
+
+    def process_exception(self, request, exception):
+        if isinstance(exception, OperationalError | InterfaceError):
+            return database_unavailable_response(exception)
+        return None

@@ -1,4 +1,5 @@
-from rest_framework.pagination import PageNumberPagination
+from rest_framework.exceptions import NotFound
+from rest_framework.pagination import CursorPagination, PageNumberPagination
 
 from .problems import Problem
 
@@ -35,3 +36,50 @@ class Pagination(PageNumberPagination):
                 f"page_size must be an integer from 1 to {self.max_page_size}, not {raw[:40]!r}.", "invalid_page_size"
             )
         return super().get_page_size(request)
+
+    def get_schema_operation_parameters(self, view):
+        """DRF's parameters, with the bounds the view enforces (``page`` also takes ``last``)."""
+        parameters = super().get_schema_operation_parameters(view)
+        for parameter in parameters:
+            if parameter["name"] in (self.page_query_param, self.page_size_query_param):
+                parameter["schema"] = {"type": "integer", "minimum": 1}
+            if parameter["name"] == self.page_size_query_param:
+                parameter["description"] = f"Results per page (1 to {self.max_page_size}; larger values are capped)."
+        return parameters
+
+
+class EventCursorPagination(CursorPagination):
+    """Cursor pagination over events, newest first: stable while new events arrive (a page number
+    would shift under a busy log). ``page_size`` up to 500; a mangled cursor is a 400.
+
+    Raises:
+        Problem: 400 ``invalid_cursor``, 400 ``invalid_page_size``.
+    """
+
+    ordering = ("-created_at", "-id")
+    page_size = 50
+    page_size_query_param = "page_size"
+    max_page_size = 500
+
+    def decode_cursor(self, request):
+        if request.query_params.get(self.cursor_query_param) == "":
+            # DRF reads an empty cursor as the first page; like an empty filter, it is refused.
+            raise Problem("The cursor is not one this API returned.", "invalid_cursor")
+        try:
+            return super().decode_cursor(request)
+        except NotFound:
+            raise Problem("The cursor is not one this API returned.", "invalid_cursor") from None
+
+    def get_page_size(self, request):
+        raw = request.query_params.get(self.page_size_query_param)
+        if raw is not None and not _positive_int(raw):
+            raise Problem(
+                f"page_size must be an integer from 1 to {self.max_page_size}, not {raw[:40]!r}.", "invalid_page_size"
+            )
+        return super().get_page_size(request)
+
+
+class TimelineCursorPagination(EventCursorPagination):
+    """The same, oldest first: a node's story read from enrollment on."""
+
+    ordering = ("created_at", "id")

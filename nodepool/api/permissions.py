@@ -8,6 +8,8 @@ Superusers count as operators.
 from rest_framework.permissions import BasePermission
 
 OPERATORS, OWNERS, CLIENTS = "operators", "owners", "clients"
+# Shared services that refuse stale writers (docs/leases.md): may validate any workload's fencing token.
+FENCING_VALIDATORS = "fencing-validators"
 
 
 def in_group(user, name: str) -> bool:
@@ -31,6 +33,25 @@ def is_client(user) -> bool:
 
 def is_owner(user) -> bool:
     return in_group(user, OWNERS)
+
+
+def is_fencing_validator(user) -> bool:
+    return in_group(user, FENCING_VALIDATORS)
+
+
+def has_role(user) -> bool:
+    """True for an authenticated user in at least one role (superusers count as operators)."""
+    return is_operator(user) or any(in_group(user, role) for role in (OWNERS, CLIENTS, FENCING_VALIDATORS))
+
+
+class HasRole(BasePermission):
+    """The default permission: a signed-in user with a role. A user with no role gets 403 on every
+    endpoint (never a 200 with an empty list); views narrow further with their own classes."""
+
+    message = "Your account has no role (operators, owners, clients, fencing-validators); ask an operator."
+
+    def has_permission(self, request, view):
+        return has_role(request.user)
 
 
 class IsOperator(BasePermission):

@@ -13,7 +13,7 @@ from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
-from django.db import DataError, IntegrityError
+from django.db import DataError, IntegrityError, InterfaceError, OperationalError
 from django.http import Http404, JsonResponse
 from django_fsm import ConcurrentTransition, TransitionNotAllowed
 from rest_framework import exceptions, status
@@ -78,6 +78,30 @@ class PayloadTooLarge(Problem):
     default_code = "payload_too_large"
 
 
+class TooManyRequests(Problem):
+    """429 with ``Retry-After`` (seconds) and a ``retry_after`` member."""
+
+    status_code = status.HTTP_429_TOO_MANY_REQUESTS
+    default_detail = "Too many requests; retry later."
+    default_code = "throttled"
+
+    def __init__(self, detail: str | None = None, code: str | None = None, *, retry_after: int, **extra: Any):
+        super().__init__(detail, code, retry_after=int(retry_after), **extra)
+        self.wait = int(retry_after)
+
+
+class ServiceUnavailable(Problem):
+    """503 with ``Retry-After``: a dependency (the database) is down or too slow; retry later."""
+
+    status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+    default_detail = "A dependency of the service is unavailable; retry later."
+    default_code = "service_unavailable"
+
+    def __init__(self, detail: str | None = None, code: str | None = None, *, retry_after: int = 5, **extra: Any):
+        super().__init__(detail, code, retry_after=int(retry_after), **extra)
+        self.wait = int(retry_after)
+
+
 class Unprocessable(Problem):
     status_code = status.HTTP_422_UNPROCESSABLE_ENTITY
     default_detail = "The request is well-formed but cannot be processed."
@@ -105,12 +129,14 @@ _TITLES = {
     406: "Not Acceptable",
     409: "Conflict",
     410: "Gone",
+    304: "Not Modified",
     412: "Precondition Failed",
     413: "Content Too Large",
     415: "Unsupported Media Type",
     422: "Unprocessable Content",
     428: "Precondition Required",
     429: "Too Many Requests",
+    431: "Request Header Fields Too Large",
     500: "Internal Server Error",
     503: "Service Unavailable",
 }
@@ -189,6 +215,10 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
         # DataError, SQLite OverflowError). The transaction was rolled back; nothing changed.
         logger.warning("value out of range for storage: %s", exc)
         exc = Problem("A value in the request is out of range for this field.", "value_out_of_range")
+    elif isinstance(exc, OperationalError | InterfaceError):
+        # The database is down, unreachable, or cancelled a statement (statement_timeout: psycopg's
+        # QueryCanceled is an OperationalError; so is SQLite's "database is locked"). Retryable.
+        exc = database_unavailable(exc)
     elif isinstance(exc, IntegrityError):
         # A uniqueness or check constraint caught what validation did not (often a race between
         # two creates). The change was rolled back; the client may read and retry.
@@ -218,6 +248,11 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
             raw = exc.get_codes()
             code = raw if isinstance(raw, str) else "error"
         detail = str(exc.detail)
+        specific = exc.get_codes()
+        if isinstance(exc, exceptions.AuthenticationFailed) and isinstance(specific, str) and specific != code:
+            # The stable code stays authentication_failed; why (credential_revoked, _expired,
+            # _superseded...) is a separate member an agent can act on (re-enroll, rotate sooner).
+            extra["reason"] = specific
         if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
             extra["retry_after"] = int(exc.wait)
     if getattr(exc, "auth_header", None):
@@ -236,6 +271,30 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
     if request is not None and getattr(request, "request_id", None):
         body["request_id"] = request.request_id
     response = Response(body, status=status_code, headers=headers, content_type=PROBLEM_CONTENT_TYPE)
+    return response
+
+
+DATABASE_RETRY_AFTER = 5
+
+
+def database_unavailable(exc: Exception) -> ServiceUnavailable:
+    """The 503 for a database error that a retry may cure; the driver's message goes to the log only."""
+    logger.warning("database unavailable, answering 503: %s: %s", type(exc).__name__, exc)
+    timed_out = "statement timeout" in str(exc) or "canceling statement" in str(exc)
+    return ServiceUnavailable(
+        "The database did not answer in time; retry later."
+        if timed_out
+        else "The database is unavailable; retry later.",
+        "database_timeout" if timed_out else "database_unavailable",
+        retry_after=DATABASE_RETRY_AFTER,
+    )
+
+
+def database_unavailable_response(exc: Exception) -> JsonResponse:
+    """:func:`database_unavailable` as a plain Django response (outside DRF views)."""
+    problem = database_unavailable(exc)
+    response = problem_response(503, problem.get_codes(), str(problem.detail), **problem.extra)
+    response["Retry-After"] = str(problem.wait)
     return response
 
 

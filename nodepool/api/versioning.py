@@ -13,11 +13,59 @@ import re
 
 from django.db import router, transaction
 from django.db.transaction import TransactionManagementError
+from rest_framework import status
+from rest_framework.response import Response
 
 from .problems import NotFound, PreconditionFailed, PreconditionRequired, Problem
 
-# A strong or weak ETag ("3", W/"3"); a bare 3 is tolerated for hand-written curl commands.
-_ETAG = re.compile(r'^\s*(?:W/)?(?:"(\d{1,18})"|(\d{1,18}))\s*$')
+# RFC 9110 §8.8.3: entity-tag = [ "W/" ] DQUOTE *etagc DQUOTE, etagc = %x21 / %x23-7E / obs-text.
+# A comma may sit inside a tag, so lists are tokenised, not split on commas.
+_ENTITY_TAG = re.compile(r'[ \t]*(W/)?"([\x21\x23-\x7e\x80-\xff]*)"[ \t]*')
+_LIST_SEPARATOR = re.compile(r"[ \t]*,[ \t]*")
+
+
+class ExpectedVersion(int):
+    """The version an operator action may act on, from ``If-Match`` or ``expected_version``.
+
+    It is an ``int`` (the first version listed, for messages and events) and carries every
+    version the client listed in ``versions``: an ``If-Match`` list matches when any member does
+    (RFC 9110 §13.1.1). Weak tags never match (strong comparison), so they are not in ``versions``.
+    """
+
+    versions: frozenset[int]
+
+    def __new__(cls, versions: list[int], shown: int | None = None):
+        obj = super().__new__(cls, shown if shown is not None else (versions[0] if versions else -1))
+        obj.versions = frozenset(versions)
+        return obj
+
+
+def parse_entity_tags(header: str) -> list[tuple[bool, str]] | None:
+    """``[(weak, opaque), ...]`` of an ``If-Match``/``If-None-Match`` list, or None when malformed.
+
+    Empty list elements are allowed (RFC 9110 §5.6.1); ``*`` is handled by the callers.
+    """
+    tags, position, text = [], 0, header.strip()
+    while position < len(text):
+        separator = _LIST_SEPARATOR.match(text, position)
+        if separator and separator.end() > position:
+            position = separator.end()
+            continue
+        tag = _ENTITY_TAG.match(text, position)
+        if not tag or tag.end() == position:
+            return None
+        tags.append((bool(tag.group(1)), tag.group(2)))
+        position = tag.end()
+        if position < len(text) and not _LIST_SEPARATOR.match(text, position):
+            return None
+    return tags
+
+
+def etags_match(a: tuple[bool, str], b: tuple[bool, str], *, weak: bool) -> bool:
+    """RFC 9110 §8.8.3.2: strong comparison needs both tags strong and equal; weak ignores ``W/``."""
+    if weak:
+        return a[1] == b[1]
+    return not a[0] and not b[0] and a[1] == b[1]
 
 
 def etag_for(version: int) -> str:
@@ -25,12 +73,18 @@ def etag_for(version: int) -> str:
     return f'"{version}"'
 
 
-def expected_version(request) -> int:
-    """The version the client expects, from ``If-Match`` or the body's ``expected_version``.
+def expected_version(request) -> ExpectedVersion:
+    """The version(s) the client expects, from ``If-Match`` or the body's ``expected_version``.
+
+    ``If-Match`` (RFC 9110 §13.1.1) is a list of entity tags compared strongly: any strong
+    ``"<version>"`` in it may match; weak tags and other opaque tags never do (412 later).
 
     Raises:
-        PreconditionRequired: neither was sent (428, ``version_required``).
-        Problem: malformed value (400, ``invalid_version``); a body the parser refuses (400).
+        PreconditionRequired: neither was sent, or ``If-Match: *`` (428, ``version_required``): an
+            operator action must name the version it read.
+        Problem: an ``If-Match`` that is not a list of quoted entity tags, e.g. unquoted ``7``
+            (400, ``invalid_if_match``); a malformed ``expected_version`` (400, ``invalid_version``);
+            a body the parser refuses (400).
     """
     # Parse the body first even when If-Match answers: an action whose view never reads the body
     # must still refuse one the parser refuses (NaN, NUL, not JSON) instead of acting on it.
@@ -38,37 +92,66 @@ def expected_version(request) -> int:
     header = request.headers.get("If-Match")
     if header is not None:
         if header.strip() == "*":
-            raise Problem("If-Match: * is not accepted here; send the version you read.", "invalid_version")
-        match = _ETAG.match(header)
-        if not match:
-            raise Problem(f"If-Match must be an ETag such as '\"3\"', not {header!r}.", "invalid_version")
-        return int(match.group(1) or match.group(2))
+            raise PreconditionRequired(
+                "If-Match: * is not enough for an operator action; send the ETag you read.", "version_required"
+            )
+        tags = parse_entity_tags(header)
+        if not tags:
+            raise Problem(
+                f"If-Match must be a list of quoted entity tags such as '\"3\"', not {header[:100]!r}.",
+                "invalid_if_match",
+            )
+        strong = [int(opaque) for weak, opaque in tags if not weak and opaque.isascii() and opaque.isdigit()]
+        strong = [v for v in strong if v < 2**63]
+        return ExpectedVersion(strong)
     value = data.get("expected_version") if isinstance(data, dict) else None
     if value is None:
         raise PreconditionRequired()
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise Problem("expected_version must be a non-negative integer.", "invalid_version")
-    return value
+    return ExpectedVersion([value])
 
 
 def check_version(current: int, expected: int) -> None:
-    """Raise 412 ``version_mismatch`` unless ``expected`` equals ``current``."""
-    if current != expected:
+    """Raise 412 ``version_mismatch`` unless ``current`` is the expected version (or one of them)."""
+    versions = getattr(expected, "versions", None)
+    if versions is None:
+        versions = {int(expected)}
+    if current not in versions:
+        shown = f"version {int(expected)}" if len(versions) <= 1 and int(expected) >= 0 else "another version"
+        if len(versions) > 1:
+            shown = "versions " + ", ".join(str(v) for v in sorted(versions))
         raise PreconditionFailed(
-            f"You acted on version {expected} but the resource is at version {current}; read it again.",
+            f"You acted on {shown} but the resource is at version {current}; read it again.",
             current_version=current,
         )
 
 
 class ETagMixin:
-    """DRF view mixin: add ``ETag`` to responses that carry a single object with a ``version``."""
+    """DRF view mixin: ``ETag`` on responses carrying one object with a ``version``, and
+    ``If-None-Match`` on ``GET``/``HEAD`` answered 304 when it matches (weak comparison, ``*``
+    matches any current representation; RFC 9110 §13.1.2)."""
 
     def finalize_response(self, request, response, *args, **kwargs):
         response = super().finalize_response(request, response, *args, **kwargs)
         data = getattr(response, "data", None)
         if 200 <= response.status_code < 300 and isinstance(data, dict) and isinstance(data.get("version"), int):
-            response["ETag"] = etag_for(data["version"])
+            etag = etag_for(data["version"])
+            response["ETag"] = etag
+            if request.method in ("GET", "HEAD") and response.status_code == 200 and _none_match(request, etag):
+                not_modified = Response(status=status.HTTP_304_NOT_MODIFIED, headers={"ETag": etag})
+                return super().finalize_response(request, not_modified, *args, **kwargs)
         return response
+
+
+def _none_match(request, etag: str) -> bool:
+    header = request.headers.get("If-None-Match")
+    if header is None:
+        return False
+    if header.strip() == "*":
+        return True
+    current = (False, etag.strip('"'))
+    return any(etags_match(tag, current, weak=True) for tag in parse_entity_tags(header) or [])
 
 
 def lock_for_action(queryset, *, expected: int, **lookup):
@@ -92,7 +175,7 @@ def lock_for_action(queryset, *, expected: int, **lookup):
     queryset = queryset.all()
     if not transaction.get_connection(router.db_for_write(queryset.model)).in_atomic_block:
         raise TransactionManagementError("lock_for_action() must run inside transaction.atomic()")
-    obj = queryset.select_for_update().filter(**lookup).first()
+    obj = queryset.select_for_update(no_key=True).filter(**lookup).first()
     if obj is None:
         raise NotFound(f"No {queryset.model._meta.verbose_name} matches the given query.")
     check_version(obj.version, expected)

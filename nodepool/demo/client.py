@@ -80,6 +80,10 @@ class Api:
     def node(self, node_id: str) -> dict:
         return self.get(f"/nodes/{node_id}")
 
+    def etag(self, path: str) -> str:
+        """The ``ETag`` of a ``GET`` (``"<version>"``, quoted), for an operator action's ``If-Match``."""
+        return self.request("GET", path).headers["ETag"]
+
     def lease(self, lease_id: str) -> dict:
         return self.get(f"/node-leases/{lease_id}")
 

@@ -19,7 +19,15 @@ def counts(api: Api, path: str, name: str, values, **params) -> dict[str, int]:
     return found
 
 
-def summary(api: Api, results: list[StepResult], *, base_url: str, login: tuple[str, str], token: str) -> str:
+def summary(
+    api: Api,
+    results: list[StepResult],
+    *,
+    base_url: str,
+    login: tuple[str, str],
+    token: str,
+    owner: tuple[str, str] | None = None,
+) -> str:
     lines = ["", "=" * 78, "nodepool demo — summary", "=" * 78]
     for pool in api.all("/pools"):
         lifecycles = counts(api, "/nodes", "lifecycle", Lifecycle.values, pool=pool["name"])
@@ -39,6 +47,17 @@ def summary(api: Api, results: list[StepResult], *, base_url: str, login: tuple[
     lines += [
         "",
         f"admin:     {base_url}/admin/   (user {login[0]}, password {login[1]})",
+        *(
+            [
+                f"owner:     {base_url}/admin/   (user {owner[0]}, password {owner[1]}: their nodes, usage, "
+                "statements, appeals)"
+            ]
+            if owner
+            else []
+        ),
+        f"overview:  {base_url}/admin/fleet-overview/   (per pool: capacity, can serve N now, guard, events)",
+        f'metrics:   curl -H "Authorization: Bearer $(cat {_metrics_token_file()})" {base_url}/metrics',
+        f"events:    curl -H 'Authorization: Token {token}' {base_url}/api/v1/events",
         f"API docs:  {base_url}/api/docs/",
         f"API:       curl -H 'Authorization: Token {token}' {base_url}/api/v1/nodes",
         "=" * 78,
@@ -48,3 +67,10 @@ def summary(api: Api, results: list[StepResult], *, base_url: str, login: tuple[
 
 def _fmt(found: dict[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in found.items()) or "none"
+
+
+def _metrics_token_file() -> str:
+    """Where the demo's /metrics token is (var/metrics_token unless NODEPOOL_METRICS_TOKEN is set)."""
+    from django.conf import settings
+
+    return str(settings.VAR_DIR / "metrics_token") if (settings.VAR_DIR / "metrics_token").exists() else "<token>"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
 import sys
 import time
@@ -37,7 +38,18 @@ class Demo:
         self.base_url = f"http://127.0.0.1:{port}"
         self.hostname = socket.gethostname()
         env = {k: v for k, v in os.environ.items() if not k.startswith("NODEPOOL_DEMO")}
-        env.update(NODEPOOL_VAR_DIR=str(var_dir), PYTHONUNBUFFERED="1")
+        # One Prometheus multiprocess directory for the demo's web and worker processes, emptied
+        # at each start, so /metrics sums their counters (nodepool.metrics).
+        metrics_dir = var_dir / "prometheus"
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+        metrics_dir.mkdir(parents=True, exist_ok=True)
+        env.update(NODEPOOL_VAR_DIR=str(var_dir), PYTHONUNBUFFERED="1", PROMETHEUS_MULTIPROC_DIR=str(metrics_dir))
+        # Pool operations at the story's pace: upgrade ticks every second, autoscaling every 3 s,
+        # simulator machines that find this web server and stop by themselves within the hour.
+        env.setdefault("NODEPOOL_UPGRADE_TICK", "1")
+        env.setdefault("NODEPOOL_AUTOSCALE_INTERVAL", "3")
+        env.setdefault("NODEPOOL_SIMULATED_PROVIDER_URL", self.base_url)
+        env.setdefault("NODEPOOL_SIMULATED_MACHINE_LIFETIME", "3600")
         self.supervisor = Supervisor(var_dir / "logs", env)
         self.operator = setup.create_users()
         # One line per request from httpx (the fleet sends dozens a second) would bury the story.
@@ -48,7 +60,7 @@ class Demo:
         self.out.flush()
 
     def run(self) -> bool:
-        fleet = None
+        fleet = story = None
         api = Api(self.base_url, self.operator.token)
         ok = False
         try:
@@ -56,8 +68,10 @@ class Demo:
             pools = setup.create_pools(api)
             tokens = setup.create_tokens(api, max_uses=self.nodes + 20)
             self.say(f"pools: {', '.join(pools)}; bootstrap tokens made (general: {tokens['general'][:16]}…)")
+            setup.create_prices(api)
             op = self.operator
             self.say(f"operator: {op.username} / {op.password}   API token: {op.token}")
+            self.say(f"owner:    {op.owner_username} / {op.owner_password}   (the contributor's view, same admin)")
             if self.agent:
                 state = self.var_dir / "agent" / "state.json"
                 command = processes.agent_command(self.base_url, tokens["general"], state, self.hostname)
@@ -72,7 +86,12 @@ class Demo:
             for name, status in dead.items():
                 self.say(f"process {name} exited ({status}):\n{self.supervisor.tail(name)}")
             login = (self.operator.username, self.operator.password)
-            self.say(report.summary(api, results, base_url=self.base_url, login=login, token=self.operator.token))
+            owner = (self.operator.owner_username, self.operator.owner_password)
+            self.say(
+                report.summary(
+                    api, results, base_url=self.base_url, login=login, token=self.operator.token, owner=owner
+                )
+            )
             self.say(f"logs: {self.supervisor.log_dir}")
             ok = admitted and all(r.ok for r in results) and not dead
             if not self.once:
@@ -82,6 +101,10 @@ class Demo:
         except KeyboardInterrupt:
             self.say("\nstopping…")
         finally:
+            if story is not None:
+                from .operations_story import stop_extra
+
+                stop_extra(story)
             if fleet is not None:
                 fleet.close()
             api.close()

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
-from rest_framework.authtoken.models import Token
 
 from nodepool.api.permissions import OPERATORS, OWNERS
+from nodepool.tokens import create_user_token
 
 from .client import Api
 
@@ -21,30 +21,47 @@ OPERATOR = "demo-operator"
 OWNER = "demo-contributor"
 
 # Short liveness timings so the story runs in minutes: stale after two intervals, unreachable
-# after the grace, lost (leases declared lost) after the loss threshold. The server may stretch
-# them for a large fleet (at most 50 heartbeats/s). 10 s keeps 300 nodes at 30 heartbeats/s, which
+# after the grace, lost (leases declared lost) after the loss threshold. The server stretches them
+# only past NODEPOOL["MAX_HEARTBEATS_PER_SECOND"]. 10 s keeps 300 nodes at 30 renewals/s, which
 # a loaded 2-core machine serves on SQLite alongside the worker, beat and the simulator itself.
 TIMINGS = {"heartbeat_interval": 10, "heartbeat_grace": 20, "loss_threshold": 40}
 
 POOLS = [
     {
-        "name": "general", "kind": "standard", "description": "demo: general purpose CPU nodes",
-        "admission_mode": "automatic", "trust_node_labels": True, "scheduling_policy": "binpack",
-        "labels": {"demo": "true"}, **TIMINGS,
+        "name": "general",
+        "kind": "standard",
+        "description": "demo: general purpose CPU nodes",
+        "admission_mode": "automatic",
+        "trust_node_labels": True,
+        "scheduling_policy": "binpack",
+        "labels": {"demo": "true"},
+        **TIMINGS,
     },
     {
-        "name": "gpu", "kind": "standard", "description": "demo: GPU nodes, tainted so only GPU work lands",
-        "admission_mode": "automatic", "trust_node_labels": True, "scheduling_policy": "binpack",
+        "name": "gpu",
+        "kind": "standard",
+        "description": "demo: GPU nodes, tainted so only GPU work lands",
+        "admission_mode": "automatic",
+        "trust_node_labels": True,
+        "scheduling_policy": "binpack",
         "labels": {"demo": "true", "accelerator": "nvidia"},
-        "taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}], **TIMINGS,
+        "taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}],
+        **TIMINGS,
     },
     {
-        "name": "marketplace", "kind": "marketplace", "description": "demo: contributed machines, benchmarked",
-        "admission_mode": "automatic", "trust_node_labels": True, "scheduling_policy": "spread",
-        "benchmark_required": True, "benchmark_tolerance": 0.8, "benchmark_timeout": 300,
-        "labels": {"demo": "true"}, **TIMINGS,
+        "name": "marketplace",
+        "kind": "marketplace",
+        "description": "demo: contributed machines, benchmarked",
+        "admission_mode": "automatic",
+        "trust_node_labels": True,
+        "scheduling_policy": "spread",
+        "benchmark_required": True,
+        "benchmark_tolerance": 0.8,
+        "benchmark_timeout": 300,
+        "labels": {"demo": "true"},
+        **TIMINGS,
     },
-]  # fmt: skip
+]
 
 
 @dataclass
@@ -52,6 +69,9 @@ class Operator:
     username: str
     password: str
     token: str
+    # The marketplace contributor's admin login (the owner's view of their nodes, usage, statements).
+    owner_username: str = OWNER
+    owner_password: str = ""
 
 
 def create_users() -> Operator:
@@ -64,11 +84,34 @@ def create_users() -> Operator:
     user.set_password(password)
     user.save()
     user.groups.add(Group.objects.get_or_create(name=OPERATORS)[0])
-    Token.objects.filter(user=user).delete()
-    token = Token.objects.create(user=user)
+    _, token = create_user_token(user, replace=True)
     owner, _ = User.objects.get_or_create(username=OWNER, defaults={"email": "contributor@demo.invalid"})
+    owner_password = secrets.token_urlsafe(12)
+    owner.is_staff = True  # the admin's login; the owners group limits what they see there
+    owner.set_password(owner_password)
+    owner.save()
     owner.groups.add(Group.objects.get_or_create(name=OWNERS)[0])
-    return Operator(OPERATOR, password, token.key)
+    return Operator(OPERATOR, password, token, owner_username=OWNER, owner_password=owner_password)
+
+
+# What the marketplace pays its contributors (per resource-hour; marketplace.pricing).
+PRICES = [("cpu", "0.040000"), ("memory", "0.005000")]
+
+
+def create_prices(api: Api) -> None:
+    """Price the marketplace pool (a version from the epoch, so every demo lease is priced)."""
+    for resource, price in PRICES:
+        body = {
+            "pool": "marketplace",
+            "resource": resource,
+            "unit_price": price,
+            "currency": "EUR",
+            "effective_from": "2020-01-01T00:00:00Z",
+            "note": "make demo",
+        }
+        response = api.raw("POST", "/pool-prices", json=body)
+        if response.status_code not in (201, 409):  # 409: priced by an earlier run
+            raise RuntimeError(f"pricing the marketplace pool failed: {response.status_code} {response.text}")
 
 
 def create_pools(api: Api) -> dict[str, dict]:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from . import operations_story
 from .client import Api, poll
 
 SLEEP_FOREVER = ["sleep", "3600"]  # simulated nodes report leases that carry a command
@@ -51,6 +52,7 @@ class Story:
         self.busy: set[str] = set()  # nodes holding a lease of the story: each fault gets its own node
         self._ids = itertools.count(1)
         self.run_tag = time.strftime("%H%M%S")
+        self.extra_fleets: list = []  # small fleets of the pool-operation steps (nodepool.demo.operations_story)
 
     # -- running -------------------------------------------------------------------------------
     def run(self, steps: list[tuple[str, Callable[[], list[str]]]]) -> list[StepResult]:
@@ -79,6 +81,10 @@ class Story:
             ("A restarted node: incarnation bump, its unreported lease lost", self.step_restart),
             ("A drain with a deadline ends in maintenance", self.step_drain),
             ("A quarantine: credentials and leases revoked", self.step_quarantine),
+            ("A rolling upgrade: canary, then two at a time, admission verifies the target",
+             lambda: operations_story.step_upgrade(self)),
+            ("Autoscaling: pending demand brings a new machine from the provider",
+             lambda: operations_story.step_scale_up(self)),
         ]  # fmt: skip
 
     # -- helpers -------------------------------------------------------------------------------
@@ -272,9 +278,11 @@ class Story:
     def step_drain(self) -> list[str]:
         lease, name = self.running_lease_on_sim_node("etl")
         node = self.api.node(lease["node_id"])
+        # An operator action names the version it read: If-Match with the ETag of the GET (RFC 9110).
         drain = self.api.post(
             f"/nodes/{node['id']}/drain",
-            {"reason": "firmware update", "policy": "wait", "deadline_in": 10, "expected_version": node["version"]},
+            {"reason": "firmware update", "policy": "wait", "deadline_in": 10},
+            headers={"If-Match": self.api.etag(f"/nodes/{node['id']}")},
         )
         done = self.wait_node(node["id"], lambda n: n["lifecycle"] == "maintenance", f"{name} to reach maintenance")
         record = self.api.get(f"/drains/{drain['id']}")
@@ -291,11 +299,8 @@ class Story:
         node = self.api.node(lease["node_id"])
         self.api.post(
             f"/nodes/{node['id']}/quarantine",
-            {
-                "reason": "demo: outbound traffic to a mining pool",
-                "evidence": {"dst": "203.0.113.7:3333"},
-                "expected_version": node["version"],
-            },
+            {"reason": "demo: outbound traffic to a mining pool", "evidence": {"dst": "203.0.113.7:3333"}},
+            headers={"If-Match": self.api.etag(f"/nodes/{node['id']}")},
         )
         node = self.api.node(node["id"])
         revoked = self.api.lease(lease["id"])

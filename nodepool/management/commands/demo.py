@@ -47,6 +47,10 @@ class Command(BaseCommand):
         if nodes < 20:
             raise CommandError("--nodes must be at least 20 (the story disturbs a handful of them)")
         call_command("migrate", verbosity=0, interactive=False)
+        # The web server (whitenoise) serves the admin's and the API docs' files from STATIC_ROOT,
+        # here the demo's own var dir: without them the admin is unstyled and /api/docs/ blank.
+        # Symlinks, not copies: the demo's var dir is wiped at each start.
+        call_command("collectstatic", verbosity=0, interactive=False, link=True)
         demo = Demo(
             var_dir=var_dir,
             nodes=nodes,

@@ -1,0 +1,83 @@
+"""The pending-instructions marker: what is waiting for a node, as a bit set on its row.
+
+A renewal is one statement on the node's own row (fleet.renewals); it cannot look into the
+tables of ``leases`` or ``maintenance`` (nor may ``fleet`` import them). So whoever leaves
+something for a node raises a bit of ``Node.instructions`` with :func:`post_instructions`, and
+the renewal answers the whole bit set as its ``flags``. Any flag means "send a status report":
+its response carries the instructions themselves (assigned leases, stop and checkpoint orders,
+the benchmark, the desired lifecycle, …), and an applied status report clears the marker in the
+same conditional UPDATE that applies it, before the instructions are read, so an instruction
+posted meanwhile raises the bit again rather than being lost.
+
+Bits (documented in docs/api-contract.md; stable once published, new kinds take new bits):
+
+====  ===================  ==========================================================
+bit   name                 raised by
+====  ===================  ==========================================================
+1     LEASES               leases: a lease granted to the node
+2     STOP                 leases: a lease on the node ended (released, revoked, lost…)
+4     CHECKPOINT           leases/maintenance: a checkpoint asked of a lease
+8     BENCHMARK            fleet.admission: a benchmark requested
+16    ROTATE_CREDENTIAL    the renewal itself (not stored): under 25 % of the credential left
+32    STATUS_REPORT        fleet: a status report wanted (overdue, new incarnation)
+64    LIFECYCLE            maintenance/fleet: the lifecycle changed (drain, cordon, quarantine…)
+128   HOLD                 reserved: cordon holds
+256   UPGRADE              reserved: upgrade instructions
+512   PREEMPTION           reserved: preemption notices
+1024  SECRET               leases: a lease was renewed, so its per-lease secret changed
+====  ===================  ==========================================================
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+
+from django.db import transaction
+from django.db.models import F
+
+from .models import Node
+
+
+class Instruction(enum.IntFlag):
+    LEASES = 1
+    STOP = 2
+    CHECKPOINT = 4
+    BENCHMARK = 8
+    ROTATE_CREDENTIAL = 16
+    STATUS_REPORT = 32
+    LIFECYCLE = 64
+    HOLD = 128
+    UPGRADE = 256
+    PREEMPTION = 512
+    SECRET = 1024
+
+
+def flag_names(flags: int) -> list[str]:
+    """``[name, ...]`` of the known bits set in ``flags`` (lower case), for logs and the agent."""
+    return [member.name.lower() for member in Instruction if flags & member]
+
+
+def post_instructions(node_ids: Iterable, flags: int, *, on_commit: bool = True) -> None:
+    """Raise ``flags`` on the pending-instructions marker of every node in ``node_ids``.
+
+    Args:
+        node_ids: node primary keys (UUIDs or their strings); empty does nothing.
+        flags: an :class:`Instruction` bit set.
+        on_commit: when called inside a transaction, raise the bits once it commits (the
+            default): the node must not be told before what waits for it is visible, and the
+            one-row UPDATE then holds no lock of the caller's transaction.
+
+    One UPDATE (``instructions = instructions | flags``): concurrent posters never lose a bit.
+    """
+    ids = list(node_ids)
+    if not ids or not flags:
+        return
+
+    def raise_bits():
+        Node.objects.filter(pk__in=ids).update(instructions=F("instructions").bitor(int(flags)))
+
+    if on_commit:
+        transaction.on_commit(raise_bits)
+    else:
+        raise_bits()

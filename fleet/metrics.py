@@ -1,0 +1,33 @@
+"""Hot-path counters of node traffic (prometheus_client; exported by the project's /metrics).
+
+``nodepool_heartbeats_total{kind, outcome}``: every renewal and status report answered, by
+``kind`` (``renewal`` | ``status_report``) and ``outcome`` (the response's ``code``: ``applied``,
+``duplicate_sequence``, ``stale_sequence``, ``stale_incarnation``, ``status_report_required``,
+or the problem code of a refusal: ``too_many_requests``, ``node_retired``,
+``authentication_failed``, ``forbidden``, ``validation_error``, ``payload_too_large``…). Both
+labels have a small fixed set of values (no ids: Prometheus naming guide).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter
+
+RENEWAL = "renewal"
+STATUS_REPORT = "status_report"
+
+HEARTBEATS = Counter(
+    "nodepool_heartbeats",
+    "Node renewals and status reports answered, by kind and outcome code.",
+    ["kind", "outcome"],
+)
+
+_children: dict[tuple[str, str], object] = {}
+
+
+def count(kind: str, outcome: str) -> None:
+    """Add one to ``nodepool_heartbeats_total{kind, outcome}`` (children cached: no label lookup
+    on the hot path after the first of each pair)."""
+    child = _children.get((kind, outcome))
+    if child is None:
+        child = _children[(kind, outcome)] = HEARTBEATS.labels(kind=kind, outcome=outcome)
+    child.inc()

@@ -1,0 +1,183 @@
+"""Execution evidence: the intervals in which a node listed a lease as running (docs/marketplace.md).
+
+Rules (one status report = today's heartbeat, which lists the leases the node runs):
+
+- a status report listing a live lease with its fencing token, in the node's current incarnation,
+  opens an evidence interval or extends the open one (``last_seen_at`` = the report's receipt time);
+- a status report that omits the lease closes it (``not_reported``); one that lists it with another
+  token closes it (``token_mismatch``); a new incarnation closes it (``stale_incarnation``) and, if
+  the new incarnation lists the lease again, a new interval opens;
+- a report that arrives more than the pool's grace (scaled with the fleet, as liveness scales it)
+  after the interval was last extended closes it at its last extension (``silence``) and opens a
+  new one: the silent time is a gap, never evidence;
+- the lease's end closes it (``lease_ended``).
+
+An interval's evidenced span is ``[started_at, last_seen_at]``: only time between two pieces of
+evidence counts, so a lease reported once has none.
+
+Renewals (the cheap liveness signal, which does not list leases) carry an open interval of the
+same incarnation forward until the next status report: a status report that lists the lease more
+than the grace after the last one extends the interval over the gap when the node stayed alive
+in between (:func:`carried`: the liveness sweep ran and saw it neither unreachable nor lost),
+instead of closing it as ``silence``. Time after the last status report that listed a lease is not
+evidence unless a later one lists it again (an omitting report, a restart or the lease's end closes
+the interval at that last listing). :func:`record_renewal` is the eager form, for a renewal path
+that can afford one UPDATE.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+
+from django.db.models import F, Q
+
+from fleet import liveness
+from fleet.choices import Liveness, NodeEventType
+from fleet.models import LivenessSweepState, NodeEvent
+
+from .choices import EvidenceClose
+from .models import EvidenceInterval
+
+
+def grace_seconds(pool) -> float:
+    """The pool's heartbeat grace as liveness scales it at the current fleet size (seconds)."""
+    return liveness.timings_for(pool, liveness.heartbeat_population()).unreachable_after
+
+
+def record_status_report(
+    *,
+    node,
+    incarnation: int,
+    live: dict[uuid.UUID, dict],
+    listed: set[uuid.UUID],
+    mismatched: set[uuid.UUID],
+    now: datetime,
+) -> None:
+    """Apply one status report's evidence. Call inside the reconciliation's transaction.
+
+    Args:
+        node: the fleet.Node (its ``usage`` is this report's, canonical units).
+        incarnation: the report's incarnation.
+        live: the node's live leases, ``{lease id: {"fencing_token", ...}}``.
+        listed: live leases the report listed with their own token.
+        mismatched: live leases the report listed with another token.
+        now: the server's receipt time.
+
+    Cost: nothing when the node holds no live lease; else one SELECT of its open intervals, one
+    UPDATE extending them, and writes only when an interval opens or closes or a usage peak grows.
+    """
+    if not live:
+        return
+    grace = timedelta(seconds=grace_seconds(node.pool))
+    open_rows = {
+        row["lease_id"]: row
+        for row in EvidenceInterval.objects.filter(node_id=node.pk, closed_at__isnull=True).values(
+            "pk", "lease_id", "node_incarnation", "fencing_token", "last_seen_at", "usage_max"
+        )
+    }
+    usage = {k: v for k, v in (node.usage or {}).items() if isinstance(v, int) and not isinstance(v, bool)}
+    extend: list[int] = []
+    close: dict[str, list[int]] = {}
+    peaks: list[tuple[int, dict]] = []
+    opened: list[EvidenceInterval] = []
+    for lease_id, lease in live.items():
+        row = open_rows.get(lease_id)
+        if lease_id in listed:
+            if row is not None:
+                reason = None
+                if row["node_incarnation"] != incarnation:
+                    reason = EvidenceClose.STALE_INCARNATION
+                elif row["fencing_token"] != lease["fencing_token"]:
+                    reason = EvidenceClose.TOKEN_MISMATCH
+                elif now - row["last_seen_at"] > grace and not carried(node, row["last_seen_at"], now, grace):
+                    reason = EvidenceClose.SILENCE
+                if reason is None:
+                    extend.append(row["pk"])
+                    peak = _peak(row["usage_max"], usage)
+                    if peak != row["usage_max"]:
+                        peaks.append((row["pk"], peak))
+                    continue
+                close.setdefault(reason, []).append(row["pk"])
+            opened.append(
+                EvidenceInterval(
+                    lease_id=lease_id,
+                    node_id=node.pk,
+                    node_incarnation=incarnation,
+                    fencing_token=lease["fencing_token"],
+                    started_at=now,
+                    last_seen_at=now,
+                    usage_max=usage,
+                )
+            )
+        elif row is not None:
+            if row["node_incarnation"] != incarnation:
+                reason = EvidenceClose.STALE_INCARNATION
+            elif lease_id in mismatched:
+                reason = EvidenceClose.TOKEN_MISMATCH
+            else:
+                reason = EvidenceClose.NOT_REPORTED
+            close.setdefault(reason, []).append(row["pk"])
+    if extend:
+        EvidenceInterval.objects.filter(pk__in=extend, closed_at__isnull=True).update(
+            last_seen_at=now, status_reports=F("status_reports") + 1
+        )
+    for pk, peak in peaks:
+        EvidenceInterval.objects.filter(pk=pk).update(usage_max=peak)
+    for reason, pks in close.items():
+        EvidenceInterval.objects.filter(pk__in=pks, closed_at__isnull=True).update(closed_at=now, close_reason=reason)
+    if opened:
+        # A racing report of the same node may have opened one already: the partial unique
+        # constraint keeps one, and ignore_conflicts keeps this report from failing on it.
+        EvidenceInterval.objects.bulk_create(opened, ignore_conflicts=True)
+
+
+def carried(node, since: datetime, now: datetime, grace: timedelta) -> bool:
+    """Did renewals carry the node from ``since`` (an interval's last status report) to ``now``?
+
+    True when ``now`` is within the grace of ``since`` (nothing to carry), or when the liveness
+    sweep has run within the last grace (so silence would have been noticed) and recorded no
+    ``unreachable``/``lost`` for the node in between, nor did a message revive it from those
+    (renewals do not list leases, so the node's own liveness is the only witness between two status
+    reports). When the sweep has not run, nothing is carried: under-billing, never over-billing.
+    Costs two small queries, only for an interval older than the grace.
+    """
+    if now - since <= grace:
+        return True
+    if not LivenessSweepState.objects.filter(pk=1, last_run_at__gte=now - grace).exists():
+        return False
+    degraded = (Liveness.UNREACHABLE, Liveness.LOST)
+    return not NodeEvent.objects.filter(
+        Q(to_state__in=degraded) | Q(from_state__in=degraded),
+        node_id=node.pk,
+        type=NodeEventType.LIVENESS,
+        created_at__gt=since,
+        created_at__lte=now,
+    ).exists()
+
+
+def record_renewal(*, node, incarnation: int, now: datetime) -> int:
+    """Carry the node's open intervals of ``incarnation`` forward to ``now`` (a renewal: the node
+    is alive and, until its next status report says otherwise, runs what it last listed).
+
+    An interval last extended more than the grace ago is left alone: the next status report closes
+    it as ``silence``. Returns how many intervals were extended (one UPDATE)."""
+    grace = timedelta(seconds=grace_seconds(node.pool))
+    return EvidenceInterval.objects.filter(
+        node_id=node.pk, closed_at__isnull=True, node_incarnation=incarnation, last_seen_at__gte=now - grace
+    ).update(last_seen_at=now, renewals=F("renewals") + 1)
+
+
+def close_for_lease(lease_id, *, now: datetime, reason: str = EvidenceClose.LEASE_ENDED) -> int:
+    """Close the lease's open interval (its end); the evidenced span stays ``[started, last_seen]``."""
+    return EvidenceInterval.objects.filter(lease_id=lease_id, closed_at__isnull=True).update(
+        closed_at=now, close_reason=reason
+    )
+
+
+def _peak(before: dict, usage: dict) -> dict:
+    merged = dict(before or {})
+    for name, value in usage.items():
+        if value > merged.get(name, -1):
+            merged[name] = value
+    return merged

@@ -1,0 +1,15 @@
+"""Celery beat entries of the marketplace app."""
+
+from django.conf import settings
+
+_SWEEP = float(settings.NODEPOOL.get("RECONCILE_SWEEP_INTERVAL", 60.0))
+
+BEAT_SCHEDULE = {
+    # The safety net for reconciliation tasks that fire late, twice or never (a lost broker
+    # message), and the re-run of held records once their quarantine is released.
+    "marketplace-reconcile-due": {
+        "task": "marketplace.reconcile_due",
+        "schedule": _SWEEP,
+        "options": {"expires": _SWEEP * 0.9},
+    },
+}

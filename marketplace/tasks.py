@@ -1,0 +1,25 @@
+"""Celery tasks of the marketplace: thin wrappers over :mod:`marketplace.reconciliation`."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from fleet.events import Actor
+
+from . import reconciliation
+
+
+@shared_task(name="marketplace.reconcile_usage_record", ignore_result=True)
+def reconcile_usage_record(record_id: int) -> str:
+    """Queued at the lease's end with ``countdown`` = the settlement window. Early, late or
+    repeated runs are harmless: an early one changes nothing, a repeated one finds it settled."""
+    task_id = reconcile_usage_record.request.id or ""
+    record = reconciliation.reconcile_usage(record_id, actor=Actor.system("marketplace.reconcile", task_id))
+    return record.state if record is not None else "missing"
+
+
+@shared_task(name="marketplace.reconcile_due", ignore_result=True)
+def reconcile_due() -> dict:
+    """Beat safety net: records past their window, and held ones whose quarantine was released."""
+    task_id = reconcile_due.request.id or ""
+    return reconciliation.reconcile_due(actor=Actor.system("marketplace.reconcile_due", task_id))

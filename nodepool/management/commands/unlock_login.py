@@ -1,0 +1,18 @@
+"""``manage.py unlock_login <username> [--ip ADDRESS]``: lift a login lockout (django-axes)."""
+
+from __future__ import annotations
+
+from axes.utils import reset
+from django.core.management.base import BaseCommand
+
+
+class Command(BaseCommand):
+    help = "Unlock a user's login after too many failed attempts (all addresses, or one with --ip)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("username")
+        parser.add_argument("--ip", default=None, help="only the lockout from this address")
+
+    def handle(self, *args, username, ip, **options):
+        count = reset(username=username, ip=ip) if ip else reset(username=username)
+        self.stdout.write(f"Unlocked {username}: {count} failed-login record(s) removed.")

@@ -1,0 +1,317 @@
+"""nodepoolctl's commands (Click + Rich). See docs/nodepoolctl.md.
+
+Conventions, as kubectl's: ``get`` lists (``-o wide|json|yaml|name``, ``-l`` label selector),
+``describe`` shows one object in sections with its events last, the actions (cordon, drain…) take
+a reason. Every action sends the version of the node it acts on (``If-Match``): read just before
+the action, or ``--expected-version N`` from an earlier ``get``; a 412 (the node changed
+meanwhile) is retried once with a fresh read only with ``--force``. Any failure prints one line
+(``error: <status> <code>: <detail>``) on stderr and exits 1; usage errors exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import datetime
+
+import click
+from rich.console import Console
+
+from . import describe as describe_mod
+from . import render
+from .client import Api, ApiError
+from .config import ConfigError, load_config
+
+KIND_ALIASES = {
+    "node": "node", "nodes": "node", "no": "node",
+    "pool": "pool", "pools": "pool",
+    "lease": "lease", "leases": "lease",
+    "drain": "drain", "drains": "drain",
+    "quarantine": "quarantine", "quarantines": "quarantine",
+}  # fmt: skip
+PATHS = {"node": "/nodes", "pool": "/pools", "lease": "/node-leases", "drain": "/drains", "quarantine": "/quarantines"}
+DURATION = re.compile(r"^(\d+)([smhd])$")
+UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+OUTPUTS = click.Choice(["wide", "json", "yaml", "name"])
+
+
+def console() -> Console:
+    # Made per call, not at import: Rich reads the terminal width (or COLUMNS) when constructed.
+    return Console(highlight=False, soft_wrap=True)
+
+
+class Context:
+    def __init__(self, url: str | None, token: str | None):
+        self._url, self._token, self._api = url, token, None
+
+    @property
+    def api(self) -> Api:
+        if self._api is None:
+            config = load_config(url=self._url, token=self._token)
+            self._api = Api(config.url, config.token)
+        return self._api
+
+
+def _complete_nodes(ctx, param, incomplete: str):
+    """Tab completion of node names (hostnames) from the API; nothing when it cannot be reached."""
+    try:
+        root = ctx.find_root().params
+        config = load_config(url=root.get("url"), token=root.get("token"))
+        api = Api(config.url, config.token, timeout=3)
+        names = [n.get("hostname") for n in api.get("/nodes", page_size=500)["results"]]
+    except (ApiError, ConfigError, KeyError, TypeError):
+        return []
+    return [click.shell_completion.CompletionItem(n) for n in names if n and n.startswith(incomplete)]
+
+
+NODE = click.argument("node", metavar="NODE", shell_complete=_complete_nodes)
+REASON = click.option("--reason", required=True, help="Why (recorded with the action).")
+FORCE = click.option("--force", is_flag=True, help="On 412 (the node changed meanwhile): re-read it and retry once.")
+EXPECTED = click.option(
+    "--expected-version", type=int, default=None, help="Act only if the node is still at this version (from `get`)."
+)
+
+
+class Group(click.Group):
+    """Turns API and config errors into one line on stderr and exit status 1."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (ApiError, ConfigError) as exc:
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(1)
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--url", envvar="NODEPOOL_URL", help="Server base URL (env NODEPOOL_URL; config file `url`).")
+@click.option("--token", envvar="NODEPOOL_TOKEN", help="API token (env NODEPOOL_TOKEN; config file `token`).")
+@click.pass_context
+def cli(ctx, url, token):
+    """nodepoolctl: run a nodepool fleet from the command line (a client of the public API)."""
+    ctx.obj = Context(url, token)
+    ctx.call_on_close(lambda: ctx.obj._api.close() if ctx.obj._api else None)
+
+
+def _kind(value: str) -> str:
+    try:
+        return KIND_ALIASES[value.lower()]
+    except KeyError:
+        raise click.BadParameter(f"one of {', '.join(sorted(set(KIND_ALIASES.values())))}") from None
+
+
+def _show(kind: str, objects: list[dict], output: str | None) -> None:
+    if output in ("json", "yaml"):
+        click.echo(render.dump(objects, output))
+    elif output == "name":
+        click.echo(render.names(kind, objects))
+    elif not objects:
+        click.echo("No resources found.", err=True)
+    else:
+        console().print(render.table(kind, objects, wide=output == "wide"))
+
+
+@cli.command()
+@click.argument("kind", metavar="KIND", shell_complete=lambda c, p, i: [k for k in PATHS if k.startswith(i)])
+@click.argument("name", required=False)
+@click.option("-o", "--output", type=OUTPUTS, default=None, help="wide, json, yaml or name (default: a table).")
+@click.option("-l", "--selector", default=None, help="Label selector (nodes): k=v,k!=v,k in (a,b),k notin (a),k,!k.")
+@click.option("--pool", default=None, help="Only this pool.")
+@click.pass_obj
+def get(obj: Context, kind, name, output, selector, pool):
+    """List nodes, pools, leases, drains or quarantines (or show one by NAME)."""
+    kind = _kind(kind)
+    api = obj.api
+    if name:
+        item = api.node(name) if kind == "node" else api.get(f"{PATHS[kind]}/{name}")
+        objects = [item]
+    else:
+        if selector and kind != "node":
+            raise click.UsageError("-l/--selector applies to nodes only")
+        objects = api.list(PATHS[kind], pool=pool, label=selector)
+    _show(kind, objects, output)
+
+
+@cli.group()
+def describe():
+    """Show one object in detail (kubectl describe)."""
+
+
+@describe.command("node")
+@NODE
+@click.pass_obj
+def describe_node(obj: Context, node):
+    """A node: state, conditions in order, capacity, holds, leases, events last."""
+    found = obj.api.node(node)
+    leases = obj.api.list("/node-leases", node=found["id"], state=["granted", "active"])
+    # The general event timeline (GET /events, newest first): the last DESCRIBE_EVENTS of them.
+    page = obj.api.get("/events", node=found["id"], page_size=describe_mod.DESCRIBE_EVENTS)
+    console().print(describe_mod.describe_node(found, leases, page.get("results") or []))
+
+
+def _act(api: Api, node_ref: str, action: str, body: dict, *, expected: int | None, force: bool, params=None):
+    """POST a node action with the node's version as If-Match; one retry on 412 with ``force``."""
+    node = api.node(node_ref)
+    path = f"/nodes/{node['id']}"
+    etag = f'"{expected}"' if expected is not None else api.get_with_version(path)[1]
+    try:
+        return node, api.post(f"{path}/{action}", body, etag=etag, params=params)
+    except ApiError as exc:
+        if exc.status != 412 or not force:
+            raise
+        _, etag = api.get_with_version(path)
+        return node, api.post(f"{path}/{action}", body, etag=etag, params=params)
+
+
+def _name(node: dict) -> str:
+    return f"node/{node.get('hostname') or node['id']}"
+
+
+@cli.command()
+@NODE
+@REASON
+@click.option("--expires-at", default=None, help="RFC 3339 time at which your hold ends by itself.")
+@EXPECTED
+@FORCE
+@click.pass_obj
+def cordon(obj: Context, node, reason, expires_at, expected_version, force):
+    """Place your own cordon hold on NODE: no new work lands there; its leases keep running."""
+    body = {"reason": reason, **({"expires_at": expires_at} if expires_at else {})}
+    found, _ = _act(obj.api, node, "cordon", body, expected=expected_version, force=force)
+    click.echo(f"{_name(found)} cordoned")
+
+
+@cli.command()
+@NODE
+@REASON
+@click.option("--owner", default=None, help="Whose hold to remove (default: your own), e.g. user:olivia.")
+@click.option("--override", is_flag=True, help="Operators: remove another actor's hold (or, without --owner, all).")
+@EXPECTED
+@FORCE
+@click.pass_obj
+def uncordon(obj: Context, node, reason, owner, override, expected_version, force):
+    """Remove your cordon hold from NODE (it stays cordoned while other actors' holds remain)."""
+    body = {"reason": reason, "force": override, **({"owner": owner} if owner else {})}
+    found, response = _act(obj.api, node, "uncordon", body, expected=expected_version, force=force)
+    still = response.json().get("cordoned")
+    holds = ", ".join(h["owner"] for h in response.json().get("holds") or [])
+    click.echo(f"{_name(found)} uncordoned" if not still else f"{_name(found)} still cordoned by {holds}")
+
+
+def parse_deadline(value: str) -> dict:
+    """``2h`` / ``90m`` / ``45s`` / ``1d`` → ``{"deadline_in": seconds}``; RFC 3339 → ``{"deadline": value}``."""
+    if match := DURATION.match(value.strip()):
+        return {"deadline_in": int(match.group(1)) * UNITS[match.group(2)]}
+    try:
+        datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise click.BadParameter("a duration (30m, 2h, 1d) or an RFC 3339 time") from None
+    return {"deadline": value}
+
+
+@cli.command()
+@NODE
+@REASON
+@click.option("--deadline", required=True, help="When leases must be gone: 30m, 2h, 1d, or an RFC 3339 time.")
+@click.option("--policy", type=click.Choice(["wait", "checkpoint", "revoke"]), default="wait", show_default=True)
+@click.option("--dry-run", is_flag=True, help="Change nothing; show what would happen to each lease.")
+@EXPECTED
+@FORCE
+@click.pass_obj
+def drain(obj: Context, node, reason, deadline, policy, dry_run, expected_version, force):
+    """Drain NODE: no new work, its leases end by the deadline per the policy, then maintenance."""
+    body = {"reason": reason, "policy": policy, **parse_deadline(deadline)}
+    params = {"dry_run": "true"} if dry_run else None
+    found, response = _act(obj.api, node, "drain", body, expected=expected_version, force=force, params=params)
+    data = response.json()
+    if dry_run:
+        summary = data.get("summary") or {}
+        counts = (summary.get("leases", 0), summary.get("placeable_elsewhere", 0), summary.get("unplaceable", 0))
+        click.echo(f"{_name(found)} would drain (dry run): {counts[0]} lease(s), {counts[1]} placeable elsewhere, "
+                   f"{counts[2]} not")  # fmt: skip
+        for lease in data.get("leases") or []:
+            placeable = "placeable elsewhere" if (lease.get("placement") or {}).get("placeable") else "not placeable"
+            lease_id = str(lease.get("lease_id", ""))[:8]
+            click.echo(f"  lease {lease_id} of {lease.get('workload_id')}: {lease.get('action')}, {placeable}")
+        return
+    click.echo(f"{_name(found)} draining (drain {data.get('id')}, deadline {data.get('deadline')})")
+
+
+@cli.command()
+@NODE
+@REASON
+@click.option("--evidence", default="{}", help="What was observed, as a JSON object.")
+@EXPECTED
+@FORCE
+@click.pass_obj
+def quarantine(obj: Context, node, reason, evidence, expected_version, force):
+    """Quarantine NODE: its credentials and leases are revoked at once; its owner sees why."""
+    try:
+        evidence_obj = json.loads(evidence)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--evidence") from None
+    if not isinstance(evidence_obj, dict):
+        raise click.BadParameter("must be a JSON object", param_hint="--evidence")
+    body = {"reason": reason, "evidence": evidence_obj}
+    found, _ = _act(obj.api, node, "quarantine", body, expected=expected_version, force=force)
+    click.echo(f"{_name(found)} quarantined")
+
+
+@cli.command()
+@NODE
+@REASON
+@EXPECTED
+@FORCE
+@click.pass_obj
+def release(obj: Context, node, reason, expected_version, force):
+    """Release NODE from quarantine (or rejection): it enrolls again and is admitted afresh."""
+    found, _ = _act(obj.api, node, "release", {"reason": reason}, expected=expected_version, force=force)
+    click.echo(f"{_name(found)} released")
+
+
+@cli.group()
+def top():
+    """Capacity in use (kubectl top)."""
+
+
+@top.command("pool")
+@click.option("-o", "--output", type=click.Choice(["json", "yaml"]), default=None)
+@click.pass_obj
+def top_pool(obj: Context, output):
+    """Per pool: nodes, schedulable nodes, cpu and memory allocated of allocatable, free GPUs.
+
+    Reads each pool's capacity endpoint (``GET /pools/{name}/capacity``); a server without it
+    (404 on the first pool) gets the same sums computed from the node list."""
+    api = obj.api
+    pools = [pool["name"] for pool in api.list("/pools")]
+    try:
+        rows = [describe_mod.pool_capacity_from_api(name, api.get(f"/pools/{name}/capacity")) for name in pools]
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+        rows = describe_mod.pool_capacity(api.list("/nodes"))
+    if output:
+        click.echo(render.dump(rows, output))
+    else:
+        console().print(describe_mod.top_table(rows))
+
+
+from .leases import lease  # noqa: E402  (the lease command group)
+from .watch import watch  # noqa: E402
+
+cli.add_command(lease)
+cli.add_command(watch)
+
+
+@cli.command()
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion(shell):
+    """Print the tab-completion script: eval "$(nodepoolctl completion bash)"."""
+    from click.shell_completion import get_completion_class
+
+    complete = get_completion_class(shell)(cli, {}, "nodepoolctl", "_NODEPOOLCTL_COMPLETE")
+    click.echo(complete.source())
+
+
+def main() -> None:
+    cli(prog_name="nodepoolctl")

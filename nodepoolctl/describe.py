@@ -1,0 +1,163 @@
+"""``describe node`` (kubectl describe's shape: fields, conditions in order, capacity, holds,
+leases, events last) and ``top pool`` (capacity per pool from the node list)."""
+
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from .render import age, amount
+
+
+def _grid(rows: list[tuple[str, str]]) -> Table:
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column(overflow="fold")
+    for key, value in rows:
+        grid.add_row(f"{key}:", value)
+    return grid
+
+
+def _pairs(labels: dict | None) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted((labels or {}).items())) or "<none>"
+
+
+def _with(value, detail) -> str:
+    return f"{value} ({detail})" if detail else f"{value}"
+
+
+def _section(title: str, body) -> list:
+    return [Text(f"{title}:", style="bold"), body]
+
+
+def _table(headers: list[str], rows: list[list[str]], empty: str = "<none>"):
+    if not rows:
+        return Text(f"  {empty}")
+    out = Table(box=None, header_style="bold", pad_edge=True)
+    for header in headers:
+        out.add_column(header, overflow="fold")
+    for row in rows:
+        out.add_row(*row)
+    return out
+
+
+DESCRIBE_EVENTS = 20  # the node's latest events shown by describe
+
+
+def describe_node(node: dict, leases: list[dict], events: list[dict]) -> Group:
+    """The node as sections, events last (oldest first, as kubectl lists them).
+
+    ``events`` are items of ``GET /events?node=`` (``created_at``, ``type``, ``from_state``,
+    ``to_state``, ``actor``, ``reason``), in any order.
+    """
+    reasons = node.get("unschedulable_reasons") or []
+    taints = [f"{t.get('key')}={t.get('value', '')}:{t.get('effect')}" for t in node.get("taints") or []]
+    heartbeat = f"last heartbeat {age(node.get('last_heartbeat_at'))} ago"
+    agent = f"incarnation {node.get('incarnation')}, sequence {node.get('sequence')}"
+    fields = [
+        ("Name", node.get("hostname") or "-"),
+        ("ID", node["id"]),
+        ("Pool", node.get("pool") or "-"),
+        ("Owner", node.get("owner") or "<none>"),
+        ("Labels", _pairs(node.get("labels"))),
+        ("Node labels", _pairs(node.get("node_labels"))),
+        ("Taints", ", ".join(taints) or "<none>"),
+        ("Lifecycle", _with(node.get("lifecycle"), node.get("lifecycle_reason"))),
+        ("Cordoned", "yes" if node.get("cordoned") else "no"),
+        ("Liveness", _with(node.get("liveness"), heartbeat)),
+        ("Ready", _with(node.get("ready"), node.get("ready_reason"))),
+        ("Health", _with(node.get("health"), ", ".join(node.get("health_reasons") or []))),
+        ("Schedulable", "yes" if node.get("schedulable") else "no: " + "; ".join(r["message"] for r in reasons)),
+        ("Agent", _with(node.get("agent_version") or "-", agent)),
+        ("Version", str(node.get("version"))),
+    ]
+    conditions = [
+        [c.get("type", ""), str(c.get("status", "")), c.get("reason") or "", c.get("message") or "",
+         c.get("last_transition_time") or ""]
+        for c in node.get("conditions") or []
+    ]  # fmt: skip
+    capacity = [
+        [name, *(amount(name, r.get(k)) for k in ("capacity", "reserved", "allocatable", "allocated", "free"))]
+        for name, r in sorted((node.get("capacity") or {}).items())
+    ]
+    holds = [[h.get("owner", ""), h.get("reason") or "", h.get("created_at") or "", h.get("expires_at") or "<never>"]
+             for h in node.get("holds") or []]  # fmt: skip
+    lease_rows = [
+        [lease.get("workload_id", ""), str(lease.get("fencing_token", "")), lease.get("state", ""),
+         lease.get("workload_state") or "-", lease.get("expires_at") or ""]
+        for lease in leases
+    ]  # fmt: skip
+    event_rows = [
+        [age(e.get("created_at")), e.get("type", ""),
+         f"{e.get('from_state') or ''}→{e.get('to_state') or ''}" if e.get("from_state") or e.get("to_state") else "",
+         e.get("actor") or e.get("actor_type", ""), e.get("reason") or ""]
+        for e in sorted(events, key=lambda e: e.get("created_at") or "")
+    ]  # fmt: skip
+    parts = [_grid(fields)]
+    parts += _section("Conditions", _table(["TYPE", "STATUS", "REASON", "MESSAGE", "LAST TRANSITION"], conditions))
+    parts += _section(
+        "Capacity", _table(["RESOURCE", "CAPACITY", "RESERVED", "ALLOCATABLE", "ALLOCATED", "FREE"], capacity)
+    )
+    parts += _section("Cordon holds", _table(["OWNER", "REASON", "SINCE", "EXPIRES"], holds))
+    parts += _section("Leases", _table(["WORKLOAD", "TOKEN", "STATE", "WORKLOAD STATE", "EXPIRES"], lease_rows))
+    parts += _section("Events", _table(["AGE", "TYPE", "CHANGE", "BY", "REASON"], event_rows))
+    return Group(*parts)
+
+
+TOP_RESOURCES = ("cpu", "memory", "nvidia.com/gpu")
+
+
+def pool_capacity(nodes: list[dict]) -> list[dict]:
+    """Capacity per pool from full node objects: node counts, and for cpu, memory and gpu the
+    allocatable, allocated and free sums over schedulable nodes (what placement can use now)."""
+    pools: dict[str, dict] = {}
+    for node in nodes:
+        pool = pools.setdefault(
+            node.get("pool") or "-",
+            {"nodes": 0, "schedulable": 0, **{r: {"allocatable": 0, "allocated": 0, "free": 0} for r in TOP_RESOURCES}},
+        )
+        pool["nodes"] += 1
+        if not node.get("schedulable"):
+            continue
+        pool["schedulable"] += 1
+        for resource in TOP_RESOURCES:
+            entry = (node.get("capacity") or {}).get(resource) or {}
+            for key in ("allocatable", "allocated", "free"):
+                pool[resource][key] += int(entry.get(key) or 0)
+    return [{"pool": name, **values} for name, values in sorted(pools.items())]
+
+
+def pool_capacity_from_api(pool: str, capacity: dict) -> dict:
+    """A row of ``top pool`` from the server's ``GET /pools/{name}/capacity`` answer."""
+    resources = capacity.get("resources") or {}
+    nodes = capacity.get("nodes") or {}
+    row = {"pool": pool, "nodes": nodes.get("total", 0), "schedulable": nodes.get("schedulable", 0)}
+    for resource in TOP_RESOURCES:
+        entry = resources.get(resource) or {}
+        row[resource] = {key: int(entry.get(key) or 0) for key in ("allocatable", "allocated", "free")}
+    return row
+
+
+def top_table(rows: list[dict]) -> Table:
+    out = Table(box=None, header_style="bold", pad_edge=False)
+    for header in (
+        "POOL",
+        "NODES",
+        "SCHEDULABLE",
+        "CPU USED/ALLOC",
+        "CPU%",
+        "MEMORY USED/ALLOC",
+        "MEMORY%",
+        "GPU FREE",
+    ):
+        out.add_column(header)
+    for row in rows:
+        cells = [row["pool"], str(row["nodes"]), str(row["schedulable"])]
+        for resource in ("cpu", "memory"):
+            r = row[resource]
+            cells.append(f"{amount(resource, r['allocated'])}/{amount(resource, r['allocatable'])}")
+            cells.append(f"{100 * r['allocated'] // r['allocatable']}%" if r["allocatable"] else "-")
+        cells.append(str(row["nvidia.com/gpu"]["free"]))
+        out.add_row(*cells)
+    return out

@@ -1,0 +1,171 @@
+"""How nodepoolctl shows objects: kubectl's columns (``get``), sections (``describe``), and the
+json / yaml / name outputs. Amounts come from the API in canonical units (cpu millicores, bytes)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import yaml
+from rich.table import Table
+
+BINARY = [("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)]
+BYTES = frozenset({"memory", "ephemeral-storage"})
+
+
+def amount(resource: str, value) -> str:
+    """``7900`` cpu → ``7.9``; bytes → ``23.5Gi``; counts as they are; None → ``-``."""
+    if value is None:
+        return "-"
+    if resource == "cpu":
+        return f"{Decimal(value) / 1000:.3f}".rstrip("0").rstrip(".")
+    if resource in BYTES:
+        for suffix, size in BINARY:
+            if value >= size:
+                return f"{value / size:.1f}".removesuffix(".0") + suffix
+    return str(value)
+
+
+def age(timestamp: str | None, now: datetime | None = None) -> str:
+    """kubectl's AGE: ``45s``, ``12m``, ``3h``, ``2d`` since an RFC 3339 time; ``<none>`` for None."""
+    if not timestamp:
+        return "<none>"
+    try:
+        moment = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    except ValueError:
+        return timestamp
+    seconds = max(0, int(((now or datetime.now(UTC)) - moment).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def free(node: dict, resource: str) -> str:
+    entry = (node.get("capacity") or {}).get(resource)
+    return amount(resource, entry.get("free")) if entry else "-"
+
+
+def _status(node: dict) -> str:
+    parts = [node.get("lifecycle", "?")]
+    if node.get("cordoned"):
+        parts.append("SchedulingDisabled")
+    if not node.get("schedulable"):
+        reasons = node.get("unschedulable_reasons") or []
+        if reasons:
+            parts.append(reasons[0]["code"])
+    return ",".join(parts)
+
+
+def _resources(resources: dict | None) -> str:
+    return ",".join(f"{k}={amount(k, v)}" for k, v in sorted((resources or {}).items())) or "-"
+
+
+def _labels(labels: dict | None) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted((labels or {}).items())) or "<none>"
+
+
+# kind -> (name of an object, columns [(header, getter)], extra columns for -o wide)
+Column = tuple[str, Callable[[dict], str]]
+KINDS: dict[str, tuple[Callable[[dict], str], list[Column], list[Column]]] = {
+    "node": (
+        lambda n: n.get("hostname") or n["id"],
+        [
+            ("NAME", lambda n: n.get("hostname") or n["id"]),
+            ("POOL", lambda n: n.get("pool") or ""),
+            ("STATUS", _status),
+            ("LIVENESS", lambda n: n.get("liveness", "")),
+            ("READY", lambda n: "True" if n.get("ready") else "False"),
+            ("HEALTH", lambda n: n.get("health", "")),
+            ("CPU FREE", lambda n: free(n, "cpu")),
+            ("MEMORY FREE", lambda n: free(n, "memory")),
+            ("GPU FREE", lambda n: free(n, "nvidia.com/gpu")),
+            ("HEARTBEAT", lambda n: age(n.get("last_heartbeat_at"))),
+        ],
+        [
+            ("ID", lambda n: n["id"]),
+            ("VERSION", lambda n: str(n.get("version", ""))),
+            ("AGENT", lambda n: n.get("agent_version") or ""),
+            ("LABELS", lambda n: _labels(n.get("labels"))),
+        ],
+    ),
+    "pool": (
+        lambda p: p["name"],
+        [
+            ("NAME", lambda p: p["name"]),
+            ("KIND", lambda p: p.get("kind", "")),
+            ("ADMISSION", lambda p: p.get("admission_mode", "")),
+            ("NODES", lambda p: str(p.get("node_count", ""))),
+            ("POLICY", lambda p: p.get("scheduling_policy", "")),
+        ],
+        [("VERSION", lambda p: str(p.get("version", ""))), ("LABELS", lambda p: _labels(p.get("labels")))],
+    ),
+    "lease": (
+        lambda lease: lease["id"],
+        [
+            ("ID", lambda lease: lease["id"]),
+            ("WORKLOAD", lambda lease: lease.get("workload_id", "")),
+            ("NODE", lambda lease: lease.get("node_id") or ""),
+            ("TOKEN", lambda lease: str(lease.get("fencing_token", ""))),
+            ("STATE", lambda lease: lease.get("state", "")),
+            ("WORKLOAD STATE", lambda lease: lease.get("workload_state") or "-"),
+            ("EXPIRES", lambda lease: lease.get("expires_at") or ""),
+        ],
+        [
+            ("POOL", lambda lease: lease.get("pool") or ""),
+            (
+                "RESOURCES",
+                lambda lease: ",".join(f"{k}={amount(k, v)}" for k, v in (lease.get("resources") or {}).items()),
+            ),
+            ("VERSION", lambda lease: str(lease.get("version", ""))),
+        ],
+    ),
+    "drain": (
+        lambda d: d["id"],
+        [
+            ("ID", lambda d: d["id"]),
+            ("NODE", lambda d: (d.get("node") or {}).get("hostname") or (d.get("node") or {}).get("id", "")),
+            ("STATE", lambda d: d.get("state", "")),
+            ("POLICY", lambda d: d.get("policy", "")),
+            ("DEADLINE", lambda d: d.get("deadline") or ""),
+            ("LEASES LEFT", lambda d: str(d.get("leases_remaining", ""))),
+        ],
+        [("REASON", lambda d: d.get("reason", "")), ("BY", lambda d: d.get("requested_by_name") or "")],
+    ),
+    "quarantine": (
+        lambda q: q["id"],
+        [
+            ("ID", lambda q: str(q["id"])),
+            ("NODE", lambda q: str(q.get("node", ""))),
+            ("RULE", lambda q: q.get("rule", "")),
+            ("SINCE", lambda q: age(q.get("created_at"))),
+            ("RELEASED", lambda q: q.get("released_at") or "<open>"),
+        ],
+        [("REASON", lambda q: q.get("reason", ""))],
+    ),
+}
+
+
+def table(kind: str, objects: list[dict], *, wide: bool = False) -> Table:
+    _, columns, extra = KINDS[kind]
+    columns = columns + extra if wide else columns
+    out = Table(box=None, header_style="bold", pad_edge=False)
+    for header, _ in columns:
+        out.add_column(header, overflow="fold")
+    for obj in objects:
+        out.add_row(*(str(get(obj)) for _, get in columns))
+    return out
+
+
+def dump(objects: list[dict] | dict, output: str) -> str:
+    """``json`` or ``yaml`` text of ``objects``."""
+    if output == "json":
+        return json.dumps(objects, indent=2, sort_keys=True, default=str)
+    return yaml.safe_dump(json.loads(json.dumps(objects, default=str)), sort_keys=True)
+
+
+def names(kind: str, objects: list[dict]) -> str:
+    name_of = KINDS[kind][0]
+    return "\n".join(f"{kind}/{name_of(obj)}" for obj in objects)

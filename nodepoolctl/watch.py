@@ -1,0 +1,45 @@
+"""``nodepoolctl watch nodes``: poll the node list and redraw it in place (Ctrl-C stops)."""
+
+from __future__ import annotations
+
+import time
+
+import click
+from rich.console import Console, Group
+from rich.live import Live
+from rich.text import Text
+
+from .render import table
+
+
+@click.group()
+def watch():
+    """Watch objects change (polling, redrawn in place)."""
+
+
+@watch.command("nodes")
+@click.option("-l", "--selector", default=None, help="Label selector: k=v,k!=v,k in (a,b),k notin (a),k,!k.")
+@click.option("--pool", default=None)
+@click.option("--interval", type=click.FloatRange(min=0.5), default=2.0, show_default=True, help="Seconds.")
+@click.option("--count", type=click.IntRange(min=1), default=None, help="Stop after this many refreshes.")
+@click.option("-o", "--output", type=click.Choice(["wide"]), default=None)
+@click.pass_obj
+def watch_nodes(obj, selector, pool, interval, count, output):
+    """The node list, refreshed every --interval seconds."""
+    console = Console(highlight=False)
+    refreshes = 0
+
+    def frame():
+        nodes = obj.api.list("/nodes", pool=pool, label=selector)
+        stamp = Text(f"{time.strftime('%H:%M:%S')}  {len(nodes)} node(s), every {interval:g}s", style="dim")
+        return Group(stamp, table("node", nodes, wide=output == "wide"))
+
+    try:
+        with Live(frame(), console=console, auto_refresh=False) as live:
+            refreshes = 1
+            while count is None or refreshes < count:
+                time.sleep(interval)
+                live.update(frame(), refresh=True)
+                refreshes += 1
+    except KeyboardInterrupt:
+        pass

@@ -1,0 +1,212 @@
+"""Admin for pool operations: upgrades with start/pause/resume/rollback/abort actions (each checks
+the version the operator saw), pool operation settings, decisions, machines, preemptions."""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin, messages
+
+from fleet.events import Actor
+from maintenance.admin import ReasonForm, Spec, run_with_form
+from nodepool.api.problems import Problem
+
+from . import services, upgrades
+from .models import PoolOperations, Preemption, ProviderMachine, ScaleDecision, Upgrade, UpgradeNode
+
+
+class UpgradeNodeInline(admin.TabularInline):
+    model = UpgradeNode
+    extra = 0
+    can_delete = False
+    fields = ["phase", "position", "node", "state", "from_version", "started_at", "finished_at", "detail"]
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+def _action(service, label: str):
+    """An admin action running ``service`` on the selected upgrades after an intermediate form
+    (maintenance.admin.run_with_form): the operator gives a reason, and each upgrade is acted on
+    at the version that form showed; a change since then is refused (412), not acted on blindly."""
+
+    def run(upgrade, version, actor, data):
+        service(upgrade_id=upgrade.pk, expected_version=version, actor=actor, reason=data["reason"])
+
+    spec = Spec(label.capitalize(), "operations.operate_upgrade", ReasonForm, run)
+
+    def act(modeladmin, request, queryset):
+        return run_with_form(modeladmin, request, queryset, spec, lambda upgrade: upgrade.version)
+
+    act.short_description = f"{label.capitalize()} selected upgrades…"
+    act.__name__ = f"upgrade_{label.replace(' ', '_')}"
+    act.allowed_permissions = ("operate",)
+    return act
+
+
+@admin.register(Upgrade)
+class UpgradeAdmin(admin.ModelAdmin):
+    list_display = [
+        "id",
+        "pool",
+        "state",
+        "target_version",
+        "max_unavailable_nodes",
+        "failures",
+        "created_at",
+        "version",
+    ]
+    list_filter = ["state", "pool"]
+    inlines = [UpgradeNodeInline]
+    actions = [
+        _action(upgrades.upgrade_start, "start"),
+        _action(upgrades.upgrade_pause, "pause"),
+        _action(upgrades.upgrade_resume, "resume"),
+        _action(upgrades.upgrade_rollback, "roll back"),
+        _action(upgrades.upgrade_abort, "abort"),
+    ]
+    readonly_fields = [f.name for f in Upgrade._meta.fields]
+
+    @admin.display(description="target")
+    def target_version(self, obj: Upgrade) -> str:
+        return obj.target.get("version", "")
+
+    def has_operate_permission(self, request) -> bool:
+        return request.user.has_perm("operations.operate_upgrade")
+
+    def has_add_permission(self, request) -> bool:
+        return False  # created through the API (validated target); acted on here
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return obj is None and request.user.has_perm("operations.operate_upgrade")
+
+
+class PoolOperationsAdminForm(forms.ModelForm):
+    """Pool operation settings, changed through the API's service (services.pool_operations_update):
+    the same validation, the spot taint added or removed with ``spot``, an event, and the version
+    the operator saw checked (412 in the API, a form error here)."""
+
+    expected_version = forms.IntegerField(widget=forms.HiddenInput, required=False)
+    provider_secret = forms.CharField(
+        required=False,
+        widget=forms.PasswordInput(render_value=False),
+        help_text="Leave empty to keep the current secret.",
+    )
+
+    class Meta:
+        model = PoolOperations
+        fields = [
+            "spot", "fallback_pool", "drain_policy", "drain_timeout", "provider", "provider_url", "provider_secret",
+            "min_nodes", "max_nodes", "node_template", "scale_up_delay", "scale_up_cooldown",
+            "max_nodes_per_scale_up", "scale_down_utilization", "scale_down_after", "scale_down_cooldown",
+            "boot_timeout",
+        ]  # fmt: skip
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.instance.pk:
+            self.fields["expected_version"].initial = self.instance.version
+
+    def wire_changes(self) -> dict:
+        """The changed fields as a ``PATCH /pools/{name}/operations`` body."""
+        body = {}
+        for name in self.changed_data:
+            value = self.cleaned_data.get(name)
+            if name == "expected_version" or (name == "provider_secret" and not value):
+                continue
+            if name == "fallback_pool":
+                value = value.name if value is not None else None
+            elif name == "node_template":
+                value = _wire_template(value)
+            body[name] = value
+        return body
+
+    def clean(self):
+        data = super().clean()
+        if self.errors or not self.instance.pk:
+            return data
+        try:
+            services.parse_changes(self.wire_changes(), self.instance.pool)
+        except Problem as exc:
+            field = ((exc.extra or {}).get("errors") or [{}])[0].get("field")
+            self.add_error(field if field in self.fields else None, str(exc.detail))
+            return data
+        current = PoolOperations.objects.filter(pk=self.instance.pk).values_list("version", flat=True).first()
+        if data.get("expected_version") != current:
+            raise forms.ValidationError(
+                f"Someone changed these settings meanwhile (now version {current}); reload the page and try again."
+            )
+        return data
+
+
+def _wire_template(template) -> dict:
+    """A stored (canonical) node template as the API takes it: cpu in millicores is sent as "<n>m"."""
+    template = dict(template or {})
+    resources = template.get("resources") or {}
+    template["resources"] = {
+        name: (f"{value}m" if name == "cpu" else str(value)) if isinstance(value, int) else value
+        for name, value in resources.items()
+    }
+    return template
+
+
+@admin.register(PoolOperations)
+class PoolOperationsAdmin(admin.ModelAdmin):
+    form = PoolOperationsAdminForm
+    list_display = ["pool", "spot", "fallback_pool", "provider", "min_nodes", "max_nodes", "version"]
+    readonly_fields = ["pool", "target", "last_scale_up_at", "last_scale_down_at", "underused_since", "version"]
+
+    def has_add_permission(self, request) -> bool:
+        return False  # every pool has its settings row (operations.upgrades.pool_operations)
+
+    def save_model(self, request, obj, form, change):
+        try:
+            updated = services.pool_operations_update(
+                pool=obj.pool,
+                expected_version=form.cleaned_data["expected_version"],
+                data=form.wire_changes(),
+                actor=Actor.from_request(request),
+            )
+        except Problem as exc:  # a change between clean() and here (the row lock decides)
+            self.message_user(request, str(exc.detail), messages.ERROR)
+            return
+        obj.version = updated.version
+
+
+@admin.register(ScaleDecision)
+class ScaleDecisionAdmin(admin.ModelAdmin):
+    list_display = ["created_at", "pool", "direction", "outcome", "count", "reason", "attempts"]
+    list_filter = ["direction", "outcome", "pool"]
+    readonly_fields = [f.name for f in ScaleDecision._meta.fields]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(ProviderMachine)
+class ProviderMachineAdmin(admin.ModelAdmin):
+    list_display = ["name", "pool", "provider", "state", "node", "requested_at", "ready_at"]
+    list_filter = ["state", "provider", "pool"]
+    readonly_fields = [f.name for f in ProviderMachine._meta.fields]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+
+@admin.register(Preemption)
+class PreemptionAdmin(admin.ModelAdmin):
+    list_display = ["node", "pool", "source", "deadline", "received_at", "state", "leases_requeued"]
+    list_filter = ["state", "source", "pool"]
+    readonly_fields = [f.name for f in Preemption._meta.fields]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False

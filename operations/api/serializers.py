@@ -1,0 +1,175 @@
+"""Response shapes of pool operations (requests are validated by the services' parsers)."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from ..models import PoolOperations, Preemption, ProviderMachine, ScaleDecision, Upgrade, UpgradeNode
+
+
+class UpgradeNodeSerializer(serializers.ModelSerializer):
+    node_id = serializers.UUIDField(read_only=True)
+
+    class Meta:
+        model = UpgradeNode
+        fields = ["node_id", "phase", "position", "state", "from_version", "started_at", "finished_at", "detail"]
+        read_only_fields = fields
+
+
+class UpgradeSerializer(serializers.ModelSerializer):
+    pool = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    canary_pool = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    progress = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Upgrade
+        fields = [
+            "id",
+            "pool",
+            "state",
+            "target",
+            "previous_target",
+            "max_unavailable_nodes",
+            "max_surge_nodes",
+            "canary_nodes",
+            "canary_pool",
+            "soak_seconds",
+            "failure_threshold",
+            "node_timeout",
+            "auto_rollback",
+            "reason",
+            "status_reason",
+            "created_by_name",
+            "created_at",
+            "started_at",
+            "soak_until",
+            "finished_at",
+            "failures",
+            "progress",
+            "version",
+        ]
+        read_only_fields = fields
+
+    def get_progress(self, obj: Upgrade) -> dict:
+        """``{phase: {state: count}}`` of the upgrade's nodes."""
+        progress: dict[str, dict[str, int]] = {}
+        for phase, state in obj.nodes.values_list("phase", "state"):
+            progress.setdefault(phase, {})
+            progress[phase][state] = progress[phase].get(state, 0) + 1
+        return progress
+
+
+class UpgradeDetailSerializer(UpgradeSerializer):
+    nodes = UpgradeNodeSerializer(many=True, read_only=True)
+
+    class Meta(UpgradeSerializer.Meta):
+        fields = [*UpgradeSerializer.Meta.fields, "nodes"]
+        read_only_fields = fields
+
+
+class PoolOperationsSerializer(serializers.ModelSerializer):
+    pool = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    fallback_pool = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    provider_secret_set = serializers.SerializerMethodField()
+    # A string, not format "uri": it is empty while the pool has no webhook provider.
+    provider_url = serializers.CharField(read_only=True, help_text="webhook: the operator's URL; empty otherwise")
+
+    class Meta:
+        model = PoolOperations
+        fields = [
+            "pool",
+            "target",
+            "drain_policy",
+            "drain_timeout",
+            "spot",
+            "fallback_pool",
+            "provider",
+            "provider_url",
+            "provider_secret_set",
+            "min_nodes",
+            "max_nodes",
+            "node_template",
+            "scale_up_delay",
+            "scale_up_cooldown",
+            "max_nodes_per_scale_up",
+            "scale_down_utilization",
+            "scale_down_after",
+            "scale_down_cooldown",
+            "boot_timeout",
+            "last_scale_up_at",
+            "last_scale_down_at",
+            "version",
+        ]
+        read_only_fields = fields
+
+    def get_provider_secret_set(self, obj: PoolOperations) -> bool:
+        """The secret itself is never shown."""
+        return bool(obj.provider_secret)
+
+
+class ScaleDecisionSerializer(serializers.ModelSerializer):
+    pool = serializers.SlugRelatedField(slug_field="name", read_only=True)
+
+    class Meta:
+        model = ScaleDecision
+        fields = [
+            "id",
+            "pool",
+            "direction",
+            "outcome",
+            "count",
+            "reason",
+            "data",
+            "attempts",
+            "error",
+            "created_at",
+            "finished_at",
+        ]
+        read_only_fields = fields
+
+
+class ProviderMachineSerializer(serializers.ModelSerializer):
+    pool = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    node_id = serializers.UUIDField(read_only=True, allow_null=True)
+    scale_up_seconds = serializers.FloatField(read_only=True, allow_null=True)
+
+    class Meta:
+        model = ProviderMachine
+        fields = [
+            "id",
+            "pool",
+            "provider",
+            "name",
+            "state",
+            "node_id",
+            "requested_at",
+            "pending_since",
+            "ready_at",
+            "deleted_at",
+            "scale_up_seconds",
+            "error",
+        ]
+        read_only_fields = fields
+
+
+class PreemptionSerializer(serializers.ModelSerializer):
+    pool = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    fallback_pool = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    node_id = serializers.UUIDField(read_only=True)
+
+    class Meta:
+        model = Preemption
+        fields = [
+            "id",
+            "node_id",
+            "pool",
+            "source",
+            "deadline",
+            "received_at",
+            "state",
+            "drain_id",
+            "fallback_pool",
+            "leases_requeued",
+            "finished_at",
+        ]
+        read_only_fields = fields

@@ -1,0 +1,27 @@
+from django.urls import path
+from rest_framework.routers import SimpleRouter
+
+from .. import upgrades
+from . import views
+
+router = SimpleRouter(trailing_slash=False)
+router.register("upgrades", views.UpgradeViewSet, basename="upgrade")
+router.register("scale-decisions", views.ScaleDecisionViewSet, basename="scaledecision")
+router.register("machines", views.MachineViewSet, basename="machine")
+
+urlpatterns = [
+    path("upgrades/dry-run", views.UpgradeDryRunView.as_view(), name="upgrade-dry-run"),
+    path("upgrades/<uuid:pk>/dry-run", views.UpgradePlanView.as_view(), name="upgrade-dry-run-detail"),
+    path("upgrades/<uuid:pk>/start", views.action_view(upgrades.upgrade_start), name="upgrade-start"),
+    path("upgrades/<uuid:pk>/pause", views.action_view(upgrades.upgrade_pause), name="upgrade-pause"),
+    path("upgrades/<uuid:pk>/resume", views.action_view(upgrades.upgrade_resume), name="upgrade-resume"),
+    path("upgrades/<uuid:pk>/rollback", views.action_view(upgrades.upgrade_rollback), name="upgrade-rollback"),
+    path("upgrades/<uuid:pk>/abort", views.action_view(upgrades.upgrade_abort), name="upgrade-abort"),
+    path("pools/<slug:name>/operations", views.PoolOperationsView.as_view(), name="pool-operations"),
+    path("pools/<slug:name>/preemptions", views.PoolPreemptionsView.as_view(), name="pool-preemptions"),
+    path(
+        "pools/<slug:name>/preemption-notices", views.PoolPreemptionNoticeView.as_view(), name="pool-preemption-notice"
+    ),
+    path("nodes/<uuid:pk>/preemption-notice", views.NodePreemptionNoticeView.as_view(), name="node-preemption-notice"),
+    *router.urls,
+]

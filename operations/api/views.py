@@ -1,0 +1,272 @@
+"""Pool-operations API: upgrades and their actions, the dry run, pool operation settings, scale
+decisions and machines, preemption notices (from a node, from a provider, from an operator).
+
+Views validate, read the expected version (If-Match or ``expected_version``), call one service
+and shape the response.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, viewsets
+from rest_framework.permissions import BasePermission, IsAuthenticated
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from fleet.authentication import IsNodeSelf, NodeCredentialAuthentication, node_from_request
+from fleet.events import Actor
+from fleet.models import Pool
+from nodepool.api.authentication import UserTokenAuthentication
+from nodepool.api.fields import parse_aware_datetime
+from nodepool.api.permissions import IsOperator, is_operator
+from nodepool.api.problems import Forbidden, NotFound, Problem
+from nodepool.api.versioning import ETagMixin, expected_version
+
+from .. import preemption, providers, services, upgrades
+from ..choices import PreemptionSource
+from ..models import Preemption, ProviderMachine, ScaleDecision, Upgrade
+from . import serializers as s
+
+
+class CanOperateUpgrades(BasePermission):
+    message = "This action needs the operations.operate_upgrade permission."
+
+    def has_permission(self, request, view):
+        return bool(
+            request.user and request.user.is_authenticated and request.user.has_perm("operations.operate_upgrade")
+        )
+
+
+def _reason(request) -> str:
+    data = request.data if isinstance(request.data, dict) else {}
+    reason = data.get("reason", "")
+    if not isinstance(reason, str) or len(reason) > 2000:
+        raise Problem("reason must be a string of at most 2000 characters.", "invalid_reason")
+    return reason
+
+
+class UpgradeViewSet(ETagMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """``GET /upgrades`` (``?pool=``, ``?state=``), ``GET /upgrades/{id}``, ``POST /upgrades`` (pending)."""
+
+    permission_classes = [IsAuthenticated, IsOperator]
+    queryset = Upgrade.objects.select_related("pool", "canary_pool").order_by("-created_at")
+
+    def get_serializer_class(self):
+        return s.UpgradeDetailSerializer if self.action == "retrieve" else s.UpgradeSerializer
+
+    def get_queryset(self):
+        qs = super().get_queryset()
+        params = self.request.query_params
+        if params.get("pool"):
+            qs = qs.filter(pool__name=params["pool"])
+        if params.get("state"):
+            qs = qs.filter(state=params["state"])
+        return qs
+
+    def get_object(self):
+        try:
+            return super().get_object()
+        except Exception as exc:
+            if isinstance(exc, Problem):
+                raise
+            raise NotFound("No such upgrade.", "upgrade_not_found") from exc
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses={201: s.UpgradeSerializer})
+    def create(self, request):
+        if not request.user.has_perm("operations.operate_upgrade"):
+            raise Forbidden("Creating an upgrade needs the operations.operate_upgrade permission.", "permission_denied")
+        upgrade = upgrades.upgrade_create(data=request.data, actor=Actor.from_request(request))
+        return Response(s.UpgradeSerializer(upgrade).data, status=201)
+
+
+class UpgradeActionView(ETagMixin, APIView):
+    """``POST /upgrades/{id}/<action>`` with ``{"reason"}`` and If-Match or ``expected_version``."""
+
+    permission_classes = [IsAuthenticated, CanOperateUpgrades]
+    service = None
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses=s.UpgradeSerializer)
+    def post(self, request, pk):
+        reason = _reason(request)
+        version = expected_version(request)
+        upgrade = type(self).service(
+            upgrade_id=pk, expected_version=version, actor=Actor.from_request(request), reason=reason
+        )
+        return Response(s.UpgradeSerializer(upgrade).data)
+
+
+def action_view(service):
+    return type(
+        f"Upgrade{service.__name__.title().replace('_', '')}View",
+        (UpgradeActionView,),
+        {"service": staticmethod(service)},
+    ).as_view()
+
+
+class UpgradeDryRunView(APIView):
+    """``POST /upgrades/dry-run`` with a create body: the node order and the predicted minimum
+    capacity of that upgrade. Changes nothing."""
+
+    permission_classes = [IsAuthenticated, IsOperator]
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses={200: OpenApiTypes.OBJECT})
+    def post(self, request):
+        upgrade = Upgrade(**upgrades.parse_upgrade(request.data))
+        return Response(upgrades.dry_run(upgrade))
+
+
+class UpgradePlanView(APIView):
+    """``GET /upgrades/{id}/dry-run``: the same prediction for an existing upgrade."""
+
+    permission_classes = [IsAuthenticated, IsOperator]
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def get(self, request, pk):
+        upgrade = Upgrade.objects.filter(pk=pk).select_related("pool").first()
+        if upgrade is None:
+            raise NotFound("No such upgrade.", "upgrade_not_found")
+        return Response(upgrades.dry_run(upgrade))
+
+
+class PoolOperationsView(ETagMixin, APIView):
+    """``GET``/``PATCH /pools/{name}/operations``: spot, fallback pool, drain policy, autoscaling."""
+
+    permission_classes = [IsAuthenticated, IsOperator]
+
+    @extend_schema(responses=s.PoolOperationsSerializer)
+    def get(self, request, name):
+        pool = get_object_or_404(Pool, name=name)
+        return Response(s.PoolOperationsSerializer(upgrades.pool_operations(pool)).data)
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses=s.PoolOperationsSerializer)
+    def patch(self, request, name):
+        pool = Pool.objects.filter(name=name).first()
+        if pool is None:
+            raise NotFound("No such pool.", "pool_not_found")
+        version = expected_version(request)
+        ops = services.pool_operations_update(
+            pool=pool, expected_version=version, data=request.data, actor=Actor.from_request(request)
+        )
+        return Response(s.PoolOperationsSerializer(ops).data)
+
+
+class PoolPreemptionsView(APIView):
+    """``GET /pools/{name}/preemptions?days=7``: preemptions per UTC day, and the latest ones."""
+
+    permission_classes = [IsAuthenticated, IsOperator]
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def get(self, request, name):
+        pool = Pool.objects.filter(name=name).first()
+        if pool is None:
+            raise NotFound("No such pool.", "pool_not_found")
+        days = request.query_params.get("days", "7")
+        if not days.isdigit() or not 1 <= int(days) <= 90:
+            raise Problem("days must be an integer from 1 to 90.", "invalid_days")
+        latest = Preemption.objects.filter(pool=pool).select_related("pool", "fallback_pool")[:20]
+        return Response(
+            {
+                "pool": pool.name,
+                "per_day": preemption.preemptions_per_day(pool, days=int(days)),
+                "latest": s.PreemptionSerializer(latest, many=True).data,
+            }
+        )
+
+
+def _deadline(data) -> datetime:
+    return parse_aware_datetime(
+        data.get("deadline") if isinstance(data, dict) else None, "deadline", code="invalid_deadline"
+    )
+
+
+class NodePreemptionNoticeView(APIView):
+    """``POST /nodes/{id}/preemption-notice`` (node credential): ``{"deadline": RFC 3339}``."""
+
+    # A user's token is authenticated too, so that a user gets 403 (not a node), never a bare 401.
+    authentication_classes = [NodeCredentialAuthentication, UserTokenAuthentication]
+    permission_classes = [IsNodeSelf]
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses={201: s.PreemptionSerializer})
+    def post(self, request, pk):
+        node = node_from_request(request)
+        record, created = preemption.preemption_notice(
+            node_id=node.pk,
+            deadline=_deadline(request.data),
+            source=PreemptionSource.AGENT,
+            actor=Actor.for_node(node, request_id=getattr(request._request, "request_id", "")),
+        )
+        return Response(s.PreemptionSerializer(record).data, status=201 if created else 200)
+
+
+class PoolPreemptionNoticeView(APIView):
+    """``POST /pools/{name}/preemption-notices``: ``{"delivery_id", "node_id", "deadline"}`` from the
+    pool's provider (signed like the webhook's requests, with the pool's secret) or an operator."""
+
+    # A signed provider request carries no user: the signature is checked in the view.
+    permission_classes: list = []
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses={201: s.PreemptionSerializer})
+    def post(self, request, name):
+        signed = providers.SIGNATURE_HEADER in request.headers
+        if not signed and not is_operator(request.user):
+            # Before the pool lookup: a caller with no role learns nothing, not even which pools exist.
+            raise Forbidden("Send a signed provider request, or act as an operator.", "forbidden")
+        pool = Pool.objects.filter(name=name).first()
+        if pool is None:
+            raise NotFound("No such pool.", "pool_not_found")
+        ops = upgrades.pool_operations(pool)
+        if signed:
+            try:
+                data = providers.verify(ops.provider_secret, request.headers, request.body)
+            except providers.SignatureError as exc:
+                raise Forbidden(exc.message, exc.code) from None
+            source, actor = PreemptionSource.PROVIDER, Actor.system(f"provider:{pool.name}")
+        else:
+            data, source, actor = request.data, PreemptionSource.OPERATOR, Actor.from_request(request)
+        node_id = data.get("node_id") if isinstance(data, dict) else None
+        if not isinstance(node_id, str):
+            raise Problem("node_id is required.", "invalid_node_id")
+        if not _is_uuid(node_id) or not pool.nodes.filter(pk=node_id).exists():
+            raise NotFound(f"No node {node_id} in pool {pool.name}.", "node_not_found")
+        record, created = preemption.preemption_notice(
+            node_id=node_id, deadline=_deadline(data), source=source, actor=actor
+        )
+        return Response(s.PreemptionSerializer(record).data, status=201 if created else 200)
+
+
+def _is_uuid(value: str) -> bool:
+    import uuid
+
+    try:
+        uuid.UUID(value)
+    except ValueError:
+        return False
+    return True
+
+
+class ScaleDecisionViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """``GET /scale-decisions?pool=``: autoscaling decisions with their reasons, newest first."""
+
+    permission_classes = [IsAuthenticated, IsOperator]
+    serializer_class = s.ScaleDecisionSerializer
+
+    def get_queryset(self):
+        qs = ScaleDecision.objects.select_related("pool").order_by("-created_at", "-id")
+        pool = self.request.query_params.get("pool")
+        return qs.filter(pool__name=pool) if pool else qs
+
+
+class MachineViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """``GET /machines?pool=``: machines asked of providers, with their scale-up times."""
+
+    permission_classes = [IsAuthenticated, IsOperator]
+    serializer_class = s.ProviderMachineSerializer
+
+    def get_queryset(self):
+        qs = ProviderMachine.objects.select_related("pool").order_by("-requested_at")
+        pool = self.request.query_params.get("pool")
+        return qs.filter(pool__name=pool) if pool else qs

@@ -1,0 +1,574 @@
+"""Autoscaling: turn pending demand into machines, idle machines into fewer, through a provider.
+
+One pass per pool (:func:`autoscale_pool`, from the beat entry ``operations-autoscale``), under a
+lock of the pool's :class:`PoolOperations` row so two passes never decide at once:
+
+1. **follow machines**: a requested machine whose bootstrap token enrolled a node is linked to
+   it (and admitted if the pool admits manually: the autoscaler asked for it); a linked node
+   that became ready marks the machine ready and records the scale-up time (request pending →
+   node ready); a machine not ready within ``boot_timeout`` is failed and cleaned up (token
+   revoked, provider delete, node retired); a machine being removed whose node is drained is
+   deleted through the provider and its node retired.
+2. **scale up** when lease requests of the pool have waited ``scale_up_delay`` seconds and a
+   preview of the pool's node template shows a new node would hold them: enough template nodes
+   to hold them (first fit), minus machines already on their way, bounded by ``max_nodes``,
+   ``max_nodes_per_scale_up`` and ``scale_up_cooldown``; below ``min_nodes`` it tops up.
+3. **scale down** one machine a pass whose node stayed below ``scale_down_utilization`` for
+   ``scale_down_after`` seconds, whose live leases can all be placed elsewhere now (the drain dry
+   run: :func:`leases.services.simulate_placement`) and whose lease groups' disruption budgets
+   allow it; never below ``min_nodes``, and not within ``scale_down_cooldown`` of the last change.
+   It is cordoned by ``system:autoscaler`` and drained with the pool's policy (its work requeued).
+
+Every decision that acts or is held back is a :class:`ScaleDecision` with its reason (held-back
+decisions only when the reason changes) and a ``scale`` event. A provider that fails or times
+out is retried at most ``PROVIDER_MAX_ATTEMPTS`` times; then the machines it was asked for are
+marked failed, their tokens revoked and the provider asked to delete them, so nothing half-done
+remains, and the failure is visible on the decision (``outcome=failed``, ``error``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from datetime import timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from fleet import services as fleet_services
+from fleet.choices import Lifecycle, NodeEventType
+from fleet.events import Actor, record_event
+from fleet.models import BootstrapToken, Node, NodeResource, Pool
+from leases.choices import LIVE_LEASE_STATES, LeaseRequestState
+from leases.models import Lease, LeaseRequest
+from leases.services import simulate_placement
+from leases.spec import parse_spec
+from maintenance import drains
+from maintenance.choices import DrainState
+from maintenance.models import Drain
+from nodepool.api.problems import Problem
+
+from . import capacity, conf, outofservice
+from .choices import LIVE_MACHINE_STATES, MachineState, ProviderKind, ScaleDirection, ScaleOutcome
+from .models import PoolOperations, ProviderMachine, ScaleDecision
+from .providers import MachineRequest, ProviderError, provider_for
+from .rollout import _budgets_allow
+
+logger = logging.getLogger(__name__)
+FRESH_SECONDS = 30
+
+
+def autoscale_all(*, actor: Actor, now=None) -> dict:
+    """One pass over every pool with a provider; one failing pool is logged and skipped."""
+    result = {}
+    for pool_id in PoolOperations.objects.exclude(provider=ProviderKind.NONE).values_list("pool_id", flat=True):
+        try:
+            result[str(pool_id)] = autoscale_pool(pool_id=pool_id, actor=actor, now=now)
+        except Exception:
+            logger.exception("autoscaling pool %s failed; the next pass tries again", pool_id)
+    return result
+
+
+def autoscale_pool(*, pool_id, actor: Actor, now=None) -> dict:
+    """Follow machines, then scale up or down at most once. Returns what it did."""
+    now = now or timezone.now()
+    follow_machines(pool_id=pool_id, actor=actor, now=now)
+    up = scale_up(pool_id=pool_id, actor=actor, now=now)
+    down = 0 if up else scale_down(pool_id=pool_id, actor=actor, now=now)
+    return {"up": up, "down": down}
+
+
+def _decide(pool: Pool, direction: str, outcome: str, count: int, reason: str, actor: Actor, **data) -> ScaleDecision:
+    decision = ScaleDecision.objects.create(
+        pool=pool, direction=direction, outcome=outcome, count=count, reason=reason, data=data
+    )
+    record_event(
+        None,
+        NodeEventType.SCALE,
+        actor,
+        pool=pool,
+        subject_type="scale_decision",
+        subject_id=decision.pk,
+        to_state=outcome,
+        reason=reason,
+        data={"direction": direction, "count": count, **data},
+    )
+    return decision
+
+
+def _held_back(pool: Pool, direction: str, reason: str, actor: Actor, **data) -> None:
+    """Record a held-back decision unless the pool's latest decision says the same."""
+    last = ScaleDecision.objects.filter(pool=pool).order_by("-created_at", "-id").first()
+    if last is None or last.outcome != ScaleOutcome.BLOCKED or last.reason != reason:
+        _decide(pool, direction, ScaleOutcome.BLOCKED, 0, reason, actor, **data)
+
+
+# --- follow ---------------------------------------------------------------------------------------
+def follow_machines(*, pool_id, actor: Actor, now) -> None:
+    ops = PoolOperations.objects.select_related("pool").get(pool_id=pool_id)
+    for machine in ProviderMachine.objects.filter(
+        pool_id=pool_id, state__in=[*LIVE_MACHINE_STATES, MachineState.DRAINING]
+    ):
+        try:
+            _follow(machine, ops, actor, now)
+        except Problem as exc:
+            logger.info("machine %s not moved this pass: %s", machine.name, exc.detail)
+
+
+def _follow(machine: ProviderMachine, ops: PoolOperations, actor: Actor, now) -> None:
+    if machine.state == MachineState.REQUESTED and machine.bootstrap_token_id:
+        node = Node.objects.filter(bootstrap_token_id=machine.bootstrap_token_id).first()
+        if node is not None:
+            ProviderMachine.objects.filter(pk=machine.pk).update(node=node, state=MachineState.ENROLLED)
+            machine.node, machine.state = node, MachineState.ENROLLED
+    node = Node.objects.get(pk=machine.node_id) if machine.node_id else None
+    if machine.state == MachineState.ENROLLED and node is not None:
+        if node.lifecycle == Lifecycle.PENDING:
+            fleet_services.node_admit(
+                node_id=node.pk, expected_version=node.version, actor=actor, reason="a machine the autoscaler requested"
+            )
+        elif node.lifecycle == Lifecycle.READY:
+            ProviderMachine.objects.filter(pk=machine.pk).update(state=MachineState.READY, ready_at=now)
+            seconds = (now - (machine.pending_since or machine.requested_at)).total_seconds()
+            record_event(
+                node,
+                NodeEventType.SCALE,
+                actor,
+                subject_type="machine",
+                subject_id=machine.pk,
+                to_state=MachineState.READY,
+                reason=f"new machine ready {seconds:.1f}s after demand",
+                data={"machine": machine.name, "scale_up_seconds": round(seconds, 3)},
+            )
+            return
+        elif node.lifecycle == Lifecycle.REJECTED:
+            _fail_machine(machine, ops, actor, now, f"admission refused the new node: {node.lifecycle_reason}")
+            return
+    if machine.state in (MachineState.REQUESTED, MachineState.ENROLLED):
+        if now - machine.requested_at > timedelta(seconds=ops.boot_timeout):
+            _fail_machine(machine, ops, actor, now, f"not ready within {ops.boot_timeout}s")
+    elif machine.state == MachineState.DRAINING and node is not None:
+        if node.lifecycle == Lifecycle.DRAINING:
+            # Evaluate the drain now, not at the maintenance sweep's next run: checkpointed work
+            # leaves (and is requeued) within one autoscaling pass.
+            drain = Drain.objects.filter(node=node, state=DrainState.ACTIVE).first()
+            if drain is not None:
+                drains.evaluate_drain(drain_id=drain.pk, actor=actor, now=now)
+                node = Node.objects.get(pk=node.pk)
+        if node.lifecycle in (Lifecycle.MAINTENANCE, Lifecycle.RETIRED):
+            _delete_machine(machine, ops, actor, reason="scale-down: node drained")
+
+
+def _fail_machine(machine: ProviderMachine, ops: PoolOperations, actor: Actor, now, error: str) -> None:
+    """Leave nothing half-done: token revoked, the provider told to delete, the node (if any) retired."""
+    BootstrapToken.objects.filter(pk=machine.bootstrap_token_id, revoked_at__isnull=True).update(revoked_at=now)
+    try:
+        provider_for(ops).delete(machine.name, machine.provider_data)
+    except ProviderError as exc:
+        error = f"{error}; delete failed: {exc}"
+    if machine.node_id:
+        node = Node.objects.get(pk=machine.node_id)
+        if node.lifecycle != Lifecycle.RETIRED:
+            outofservice.retire(node=node, owner=outofservice.AUTOSCALER, reason=error)
+    ProviderMachine.objects.filter(pk=machine.pk).update(state=MachineState.FAILED, error=error[:2000], deleted_at=now)
+    record_event(
+        machine.node_id,
+        NodeEventType.SCALE,
+        actor,
+        pool=machine.pool_id,
+        subject_type="machine",
+        subject_id=machine.pk,
+        to_state=MachineState.FAILED,
+        reason=error,
+        data={"machine": machine.name},
+    )
+
+
+def _delete_machine(machine: ProviderMachine, ops: PoolOperations, actor: Actor, *, reason: str) -> None:
+    provider_for(ops).delete(machine.name, machine.provider_data)
+    node = Node.objects.get(pk=machine.node_id)
+    if node.lifecycle != Lifecycle.RETIRED:
+        outofservice.retire(node=node, owner=outofservice.AUTOSCALER, reason=reason)
+    ProviderMachine.objects.filter(pk=machine.pk).update(state=MachineState.DELETED, deleted_at=timezone.now())
+    record_event(
+        node,
+        NodeEventType.SCALE,
+        actor,
+        subject_type="machine",
+        subject_id=machine.pk,
+        to_state=MachineState.DELETED,
+        reason=reason,
+        data={"machine": machine.name},
+    )
+
+
+def remove_machine_of(node: Node, *, actor: Actor, reason: str) -> bool:
+    """Delete the provider machine behind ``node`` (a drained spot node); False if it has none."""
+    machine = ProviderMachine.objects.filter(node=node, state__in=[*LIVE_MACHINE_STATES, MachineState.DRAINING]).first()
+    if machine is None:
+        return False
+    ops = PoolOperations.objects.select_related("pool").get(pool_id=machine.pool_id)
+    _delete_machine(machine, ops, actor, reason=reason)
+    return True
+
+
+# --- scale up -------------------------------------------------------------------------------------
+def _bins_needed(pool: Pool, ops: PoolOperations, requests: list[LeaseRequest]) -> tuple[int, list[str]]:
+    """Template nodes needed to hold ``requests`` (first fit, largest first) and the ids that fit one."""
+    size = capacity.template_allocatable(pool, ops.node_template)
+    fitting = []
+    for request in requests:
+        try:
+            spec = parse_spec(request.spec)
+        except Problem:
+            continue
+        if capacity.template_preview(pool, ops.node_template, spec) is None:
+            fitting.append((request, spec))
+    bins: list[dict[str, int]] = []
+    for _request, spec in sorted(fitting, key=lambda item: -sum(item[1].resources.values())):
+        for free in bins:
+            if all(free.get(k, 0) >= v for k, v in spec.resources.items()):
+                for k, v in spec.resources.items():
+                    free[k] -= v
+                break
+        else:
+            free = dict(size)
+            for k, v in spec.resources.items():
+                free[k] = free.get(k, 0) - v
+            bins.append(free)
+    return len(bins), [str(r.pk) for r, _ in fitting]
+
+
+def scale_up(*, pool_id, actor: Actor, now) -> int:
+    """Request machines for pending demand (or up to ``min_nodes``). Returns machines requested."""
+    with transaction.atomic():
+        ops = PoolOperations.objects.select_for_update().select_related("pool").get(pool_id=pool_id)
+        pool = ops.pool
+        waiting = list(
+            LeaseRequest.objects.filter(
+                pool=pool, state=LeaseRequestState.PENDING, created_at__lte=now - timedelta(seconds=ops.scale_up_delay)
+            ).order_by("created_at")
+        )
+        in_flight = ProviderMachine.objects.filter(
+            pool=pool, state__in=[MachineState.REQUESTED, MachineState.ENROLLED]
+        ).count()
+        # A machine that just became ready and holds nothing yet is capacity the queue is about to
+        # use (placement runs on its own): counting it again would ask twice for one demand.
+        fresh = (
+            ProviderMachine.objects.filter(
+                pool=pool, state=MachineState.READY, ready_at__gte=now - timedelta(seconds=FRESH_SECONDS)
+            )
+            .exclude(node__leases__state__in=LIVE_LEASE_STATES)
+            .count()
+        )
+        members = capacity.member_nodes(pool).count()
+        bins, fitting = _bins_needed(pool, ops, waiting)
+        wanted = max(bins - in_flight - fresh, ops.min_nodes - members - in_flight, 0)
+        if not wanted:
+            return 0
+        reason_base = (
+            f"{len(fitting)} lease request(s) pending ≥ {ops.scale_up_delay}s fit the node template"
+            if bins > in_flight + fresh
+            else f"{members} node(s), below min_nodes {ops.min_nodes}"
+        )
+        room = ops.max_nodes - members - in_flight
+        if room <= 0:
+            _held_back(
+                pool, ScaleDirection.UP, f"{reason_base}; held back: at max_nodes {ops.max_nodes}", actor, wanted=wanted
+            )
+            return 0
+        if ops.last_scale_up_at and now < ops.last_scale_up_at + timedelta(seconds=ops.scale_up_cooldown):
+            until = ops.last_scale_up_at + timedelta(seconds=ops.scale_up_cooldown)
+            _held_back(
+                pool,
+                ScaleDirection.UP,
+                f"{reason_base}; held back: cool-down until {until.isoformat()}",
+                actor,
+                wanted=wanted,
+            )
+            return 0
+        count = min(wanted, room, ops.max_nodes_per_scale_up)
+        reason = f"{reason_base}: requesting {count} node(s)"
+        if count < wanted:
+            reason += f" of {wanted} wanted (bounded by max_nodes / max_nodes_per_scale_up)"
+        decision = _decide(
+            pool,
+            ScaleDirection.UP,
+            ScaleOutcome.REQUESTED,
+            count,
+            reason,
+            actor,
+            lease_requests=fitting[:50],
+            in_flight=in_flight,
+            members=members,
+        )
+        pending_since = waiting[0].created_at if waiting else now
+        requests = _new_machines(ops, decision, count, pending_since=pending_since, now=now)
+        ops.last_scale_up_at = now
+        ops.save(update_fields=["last_scale_up_at", "updated_at"])
+    # The provider is called outside the transaction: the machines are visible as requested first,
+    # so a crash here leaves rows the boot timeout cleans up, never machines nobody knows about.
+    _call_provider(ops, decision, requests, actor)
+    return count
+
+
+def _new_machines(ops: PoolOperations, decision: ScaleDecision, count: int, *, pending_since, now) -> list:
+    """``count`` machine rows, each with a fresh single-use bootstrap token, and the provider requests."""
+    pool = ops.pool
+    requests = []
+    for _ in range(count):
+        name = f"{pool.name[:40]}-{uuid.uuid4().hex[:10]}"
+        token, secret = fleet_services.bootstrap_token_create(
+            pool=pool,
+            expires_at=now + timedelta(seconds=ops.boot_timeout),
+            max_uses=1,
+            description=f"autoscaler machine {name}",
+            now=now,
+        )
+        ProviderMachine.objects.create(
+            pool=pool,
+            provider=ops.provider,
+            name=name,
+            decision=decision,
+            bootstrap_token=token,
+            requested_at=now,
+            pending_since=pending_since,
+        )
+        requests.append(
+            MachineRequest(
+                name=name,
+                bootstrap_token=secret,
+                template=ops.node_template,
+                version=(ops.target or {}).get("version", ""),
+            )
+        )
+    return requests
+
+
+def request_surge(*, pool_id, count: int, upgrade_id, actor: Actor, now=None) -> int:
+    """Ask the provider for ``count`` extra nodes before an upgrade takes nodes out (its
+    ``max_surge_nodes``), within ``max_nodes``. Once per upgrade. Returns machines requested."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        ops = PoolOperations.objects.select_for_update().select_related("pool").get(pool_id=pool_id)
+        if ops.provider == ProviderKind.NONE:
+            return 0
+        if ScaleDecision.objects.filter(pool_id=pool_id, data__upgrade_id=str(upgrade_id)).exists():
+            return 0
+        members = capacity.member_nodes(ops.pool).count()
+        in_flight = ProviderMachine.objects.filter(
+            pool_id=pool_id, state__in=[MachineState.REQUESTED, MachineState.ENROLLED]
+        ).count()
+        room = (ops.max_nodes - members - in_flight) if ops.max_nodes else 0
+        count = max(0, min(count, room))
+        reason = f"upgrade surge: {count} node(s) before nodes are taken out"
+        if count == 0:
+            _decide(
+                ops.pool,
+                ScaleDirection.UP,
+                ScaleOutcome.BLOCKED,
+                0,
+                reason + f"; held back: at max_nodes {ops.max_nodes}",
+                actor,
+                upgrade_id=str(upgrade_id),
+            )
+            return 0
+        decision = _decide(
+            ops.pool, ScaleDirection.UP, ScaleOutcome.REQUESTED, count, reason, actor, upgrade_id=str(upgrade_id)
+        )
+        requests = _new_machines(ops, decision, count, pending_since=now, now=now)
+    _call_provider(ops, decision, requests, actor)
+    return count
+
+
+def surge_ready(*, pool_id, upgrade_id) -> int:
+    """Surge machines of ``upgrade_id`` that are ready now (they add room under max_unavailable_nodes)."""
+    return ProviderMachine.objects.filter(
+        pool_id=pool_id, state=MachineState.READY, decision__data__upgrade_id=str(upgrade_id)
+    ).count()
+
+
+def _call_provider(ops: PoolOperations, decision: ScaleDecision, requests: list[MachineRequest], actor: Actor) -> None:
+    attempts, error = 0, ""
+    max_attempts = int(conf.get("PROVIDER_MAX_ATTEMPTS"))
+    created: dict[str, dict] = {}
+    while attempts < max_attempts:
+        attempts += 1
+        try:
+            created = provider_for(ops).create(requests)
+            break
+        except ProviderError as exc:
+            error = str(exc)
+            if attempts < max_attempts:
+                time.sleep(min(2.0, 0.2 * 2**attempts))
+    now = timezone.now()
+    with transaction.atomic():
+        if created:
+            for name, data in created.items():
+                ProviderMachine.objects.filter(name=name).update(provider_data=data or {})
+            _finish_decision(
+                ops,
+                decision,
+                actor,
+                outcome=ScaleOutcome.SUCCEEDED,
+                attempts=attempts,
+                now=now,
+                reason=f"provider accepted {len(requests)} machine(s)",
+            )
+            return
+        machines = ProviderMachine.objects.filter(decision=decision)
+        BootstrapToken.objects.filter(pk__in=machines.values("bootstrap_token_id"), revoked_at__isnull=True).update(
+            revoked_at=now
+        )
+        machines.update(state=MachineState.FAILED, error=error[:2000], deleted_at=now)
+        _finish_decision(
+            ops,
+            decision,
+            actor,
+            outcome=ScaleOutcome.FAILED,
+            attempts=attempts,
+            now=now,
+            reason=f"provider failed after {attempts} attempt(s): {error}",
+            error=error,
+        )
+    for request in requests:  # best effort: the provider may have created some before failing
+        try:
+            provider_for(ops).delete(request.name, {})
+        except ProviderError:
+            logger.warning("could not ask the provider to delete %s after a failed create", request.name)
+
+
+def _finish_decision(
+    ops: PoolOperations,
+    decision: ScaleDecision,
+    actor: Actor,
+    *,
+    outcome: str,
+    attempts: int,
+    now,
+    reason: str,
+    error: str = "",
+) -> None:
+    """A requested decision's outcome once the provider answered (or ``attempts`` ran out), and its event."""
+    ScaleDecision.objects.filter(pk=decision.pk).update(
+        outcome=outcome, attempts=attempts, error=error[:2000], finished_at=now
+    )
+    record_event(
+        None,
+        NodeEventType.SCALE,
+        actor,
+        pool=ops.pool_id,
+        subject_type="scale_decision",
+        subject_id=decision.pk,
+        from_state=ScaleOutcome.REQUESTED,
+        to_state=outcome,
+        reason=reason,
+        data={"attempts": attempts},
+    )
+
+
+# --- scale down -----------------------------------------------------------------------------------
+def utilization(node: Node) -> float:
+    """The node's highest allocated / allocatable over its resources (0 for an empty inventory)."""
+    ratios = [r.allocated / r.allocatable for r in NodeResource.objects.filter(node=node) if r.allocatable > 0]
+    return max(ratios, default=0.0)
+
+
+def replaceable(node: Node) -> tuple[bool, str]:
+    """Can every live lease on ``node`` be placed elsewhere now, within its budgets? (changes nothing)"""
+    if not _budgets_allow(node):
+        return False, "a disruption budget allows no eviction now"
+    for lease in Lease.objects.filter(node=node, state__in=LIVE_LEASE_STATES).select_related("pool"):
+        outcome = simulate_placement(lease, exclude_node_ids=[node.pk])
+        if not outcome["placeable"]:
+            return False, f"lease {lease.pk} could not be placed elsewhere: {outcome['message']}"
+    return True, ""
+
+
+def scale_down(*, pool_id, actor: Actor, now) -> int:
+    """Cordon and drain one idle machine of the pool (deleted once drained). Returns 1 or 0."""
+    with transaction.atomic():
+        ops = PoolOperations.objects.select_for_update().select_related("pool").get(pool_id=pool_id)
+        pool = ops.pool
+        machines = list(
+            ProviderMachine.objects.filter(pool=pool, state=MachineState.READY, node__isnull=False)
+            .select_related("node")
+            .order_by("requested_at")
+        )
+        underused = {}
+        for machine in machines:
+            node = machine.node
+            if node.lifecycle == Lifecycle.READY and utilization(node) < ops.scale_down_utilization:
+                underused[str(node.pk)] = (ops.underused_since or {}).get(str(node.pk), now.isoformat())
+        if underused != (ops.underused_since or {}):
+            ops.underused_since = underused
+            ops.save(update_fields=["underused_since", "updated_at"])
+        last_change = max(filter(None, [ops.last_scale_down_at, ops.last_scale_up_at]), default=None)
+        if last_change and now < last_change + timedelta(seconds=ops.scale_down_cooldown):
+            return 0
+        removing = ProviderMachine.objects.filter(pool=pool, state=MachineState.DRAINING).count()
+        members = capacity.member_nodes(pool).count() - removing
+        due = [
+            m
+            for m in machines
+            if str(m.node_id) in underused
+            and now - _parse(underused[str(m.node_id)]) >= timedelta(seconds=ops.scale_down_after)
+        ]
+        if not due:
+            return 0
+        # Idle now, but not unneeded while lease requests wait that a node like these would hold
+        # (cluster-autoscaler, likewise, removes no node that pending pods could use): a machine
+        # that just became ready must not be drained before the queue pass places work on it, or
+        # a loaded control plane churns machines up and down for the same demand.
+        waiting = list(LeaseRequest.objects.filter(pool=pool, state=LeaseRequestState.PENDING))
+        if waiting and _bins_needed(pool, ops, waiting)[0]:
+            _held_back(
+                pool, ScaleDirection.DOWN,
+                f"{len(due)} idle node(s); held back: {len(waiting)} lease request(s) pending", actor,
+            )  # fmt: skip
+            return 0
+        if members - 1 < ops.min_nodes:
+            _held_back(
+                pool, ScaleDirection.DOWN, f"{len(due)} idle node(s); held back: at min_nodes {ops.min_nodes}", actor
+            )
+            return 0
+        reasons = []
+        for machine in due:
+            ok, why = replaceable(machine.node)
+            if not ok:
+                reasons.append(why)
+                continue
+            node = machine.node
+            outofservice.take_out_of_service(
+                node=node,
+                owner=outofservice.AUTOSCALER,
+                policy=ops.drain_policy,
+                reason=f"scale-down: below {ops.scale_down_utilization:.0%} for {ops.scale_down_after}s",
+                timeout=ops.drain_timeout,
+                now=now,
+            )
+            ProviderMachine.objects.filter(pk=machine.pk).update(state=MachineState.DRAINING)
+            ops.last_scale_down_at = now
+            ops.underused_since = {k: v for k, v in underused.items() if k != str(node.pk)}
+            ops.save(update_fields=["last_scale_down_at", "underused_since", "updated_at"])
+            _decide(
+                pool,
+                ScaleDirection.DOWN,
+                ScaleOutcome.REQUESTED,
+                1,
+                f"node {node} below {ops.scale_down_utilization:.0%} utilization for {ops.scale_down_after}s "
+                "and its leases can be placed elsewhere: cordon, drain, delete",
+                actor,
+                node_id=str(node.pk),
+                machine=machine.name,
+            )
+            return 1
+        _held_back(pool, ScaleDirection.DOWN, f"{len(due)} idle node(s); held back: " + "; ".join(reasons[:3]), actor)
+    return 0
+
+
+def _parse(value: str):
+    from datetime import datetime
+
+    return datetime.fromisoformat(value)

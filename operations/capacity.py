@@ -1,0 +1,94 @@
+"""Capacity readings pool operations need: schedulable counts, the Ready ratio against the pool's
+objective (``Pool.ready_ratio_objective``, the observability SLO), and whether a node made from
+a template would fit a request (the autoscaler's bin count; the public dry run of placement is
+``leases.preview``, over existing nodes).
+"""
+
+from __future__ import annotations
+
+from django.db.models import Q, Sum
+
+from fleet.choices import Lifecycle, Liveness
+from fleet.models import Node, NodeResource, Pool
+from fleet.selectors import SCHEDULABLE_HEALTH
+from leases import placement
+from leases.spec import PlacementSpec
+
+# Schedulable but for the credential check (fleet.selectors.schedulable_q): ready, no cordon hold,
+# alive, reporting ready, healthy.
+AVAILABLE = Q(
+    lifecycle=Lifecycle.READY, cordoned=False, liveness=Liveness.ALIVE, ready=True, health__in=SCHEDULABLE_HEALTH
+)
+
+
+def member_nodes(pool: Pool):
+    """Nodes that count as the pool's members (everything but retired)."""
+    return Node.objects.filter(pool=pool).exclude(lifecycle=Lifecycle.RETIRED)
+
+
+def unavailable_count(pool: Pool) -> int:
+    """Members that cannot take work now (any lifecycle but ready, not alive, not ready, unhealthy)."""
+    return member_nodes(pool).exclude(AVAILABLE).count()
+
+
+def ready_ratio(pool: Pool, *, exclude_node_ids=()) -> float | None:
+    """Available members / members, leaving out ``exclude_node_ids`` (nodes an operation took
+    out on purpose); None for a pool with no members."""
+    members = member_nodes(pool).exclude(pk__in=list(exclude_node_ids))
+    total = members.count()
+    if not total:
+        return None
+    return members.filter(AVAILABLE).count() / total
+
+
+def ready_ratio_objective(pool: Pool) -> float | None:
+    """The pool's Ready SLO (fraction 0..1), or None when the pool has none."""
+    value = pool.ready_ratio_objective
+    return float(value) if value is not None else None
+
+
+def allocatable_by_node(pool: Pool, node_ids) -> dict[str, dict[str, int]]:
+    """``{node_id: {resource: allocatable}}`` for ``node_ids``."""
+    result: dict[str, dict[str, int]] = {}
+    for node_id, name, amount in NodeResource.objects.filter(node__pool=pool, node_id__in=list(node_ids)).values_list(
+        "node_id", "name", "allocatable"
+    ):
+        result.setdefault(str(node_id), {})[name] = amount
+    return result
+
+
+def pool_allocatable(pool: Pool) -> dict[str, int]:
+    """Total allocatable of the pool's available nodes, per resource."""
+    rows = NodeResource.objects.filter(node__in=member_nodes(pool).filter(AVAILABLE)).values("name")
+    return {row["name"]: row["total"] for row in rows.annotate(total=Sum("allocatable"))}
+
+
+def template_allocatable(pool: Pool, template: dict) -> dict[str, int]:
+    """What a node made from ``template`` would offer: capacity minus the pool's reservations."""
+    reserved = pool.reserved_totals()
+    return {
+        name: max(0, int(amount) - reserved.get(name, 0))
+        for name, amount in ((template or {}).get("resources") or {}).items()
+    }
+
+
+def template_preview(pool: Pool, template: dict, spec: PlacementSpec) -> str | None:
+    """Would an empty node made from ``template`` hold ``spec``? None if yes, else the reason code
+    placement would give (untolerated taint, selector mismatch, insufficient_<resource>…).
+
+    Uses the scheduler's own filters (:func:`leases.placement.constraint_failure` and
+    :func:`leases.placement.resource_failure`) on an unsaved node.
+    """
+    template = template or {}
+    features = dict(template.get("features") or {})
+    node = Node(
+        pool=pool,
+        hostname="template",
+        labels={**(pool.labels or {}), **(template.get("labels") or {})},
+        taints=list(template.get("taints") or []),
+        verified={"resources": dict(template.get("resources") or {}), "features": features},
+    )
+    failure = placement.constraint_failure(node, pool, spec, placement.GroupCounts())
+    if failure:
+        return failure
+    return placement.resource_failure(template_allocatable(pool, template), spec)

@@ -1,0 +1,100 @@
+"""Metrics of pool operations, read from their durable rows (so every process exports the same).
+
+Names follow the ``nodepool_*`` conventions (Prometheus naming guide: base units, ``_total`` for
+counters, pool names as labels, never ids). ``OperationsConfig.ready()`` registers
+:class:`OperationsCollector` with ``/metrics`` (nodepool.metrics.register_collector); :func:`samples`
+gives the same figures to anything else (the demo).
+
+- ``nodepool_upgrade_nodes_total{pool,outcome}`` — upgrade node steps by outcome (done, failed);
+  the upgrade success rate is ``done / (done + failed)``, also exported as
+  ``nodepool_upgrade_success_ratio{pool}``.
+- ``nodepool_upgrades{pool,state}`` — upgrades by state.
+- ``nodepool_scale_up_seconds_{sum,count}{pool}`` — request pending → node ready, per machine.
+- ``nodepool_scale_attempts_failed_total{pool}`` — provider calls that failed after retries.
+- ``nodepool_preemptions_total{pool}`` — preemption notices received.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from django.db.models import Count
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from .choices import ScaleOutcome, UpgradeNodeState
+from .models import Preemption, ProviderMachine, ScaleDecision, Upgrade, UpgradeNode
+
+
+def samples() -> dict:
+    """``{metric name: {label tuple: value}}`` of every metric this module exports."""
+    nodes = defaultdict(float)
+    for pool, state, n in (
+        UpgradeNode.objects.filter(state__in=[UpgradeNodeState.DONE, UpgradeNodeState.FAILED])
+        .values_list("upgrade__pool__name", "state")
+        .annotate(n=Count("pk"))
+    ):
+        nodes[(pool, state)] += n
+    ratio = {}
+    for pool in {pool for pool, _ in nodes}:
+        done, failed = nodes.get((pool, UpgradeNodeState.DONE), 0), nodes.get((pool, UpgradeNodeState.FAILED), 0)
+        ratio[(pool,)] = done / (done + failed) if done + failed else 1.0
+    upgrades = {(p, s): n for p, s, n in Upgrade.objects.values_list("pool__name", "state").annotate(n=Count("pk"))}
+    scale_sum, scale_count = defaultdict(float), defaultdict(float)
+    for machine in ProviderMachine.objects.filter(ready_at__isnull=False).select_related("pool"):
+        scale_sum[(machine.pool.name,)] += machine.scale_up_seconds or 0.0
+        scale_count[(machine.pool.name,)] += 1
+    failed = {
+        (p,): n
+        for p, n in ScaleDecision.objects.filter(outcome=ScaleOutcome.FAILED)
+        .values_list("pool__name")
+        .annotate(n=Count("pk"))
+    }
+    preemptions = {(p,): n for p, n in Preemption.objects.values_list("pool__name").annotate(n=Count("pk"))}
+    return {
+        "nodepool_upgrade_nodes_total": dict(nodes),
+        "nodepool_upgrade_success_ratio": ratio,
+        "nodepool_upgrades": upgrades,
+        "nodepool_scale_up_seconds_sum": dict(scale_sum),
+        "nodepool_scale_up_seconds_count": dict(scale_count),
+        "nodepool_scale_attempts_failed_total": failed,
+        "nodepool_preemptions_total": preemptions,
+    }
+
+
+class OperationsCollector:
+    """A prometheus_client collector (``REGISTRY.register(OperationsCollector())``)."""
+
+    def collect(self):
+        data = samples()
+        family = CounterMetricFamily(
+            "nodepool_upgrade_nodes", "Upgrade node steps by outcome.", labels=["pool", "outcome"]
+        )
+        for labels, value in data["nodepool_upgrade_nodes_total"].items():
+            family.add_metric(list(labels), value)
+        yield family
+        gauge = GaugeMetricFamily(
+            "nodepool_upgrade_success_ratio", "Upgraded nodes / nodes attempted.", labels=["pool"]
+        )
+        for labels, value in data["nodepool_upgrade_success_ratio"].items():
+            gauge.add_metric(list(labels), value)
+        yield gauge
+        gauge = GaugeMetricFamily("nodepool_upgrades", "Upgrades by state.", labels=["pool", "state"])
+        for labels, value in data["nodepool_upgrades"].items():
+            gauge.add_metric(list(labels), value)
+        yield gauge
+        for name, help_text in (
+            ("nodepool_scale_up_seconds_sum", "Seconds from pending demand to new node ready, summed."),
+            ("nodepool_scale_up_seconds_count", "Machines that became ready."),
+        ):
+            gauge = GaugeMetricFamily(name, help_text, labels=["pool"])
+            for labels, value in data[name].items():
+                gauge.add_metric(list(labels), value)
+            yield gauge
+        for name, help_text in (
+            ("nodepool_scale_attempts_failed", "Scale requests the provider failed after retries."),
+            ("nodepool_preemptions", "Preemption notices received."),
+        ):
+            family = CounterMetricFamily(name, help_text, labels=["pool"])
+            for labels, value in data[f"{name}_total"].items():
+                family.add_metric(list(labels), value)
+            yield family

@@ -1,0 +1,308 @@
+"""Pool operations: each pool's operation settings (target, spot, autoscaling), upgrades and the
+nodes they move, machines asked of a provider, scale decisions, and preemptions.
+
+Each row records the operation around a node (who asked, why, how far it got); the node's own
+lifecycle stays on :class:`fleet.models.Node` and moves only through the maintenance services.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django_fsm import RETURN_VALUE, ConcurrentTransitionMixin, FSMField, transition
+
+from maintenance.choices import EvictionPolicy
+
+from .choices import (
+    ACTIVE_UPGRADE_STATES,
+    MachineState,
+    PreemptionSource,
+    PreemptionState,
+    ProviderKind,
+    ScaleDirection,
+    ScaleOutcome,
+    UpgradeNodeState,
+    UpgradePhase,
+    UpgradeState,
+)
+
+
+class PoolOperations(models.Model):
+    """The operation settings of one pool (created on first use, one per pool).
+
+    ``target``: what the pool's nodes must run, verified by admission (check ``upgrade_target``):
+    ``{"version": "2.0.0", "agent_versions": ">=2.0,<3" (PEP 440, default ==version),
+    "image": str, "kernel": str, "labels": {k: v}, "artifact": {"ref": str, "sha256": hex},
+    "action": "agent"}``; empty = no target. ``node_template`` is the shape of a node the provider
+    creates: ``{"resources": {name: canonical int}, "labels": {}, "taints": [...], "features": {}}``.
+    Times are seconds; ``scale_down_utilization`` a fraction 0..1 of allocatable.
+    """
+
+    pool = models.OneToOneField("fleet.Pool", on_delete=models.CASCADE, related_name="operations")
+    target = models.JSONField(default=dict, blank=True)
+    drain_policy = models.CharField(max_length=16, choices=EvictionPolicy.choices, default=EvictionPolicy.CHECKPOINT)
+    drain_timeout = models.PositiveIntegerField(default=600, help_text="Seconds a system drain may take.")
+    # Spot / preemptible.
+    spot = models.BooleanField(default=False)
+    fallback_pool = models.ForeignKey(
+        "fleet.Pool",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        help_text="Where a preempted node's work is requeued first.",
+    )
+    # Autoscaling.
+    provider = models.CharField(max_length=16, choices=ProviderKind.choices, default=ProviderKind.NONE, blank=True)
+    provider_url = models.URLField(blank=True, help_text="webhook: the operator's URL; simulated: the control plane")
+    provider_secret = models.CharField(max_length=200, blank=True, help_text="HMAC-SHA256 key of the webhook.")
+    min_nodes = models.PositiveIntegerField(default=0)
+    max_nodes = models.PositiveIntegerField(default=0, help_text="0: the provider adds no nodes.")
+    node_template = models.JSONField(default=dict, blank=True)
+    scale_up_delay = models.PositiveIntegerField(default=30, help_text="Seconds a request waits before scale-up.")
+    scale_up_cooldown = models.PositiveIntegerField(default=120)
+    max_nodes_per_scale_up = models.PositiveIntegerField(default=5, help_text="The rate: nodes per decision.")
+    scale_down_utilization = models.FloatField(default=0.2)
+    scale_down_after = models.PositiveIntegerField(default=600, help_text="Seconds underused before removal.")
+    scale_down_cooldown = models.PositiveIntegerField(default=300)
+    boot_timeout = models.PositiveIntegerField(default=600, help_text="Seconds a new machine has to become ready.")
+    last_scale_up_at = models.DateTimeField(null=True, blank=True)
+    last_scale_down_at = models.DateTimeField(null=True, blank=True)
+    # {node_id: ISO time it was first seen below the utilization threshold}.
+    underused_since = models.JSONField(default=dict, blank=True)
+    version = models.PositiveIntegerField(default=1)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name_plural = "pool operations"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(max_nodes=0) | Q(max_nodes__gte=models.F("min_nodes")), name="poolops_max_at_least_min"
+            ),
+            models.CheckConstraint(
+                condition=Q(scale_down_utilization__gte=0) & Q(scale_down_utilization__lte=1),
+                name="poolops_utilization_fraction",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"operations of {self.pool}"
+
+
+class Upgrade(ConcurrentTransitionMixin, models.Model):
+    """A rolling upgrade of one pool to ``target`` (shape of :attr:`PoolOperations.target`).
+
+    ``max_unavailable_nodes`` is a count (``"2"``) or a percentage of the pool (``"10%"``, rounded
+    down, at least 1) — distinct from ``DisruptionBudget.max_unavailable``, which counts leases.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    pool = models.ForeignKey("fleet.Pool", on_delete=models.PROTECT, related_name="upgrades")
+    state = FSMField(max_length=16, choices=UpgradeState.choices, default=UpgradeState.PENDING, protected=True)
+    target = models.JSONField(default=dict)
+    previous_target = models.JSONField(default=dict, blank=True)
+    max_unavailable_nodes = models.CharField(max_length=8, default="1")
+    max_surge_nodes = models.PositiveIntegerField(default=0)
+    canary_nodes = models.PositiveIntegerField(default=1)
+    canary_pool = models.ForeignKey("fleet.Pool", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    soak_seconds = models.PositiveIntegerField(default=300)
+    failure_threshold = models.PositiveIntegerField(default=1, help_text="Failed nodes that pause the roll.")
+    node_timeout = models.PositiveIntegerField(default=900, help_text="Seconds a node has to drain, restart, admit.")
+    auto_rollback = models.BooleanField(default=True, help_text="Roll back by itself when a canary fails.")
+    reason = models.TextField(blank=True)
+    status_reason = models.TextField(blank=True)
+    paused_from = models.CharField(max_length=16, blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_by_name = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    soak_until = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    failures = models.PositiveIntegerField(default=0)
+    # The tick chain that drives the workflow: a chain whose generation is not this one stops.
+    tick_generation = models.PositiveIntegerField(default=0)
+    last_tick_at = models.DateTimeField(null=True, blank=True)
+    version = models.PositiveIntegerField(default=1)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["pool"], condition=Q(state__in=ACTIVE_UPGRADE_STATES), name="upgrade_one_active_per_pool"
+            )
+        ]
+        permissions = [("operate_upgrade", "Can start, pause, resume, roll back and abort upgrades")]
+
+    def __str__(self) -> str:
+        return f"upgrade of {self.pool_id} to {self.target.get('version', '?')} ({self.state})"
+
+    # --- transitions: memory only (services lock, save and record the event) ------------------
+    @transition(field=state, source=UpgradeState.PENDING, target=UpgradeState.CANARY)
+    def start_canary(self):
+        """pending → canary: the canary nodes go first."""
+
+    @transition(field=state, source=[UpgradeState.PENDING, UpgradeState.CANARY], target=UpgradeState.ROLLING)
+    def roll(self):
+        """pending (no canary) | canary (soaked) → rolling."""
+
+    @transition(field=state, source=[UpgradeState.CANARY, UpgradeState.ROLLING], target=UpgradeState.PAUSED)
+    def pause(self):
+        """canary | rolling → paused: no new node starts; nodes in flight finish."""
+
+    @transition(
+        field=state,
+        source=UpgradeState.PAUSED,
+        target=RETURN_VALUE(UpgradeState.CANARY, UpgradeState.ROLLING),
+    )
+    def resume(self):
+        """paused → where it paused from."""
+        return self.paused_from if self.paused_from == UpgradeState.CANARY else UpgradeState.ROLLING
+
+    @transition(field=state, source=UpgradeState.ROLLING, target=UpgradeState.COMPLETED)
+    def complete(self):
+        """rolling → completed: every node admitted at the target."""
+
+    @transition(
+        field=state,
+        source=[UpgradeState.CANARY, UpgradeState.ROLLING, UpgradeState.PAUSED],
+        target=UpgradeState.ROLLING_BACK,
+    )
+    def rollback(self):
+        """canary | rolling | paused → rolling_back: nodes go back to the previous target."""
+
+    @transition(field=state, source=UpgradeState.ROLLING_BACK, target=UpgradeState.ROLLED_BACK)
+    def finish_rollback(self):
+        """rolling_back → rolled_back."""
+
+    @transition(field=state, source=list(ACTIVE_UPGRADE_STATES), target=UpgradeState.ABORTED)
+    def abort(self):
+        """any active state → aborted: nothing new starts; nodes stay where they are."""
+
+    @transition(field=state, source=list(ACTIVE_UPGRADE_STATES), target=UpgradeState.FAILED)
+    def fail(self):
+        """any active state → failed (the rollback itself failed, or the pool vanished)."""
+
+
+class UpgradeNode(models.Model):
+    """One node's turn in one phase of an upgrade, resumable from its ``state`` alone."""
+
+    upgrade = models.ForeignKey(Upgrade, on_delete=models.CASCADE, related_name="nodes")
+    node = models.ForeignKey("fleet.Node", on_delete=models.CASCADE, related_name="+")
+    phase = models.CharField(max_length=16, choices=UpgradePhase.choices)
+    position = models.PositiveIntegerField()
+    state = models.CharField(max_length=16, choices=UpgradeNodeState.choices, default=UpgradeNodeState.WAITING)
+    from_version = models.CharField(max_length=64, blank=True)
+    incarnation_at_drain = models.PositiveBigIntegerField(null=True, blank=True)
+    drain_id = models.UUIDField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    detail = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["upgrade", "phase", "position"]
+        constraints = [
+            models.UniqueConstraint(fields=["upgrade", "node", "phase"], name="upgradenode_unique_phase"),
+        ]
+        indexes = [models.Index(fields=["node", "state"], name="upgradenode_node_state")]
+
+    def __str__(self) -> str:
+        return f"{self.phase} #{self.position} {self.node_id}: {self.state}"
+
+
+class ScaleDecision(models.Model):
+    """One autoscaling decision with its reason: acted on (requested/succeeded/failed) or held back."""
+
+    pool = models.ForeignKey("fleet.Pool", on_delete=models.CASCADE, related_name="scale_decisions")
+    direction = models.CharField(max_length=8, choices=ScaleDirection.choices)
+    outcome = models.CharField(max_length=16, choices=ScaleOutcome.choices)
+    count = models.PositiveIntegerField(default=0)
+    reason = models.TextField()
+    data = models.JSONField(default=dict, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.direction} {self.count} ({self.outcome})"
+
+
+class ProviderMachine(models.Model):
+    """A machine the pool's provider was asked to create, followed until it is deleted.
+
+    ``pending_since`` is when the oldest lease request that caused it started waiting: the
+    scale-up time is ``ready_at - pending_since`` (request pending to node ready).
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    pool = models.ForeignKey("fleet.Pool", on_delete=models.CASCADE, related_name="machines")
+    provider = models.CharField(max_length=16, choices=ProviderKind.choices)
+    name = models.CharField(max_length=100, unique=True)
+    state = models.CharField(max_length=16, choices=MachineState.choices, default=MachineState.REQUESTED)
+    decision = models.ForeignKey(ScaleDecision, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    bootstrap_token = models.ForeignKey(
+        "fleet.BootstrapToken", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    node = models.OneToOneField("fleet.Node", null=True, blank=True, on_delete=models.SET_NULL, related_name="machine")
+    provider_data = models.JSONField(default=dict, blank=True)
+    requested_at = models.DateTimeField()
+    pending_since = models.DateTimeField(null=True, blank=True)
+    ready_at = models.DateTimeField(null=True, blank=True)
+    deleted_at = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-requested_at"]
+        indexes = [models.Index(fields=["pool", "state"], name="machine_pool_state")]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.state})"
+
+    @property
+    def scale_up_seconds(self) -> float | None:
+        start = self.pending_since or self.requested_at
+        return (self.ready_at - start).total_seconds() if self.ready_at else None
+
+
+class Preemption(models.Model):
+    """A preemption notice for a spot node: drained at once, its work requeued before ``deadline``."""
+
+    node = models.ForeignKey("fleet.Node", on_delete=models.CASCADE, related_name="preemptions")
+    pool = models.ForeignKey("fleet.Pool", on_delete=models.CASCADE, related_name="preemptions")
+    source = models.CharField(max_length=16, choices=PreemptionSource.choices)
+    deadline = models.DateTimeField()
+    received_at = models.DateTimeField(db_index=True)
+    state = models.CharField(max_length=16, choices=PreemptionState.choices, default=PreemptionState.DRAINING)
+    drain_id = models.UUIDField(null=True, blank=True)
+    fallback_pool = models.ForeignKey("fleet.Pool", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    leases_requeued = models.PositiveIntegerField(default=0)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-received_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["node"], condition=Q(state=PreemptionState.DRAINING), name="preemption_one_open_per_node"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"preemption of {self.node_id} by {self.deadline:%H:%M:%S}"
+
+
+class SeenDelivery(models.Model):
+    """Delivery ids of signed provider requests already accepted (replay protection)."""
+
+    delivery_id = models.CharField(max_length=64, unique=True)
+    seen_at = models.DateTimeField(db_index=True)
+
+    def __str__(self) -> str:
+        return self.delivery_id

@@ -1,0 +1,26 @@
+"""Celery beat entries of pool operations (merged by nodepool.celery). Each expires before its next run."""
+
+from . import conf
+
+_UPGRADES = float(conf.get("UPGRADE_SWEEP_INTERVAL"))
+_AUTOSCALE = float(conf.get("AUTOSCALE_INTERVAL"))
+
+BEAT_SCHEDULE = {
+    # Safety net of the upgrade tick chains (a lost message, a worker killed mid-chain).
+    "operations-sweep-upgrades": {
+        "task": "operations.sweep_upgrades",
+        "schedule": _UPGRADES,
+        "options": {"expires": _UPGRADES * 0.9},
+    },
+    # Scale up for pending demand, scale down idle nodes, follow machines the provider started.
+    "operations-autoscale": {
+        "task": "operations.autoscale",
+        "schedule": _AUTOSCALE,
+        "options": {"expires": _AUTOSCALE * 0.9},
+    },
+    "operations-sweep-preemptions": {
+        "task": "operations.sweep_preemptions",
+        "schedule": 5.0,
+        "options": {"expires": 4.5},
+    },
+}

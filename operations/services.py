@@ -1,0 +1,151 @@
+"""Changing a pool's operation settings (spot, fallback, drain policy, autoscaling, provider).
+
+The target is not set here: an upgrade sets it (and a rollback restores it), so the pool's
+target always names the upgrade that put it there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+
+from fleet.choices import NodeEventType
+from fleet.events import Actor, record_event
+from fleet.models import Pool
+from leases.spec import resources_from_wire
+from maintenance.choices import EvictionPolicy
+from nodepool.api.problems import Problem
+from nodepool.api.versioning import check_version
+
+from .choices import ProviderKind
+from .upgrades import pool_operations
+
+SPOT_TAINT = {"key": "nodepool.dev/spot", "value": "true", "effect": "NoSchedule"}
+INTS = (
+    "drain_timeout",
+    "min_nodes",
+    "max_nodes",
+    "scale_up_delay",
+    "scale_up_cooldown",
+    "max_nodes_per_scale_up",
+    "scale_down_after",
+    "scale_down_cooldown",
+    "boot_timeout",
+)
+FIELDS = {
+    *INTS,
+    "drain_policy",
+    "spot",
+    "fallback_pool",
+    "provider",
+    "provider_url",
+    "provider_secret",
+    "node_template",
+    "scale_down_utilization",
+}
+
+
+def _bad(field: str, message: str, code: str = "invalid_pool_operations") -> Problem:
+    return Problem(f"{field}: {message}", code, errors=[{"field": field, "message": message}])
+
+
+def parse_changes(data: Any, pool: Pool) -> dict:
+    """Validate a PATCH body; returns model values. Raises 400 ``invalid_pool_operations``."""
+    if not isinstance(data, dict):
+        raise _bad("body", "must be a JSON object")
+    changes = {}
+    for name, value in data.items():
+        if name == "expected_version":
+            continue
+        if name not in FIELDS:
+            raise _bad(name, "unknown or read-only member")
+        if name in INTS:
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 10**7:
+                raise _bad(name, "must be an integer from 0 to 10000000")
+        elif name == "drain_policy" and value not in EvictionPolicy.values:
+            raise _bad(name, f"must be one of {', '.join(EvictionPolicy.values)}")
+        elif name == "spot" and not isinstance(value, bool):
+            raise _bad(name, "must be true or false")
+        elif name == "provider" and value not in ProviderKind.values:
+            raise _bad(name, "must be '', 'simulated' or 'webhook'")
+        elif name in ("provider_url", "provider_secret") and (not isinstance(value, str) or len(value) > 200):
+            raise _bad(name, "must be a string of at most 200 characters")
+        elif name == "provider_url" and value and not value.startswith(("http://", "https://")):
+            raise _bad(name, "must be an http(s) URL")
+        elif name == "scale_down_utilization" and (
+            isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1
+        ):
+            raise _bad(name, "must be a number from 0 to 1")
+        elif name == "fallback_pool":
+            if value is None:
+                changes[name] = None
+                continue
+            fallback = Pool.objects.filter(name=str(value)).first()
+            if fallback is None or fallback == pool:
+                raise _bad(name, "must name another existing pool", "unknown_pool")
+            value = fallback
+        elif name == "node_template":
+            value = parse_template(value)
+        changes[name] = value
+    return changes
+
+
+def parse_template(value: Any) -> dict:
+    """``{"resources": {name: quantity}, "labels": {}, "taints": [...], "features": {}}`` → canonical."""
+    if not isinstance(value, dict) or set(value) - {"resources", "labels", "taints", "features"}:
+        raise _bad("node_template", "must be {resources, labels, taints, features}")
+    try:
+        resources = resources_from_wire(value.get("resources") or {})
+    except Problem as exc:
+        raise _bad("node_template.resources", str(exc.detail)) from None
+    labels = value.get("labels") or {}
+    if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+        raise _bad("node_template.labels", "must be an object of strings")
+    taints = value.get("taints") or []
+    if not isinstance(taints, list) or not all(isinstance(t, dict) and "key" in t and "effect" in t for t in taints):
+        raise _bad("node_template.taints", "must be a list of {key, value, effect}")
+    features = value.get("features") or {}
+    if not isinstance(features, dict):
+        raise _bad("node_template.features", "must be an object")
+    return {"resources": resources, "labels": labels, "taints": taints, "features": features}
+
+
+def pool_operations_update(*, pool: Pool, expected_version: int, data: Any, actor: Actor):
+    """Change the pool's operation settings under its row lock (412 on a stale version).
+
+    Marking a pool ``spot`` adds the taint ``nodepool.dev/spot=true:NoSchedule`` to the pool (and
+    so to its nodes): only lease requests that tolerate spot are placed there. Unmarking removes it.
+    """
+    changes = parse_changes(data, pool)
+    with transaction.atomic():
+        ops = pool_operations(pool, lock=True)
+        check_version(ops.version, expected_version)
+        was_spot = ops.spot
+        for name, value in changes.items():
+            setattr(ops, name, value)
+        if ops.max_nodes and ops.max_nodes < ops.min_nodes:
+            raise _bad("max_nodes", "must be at least min_nodes (or 0)")
+        ops.version += 1
+        ops.save()
+        if ops.spot != was_spot:
+            _apply_spot_taint(pool, spot=ops.spot, actor=actor)
+        record_event(
+            None,
+            NodeEventType.POLICY,
+            actor,
+            pool=pool,
+            reason="pool operation settings changed",
+            data={k: (v.name if isinstance(v, Pool) else v) for k, v in changes.items() if k != "provider_secret"},
+        )
+    return ops
+
+
+def _apply_spot_taint(pool: Pool, *, spot: bool, actor: Actor) -> None:
+    from fleet.services import pool_update
+
+    taints = [t for t in (pool.taints or []) if t.get("key") != SPOT_TAINT["key"]]
+    if spot:
+        taints.append(dict(SPOT_TAINT))
+    fresh = Pool.objects.get(pk=pool.pk)
+    pool_update(pool_id=pool.pk, expected_version=fresh.version, changes={"taints": taints}, actor=actor)

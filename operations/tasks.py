@@ -1,0 +1,116 @@
+"""Celery tasks of pool operations: thin wrappers over the services.
+
+The upgrade workflow is driven by a tick chain: ``operations.advance_upgrade`` runs one tick and
+queues the next one ``UPGRADE_TICK`` seconds later while the workflow wants more. Each chain
+carries the upgrade's ``tick_generation``; starting a new chain bumps it, so an older chain
+stops at its next run (no two chains drive one upgrade for long). The beat entry
+``operations.sweep_upgrades`` restarts the chain of an upgrade whose last tick is overdue (a
+lost message, a worker killed mid-chain).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from celery import shared_task
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from fleet.events import Actor
+
+from . import conf, outofservice
+from .models import Upgrade
+
+logger = logging.getLogger(__name__)
+
+
+def start_ticking(upgrade: Upgrade) -> None:
+    """Start a new tick chain for ``upgrade`` after the current transaction commits."""
+    Upgrade.objects.filter(pk=upgrade.pk).update(tick_generation=F("tick_generation") + 1)
+    generation = Upgrade.objects.filter(pk=upgrade.pk).values_list("tick_generation", flat=True).get()
+    upgrade_id = str(upgrade.pk)
+    transaction.on_commit(lambda: advance_upgrade.apply_async(args=[upgrade_id, generation]), robust=True)
+
+
+@shared_task(name="operations.advance_upgrade", bind=True, ignore_result=True)
+def advance_upgrade(self, upgrade_id: str, generation: int) -> str:
+    """One tick of an upgrade, then the next one (unless superseded, finished or eager)."""
+    from . import rollout
+
+    if not Upgrade.objects.filter(pk=upgrade_id, tick_generation=generation).exists():
+        return "superseded"
+    try:
+        more = rollout.advance(upgrade_id=upgrade_id, actor=Actor.system(outofservice.UPGRADE, self.request.id or ""))
+    except Exception:
+        # A tick that fails (a database hiccup) is tried again at the next one; the sweep is the backstop.
+        logger.exception("upgrade %s: tick failed", upgrade_id)
+        more = True
+    if more and not self.request.is_eager:
+        advance_upgrade.apply_async(args=[upgrade_id, generation], countdown=float(conf.get("UPGRADE_TICK")))
+    return "ticking" if more else "stopped"
+
+
+@shared_task(name="operations.sweep_upgrades", ignore_result=True)
+def sweep_upgrades() -> int:
+    """Restart the tick chain of every ticking upgrade whose last tick is overdue. Returns how many."""
+    from .rollout import TICKING_STATES
+
+    overdue = timezone.now() - timedelta(seconds=5 * float(conf.get("UPGRADE_TICK")))
+    restarted = 0
+    for upgrade in Upgrade.objects.filter(state__in=TICKING_STATES).filter(
+        Q(last_tick_at__isnull=True) | Q(last_tick_at__lt=overdue)
+    ):
+        with transaction.atomic():
+            start_ticking(upgrade)
+        restarted += 1
+    return restarted
+
+
+@shared_task(name="operations.autoscale", bind=True, ignore_result=True)
+def autoscale(self) -> dict:
+    """Beat: one autoscaling pass over every pool with a provider (see :mod:`operations.autoscaler`)."""
+    from . import autoscaler
+
+    return autoscaler.autoscale_all(actor=Actor.system(outofservice.AUTOSCALER, self.request.id or ""))
+
+
+@shared_task(name="operations.sweep_preemptions", bind=True, ignore_result=True)
+def sweep_preemptions(self) -> int:
+    """Beat: finish preemptions whose node is drained (retire it through the provider)."""
+    from . import preemption
+
+    return preemption.sweep(actor=Actor.system(outofservice.PREEMPTION, self.request.id or ""))
+
+
+@shared_task(name="operations.follow_preemption", bind=True, ignore_result=True)
+def follow_preemption(self, preemption_id: int) -> str:
+    """Evaluate one preemption's drain every ``UPGRADE_TICK`` seconds until its node is drained."""
+    from . import preemption
+    from .choices import PreemptionState
+    from .models import Preemption
+
+    try:
+        preemption.follow(
+            preemption_id=preemption_id, actor=Actor.system(outofservice.PREEMPTION, self.request.id or "")
+        )
+    except Exception:
+        logger.exception("preemption %s: evaluation failed", preemption_id)
+    still_open = Preemption.objects.filter(pk=preemption_id, state=PreemptionState.DRAINING).exists()
+    if still_open and not self.request.is_eager:
+        follow_preemption.apply_async(args=[preemption_id], countdown=float(conf.get("UPGRADE_TICK")))
+    return "draining" if still_open else "drained"
+
+
+@shared_task(name="operations.request_surge", bind=True, ignore_result=True)
+def request_surge(self, pool_id: int, count: int, upgrade_id: str) -> int:
+    """An upgrade's surge: ``count`` extra nodes from the pool's provider (once per upgrade)."""
+    from . import autoscaler
+
+    return autoscaler.request_surge(
+        pool_id=pool_id,
+        count=count,
+        upgrade_id=upgrade_id,
+        actor=Actor.system(outofservice.AUTOSCALER, self.request.id or ""),
+    )

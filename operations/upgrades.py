@@ -1,0 +1,473 @@
+"""Rolling upgrades: create, start, pause, resume, roll back, abort; the dry run; the instruction.
+
+Every operator action follows the house pattern: ``atomic()`` → lock the upgrade row → check the
+expected version (412) → ``can_proceed`` (409 ``transition_not_allowed``) → transition → save →
+``upgrade`` event (subject ``upgrade``/id) in the same transaction. The workflow itself moves in
+:mod:`operations.rollout`, driven by Celery (:mod:`operations.tasks`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import Count, Q
+from django.utils import timezone
+from django_fsm import can_proceed
+
+from fleet.choices import Lifecycle, NodeEventType
+from fleet.events import Actor, record_event
+from fleet.instructions import Instruction, post_instructions
+from fleet.models import Node, Pool
+from leases.choices import LIVE_LEASE_STATES
+from nodepool.api.problems import Conflict, NotFound, Problem
+from nodepool.api.versioning import check_version
+
+from . import capacity
+from .choices import MOVING_UPGRADE_STATES, UpgradeNodeState, UpgradePhase, UpgradeState
+from .models import PoolOperations, Upgrade, UpgradeNode
+from .targets import parse_target
+
+MAX_UNAVAILABLE = re.compile(r"^(\d{1,4})(%?)$")
+LIMITS = {
+    "canary_nodes": 1000,
+    "max_surge_nodes": 1000,
+    "soak_seconds": 7 * 86400,
+    "failure_threshold": 10000,
+    "node_timeout": 7 * 86400,
+}
+
+
+def pool_operations(pool: Pool, *, lock: bool = False) -> PoolOperations:
+    """The pool's operation settings, created with defaults on first use."""
+    ops, _ = PoolOperations.objects.get_or_create(pool=pool)
+    if lock:
+        ops = PoolOperations.objects.select_for_update().get(pk=ops.pk)
+    return ops
+
+
+def parse_max_unavailable(value: Any) -> str:
+    """``2`` or ``"2"`` (nodes) or ``"10%"`` (of the pool's members). Raises 400 ``invalid_max_unavailable``."""
+    text = str(value).strip() if isinstance(value, int | str) and not isinstance(value, bool) else ""
+    match = MAX_UNAVAILABLE.match(text)
+    if not match or int(match.group(1)) < 1 or (match.group(2) and int(match.group(1)) > 100):
+        raise Problem(
+            'max_unavailable_nodes must be a count of at least 1 ("2") or a percentage 1-100 ("10%").',
+            "invalid_max_unavailable",
+        )
+    return text
+
+
+def unavailable_limit(upgrade: Upgrade, members: int) -> int:
+    """The count ``max_unavailable_nodes`` allows for a pool of ``members`` nodes (a percentage
+    rounds down, as Kubernetes' maxUnavailable does, but never below 1)."""
+    text = upgrade.max_unavailable_nodes
+    if text.endswith("%"):
+        return max(1, math.floor(members * int(text[:-1]) / 100))
+    return int(text)
+
+
+def event(upgrade: Upgrade, actor: Actor, reason: str, *, node=None, from_state="", to_state="", **data) -> None:
+    """Append one ``upgrade`` event for ``upgrade`` (and ``node`` when it is about one node)."""
+    record_event(
+        node,
+        NodeEventType.UPGRADE,
+        actor,
+        pool=upgrade.pool_id,
+        subject_type="upgrade",
+        subject_id=upgrade.pk,
+        from_state=from_state,
+        to_state=to_state,
+        reason=reason,
+        data={"upgrade_id": str(upgrade.pk), **data},
+    )
+
+
+# --- create --------------------------------------------------------------------------------------
+def _int(data: dict, name: str, default: int) -> int:
+    value = data.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= LIMITS[name]:
+        raise Problem(f"{name} must be an integer from 0 to {LIMITS[name]}.", "invalid_upgrade")
+    return value
+
+
+def parse_upgrade(data: Any) -> dict:
+    """Validate an upgrade request body; returns model field values. Raises 400."""
+    if not isinstance(data, dict):
+        raise Problem("The body must be a JSON object.", "invalid_upgrade")
+    known = {
+        "pool",
+        "target",
+        "max_unavailable_nodes",
+        "max_surge_nodes",
+        "canary_nodes",
+        "canary_pool",
+        "soak_seconds",
+        "failure_threshold",
+        "node_timeout",
+        "auto_rollback",
+        "reason",
+    }
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise Problem(f"Unknown member {unknown[0]!r}.", "invalid_upgrade")
+    if not isinstance(data.get("pool"), str):
+        raise Problem("pool is required: a pool name.", "invalid_upgrade")
+    pool = Pool.objects.filter(name=data["pool"]).first()
+    if pool is None:
+        raise Problem(f"No pool named {data['pool']!r}.", "unknown_pool")
+    canary_pool = None
+    if data.get("canary_pool") is not None:
+        canary_pool = Pool.objects.filter(name=str(data["canary_pool"])).first()
+        if canary_pool is None or canary_pool == pool:
+            raise Problem("canary_pool must name another existing pool.", "unknown_pool")
+    auto_rollback = data.get("auto_rollback", True)
+    if not isinstance(auto_rollback, bool):
+        raise Problem("auto_rollback must be true or false.", "invalid_upgrade")
+    reason = data.get("reason", "")
+    if not isinstance(reason, str) or len(reason) > 2000:
+        raise Problem("reason must be a string of at most 2000 characters.", "invalid_upgrade")
+    return {
+        "pool": pool,
+        "target": parse_target(data.get("target")),
+        "max_unavailable_nodes": parse_max_unavailable(data.get("max_unavailable_nodes", "1")),
+        "max_surge_nodes": _int(data, "max_surge_nodes", 0),
+        "canary_nodes": _int(data, "canary_nodes", 1),
+        "canary_pool": canary_pool,
+        "soak_seconds": _int(data, "soak_seconds", 300),
+        "failure_threshold": max(1, _int(data, "failure_threshold", 1)),
+        "node_timeout": max(1, _int(data, "node_timeout", 900)),
+        "auto_rollback": auto_rollback,
+        "reason": reason,
+    }
+
+
+def upgrade_create(*, data: Any, actor: Actor) -> Upgrade:
+    """A pending upgrade (nothing moves until :func:`upgrade_start`).
+
+    Raises: 400 (``invalid_upgrade``, ``invalid_target``, ``invalid_max_unavailable``,
+    ``unknown_pool``), 409 ``upgrade_in_progress`` (the pool has an active upgrade).
+    """
+    values = parse_upgrade(data)
+    user = actor.user if actor.user is not None and getattr(actor.user, "is_authenticated", False) else None
+    try:
+        with transaction.atomic():
+            upgrade = Upgrade.objects.create(created_by=user, created_by_name=actor.name[:150], **values)
+            event(
+                upgrade,
+                actor,
+                values["reason"] or "upgrade created",
+                to_state=UpgradeState.PENDING,
+                target=values["target"],
+            )
+    except IntegrityError:
+        raise Conflict("The pool already has an active upgrade.", "upgrade_in_progress") from None
+    return upgrade
+
+
+# --- plan and dry run ----------------------------------------------------------------------------
+def node_order(pool: Pool, *, exclude_ids=()) -> list[Node]:
+    """The pool's members in upgrade order: fewest live leases first (least disruption), then oldest."""
+    return list(
+        capacity.member_nodes(pool)
+        .exclude(pk__in=list(exclude_ids))
+        .annotate(live=Count("leases", filter=Q(leases__state__in=LIVE_LEASE_STATES)))
+        .order_by("live", "created_at", "pk")
+    )
+
+
+def plan(upgrade: Upgrade) -> tuple[list[Node], list[Node]]:
+    """``(canary nodes, roll nodes)``: the canary pool's members, or the first ``canary_nodes``."""
+    if upgrade.canary_pool_id:
+        return node_order(upgrade.canary_pool), node_order(upgrade.pool)
+    ordered = node_order(upgrade.pool)
+    count = min(upgrade.canary_nodes, len(ordered))
+    return ordered[:count], ordered[count:]
+
+
+def dry_run(upgrade: Upgrade) -> dict:
+    """The order of nodes and the predicted minimum capacity during the roll. Changes nothing.
+
+    The prediction takes nodes ``limit`` at a time in plan order (``limit`` = the nodes
+    ``max_unavailable_nodes`` allows minus those already unavailable) and reports, per resource,
+    the pool's available allocatable minus the largest such window, plus ``max_surge_nodes`` nodes
+    of the pool's template. Returns ``{"order": [{"position", "node_id", "name", "phase",
+    "lifecycle"}], "max_unavailable": int, "already_unavailable": int, "current_capacity": {…},
+    "predicted_minimum_capacity": {…}, "waves": int}``.
+    """
+    canary, roll = plan(upgrade)
+    members = capacity.member_nodes(upgrade.pool).count()
+    limit = unavailable_limit(upgrade, members)
+    already = capacity.unavailable_count(upgrade.pool)
+    window = max(0, limit - already)
+    current = capacity.pool_allocatable(upgrade.pool)
+    pool_nodes = [n for n in [*canary, *roll] if n.pool_id == upgrade.pool_id and n.lifecycle == Lifecycle.READY]
+    allocatable = capacity.allocatable_by_node(upgrade.pool, [n.pk for n in pool_nodes])
+    surge = capacity.template_allocatable(upgrade.pool, pool_operations(upgrade.pool).node_template)
+    worst = {name: 0 for name in current}
+    if window:
+        for start in range(0, len(pool_nodes), window):
+            batch = pool_nodes[start : start + window]
+            for name in current:
+                taken = sum(allocatable.get(str(n.pk), {}).get(name, 0) for n in batch)
+                worst[name] = max(worst[name], taken)
+    minimum = {
+        name: current[name] - worst[name] + upgrade.max_surge_nodes * surge.get(name, 0) for name in sorted(current)
+    }
+    order = [
+        {
+            "position": i,
+            "node_id": str(n.pk),
+            "name": str(n),
+            "phase": phase,
+            "lifecycle": n.lifecycle,
+            "pool": upgrade.canary_pool.name
+            if phase == UpgradePhase.CANARY and upgrade.canary_pool_id
+            else upgrade.pool.name,
+        }
+        for i, (phase, n) in enumerate(
+            [*((UpgradePhase.CANARY, n) for n in canary), *((UpgradePhase.ROLL, n) for n in roll)]
+        )
+    ]
+    return {
+        "order": order,
+        "max_unavailable": limit,
+        "already_unavailable": already,
+        "current_capacity": current,
+        "predicted_minimum_capacity": minimum,
+        "waves": math.ceil(len(pool_nodes) / window) if window else None,
+    }
+
+
+# --- operator actions ----------------------------------------------------------------------------
+def lock_upgrade(upgrade_id) -> Upgrade:
+    try:
+        return Upgrade.objects.select_for_update().select_related("pool").get(pk=upgrade_id)
+    except (Upgrade.DoesNotExist, ValueError, Exception) as exc:
+        if isinstance(exc, Upgrade.DoesNotExist | ValueError) or "valid UUID" in str(exc):
+            raise NotFound(f"No upgrade {upgrade_id}.", "upgrade_not_found") from exc
+        raise
+
+
+def _refused(upgrade: Upgrade, action: str) -> Conflict:
+    return Conflict(
+        f"Cannot {action} an upgrade that is {upgrade.state}.",
+        "transition_not_allowed",
+        state=upgrade.state,
+        action=action,
+    )
+
+
+def _transition(upgrade: Upgrade, method: str, action: str, actor: Actor, reason: str, **data) -> str:
+    bound = getattr(upgrade, method)
+    if not can_proceed(bound):
+        raise _refused(upgrade, action)
+    before = upgrade.state
+    bound()
+    upgrade.version += 1
+    upgrade.status_reason = reason or action
+    event(upgrade, actor, reason or action, from_state=before, to_state=upgrade.state, action=action, **data)
+    return before
+
+
+def _set_targets(upgrade: Upgrade, target: dict) -> None:
+    for pool_id in filter(None, (upgrade.pool_id, upgrade.canary_pool_id)):
+        ops = pool_operations(Pool(pk=pool_id), lock=True)
+        ops.target = target
+        ops.version += 1
+        ops.save(update_fields=["target", "version", "updated_at"])
+
+
+def _act(upgrade_id, expected_version: int | None, actor: Actor, change) -> Upgrade:
+    with transaction.atomic():
+        upgrade = lock_upgrade(upgrade_id)
+        if expected_version is not None:
+            check_version(upgrade.version, expected_version)
+        change(upgrade)
+        upgrade.save()
+    from . import tasks
+
+    if upgrade.state in MOVING_UPGRADE_STATES:
+        tasks.start_ticking(upgrade)
+    return upgrade
+
+
+def upgrade_start(*, upgrade_id, expected_version: int | None, actor: Actor, reason: str = "") -> Upgrade:
+    """pending → canary (or rolling without canary): plan the node order, set the pool's target.
+
+    Raises: 404 ``upgrade_not_found``, 412, 409 ``transition_not_allowed``, 409 ``pool_empty``.
+    """
+
+    def change(upgrade: Upgrade) -> None:
+        canary, roll = plan(upgrade)
+        if not canary and not roll:
+            raise Conflict("The pool has no nodes to upgrade.", "pool_empty")
+        upgrade.previous_target = pool_operations(upgrade.pool).target or {}
+        rows = [
+            UpgradeNode(upgrade=upgrade, node=n, phase=UpgradePhase.CANARY, position=i, from_version=n.agent_version)
+            for i, n in enumerate(canary)
+        ]
+        rows += [
+            UpgradeNode(upgrade=upgrade, node=n, phase=UpgradePhase.ROLL, position=i, from_version=n.agent_version)
+            for i, n in enumerate(roll)
+        ]
+        UpgradeNode.objects.bulk_create(rows)
+        _set_targets(upgrade, upgrade.target)
+        upgrade.started_at = timezone.now()
+        method = "start_canary" if canary else "roll"
+        _transition(
+            upgrade,
+            method,
+            "start",
+            actor,
+            reason or "upgrade started",
+            canary=[str(n.pk) for n in canary],
+            nodes=len(rows),
+        )
+
+    return _act(upgrade_id, expected_version, actor, change)
+
+
+def upgrade_pause(*, upgrade_id, expected_version: int | None, actor: Actor, reason: str = "") -> Upgrade:
+    """canary | rolling → paused: no further node starts; nodes in flight finish. Raises as start."""
+
+    def change(upgrade: Upgrade) -> None:
+        upgrade.paused_from = upgrade.state
+        _transition(upgrade, "pause", "pause", actor, reason or "paused by an operator")
+
+    return _act(upgrade_id, expected_version, actor, change)
+
+
+def upgrade_resume(*, upgrade_id, expected_version: int | None, actor: Actor, reason: str = "") -> Upgrade:
+    """paused → canary | rolling (where it paused). The failure count starts again. Raises as start."""
+
+    def change(upgrade: Upgrade) -> None:
+        _transition(
+            upgrade, "resume", "resume", actor, reason or "resumed by an operator", failures_before=upgrade.failures
+        )
+        upgrade.failures = 0
+
+    return _act(upgrade_id, expected_version, actor, change)
+
+
+def upgrade_rollback(*, upgrade_id, expected_version: int | None, actor: Actor, reason: str = "") -> Upgrade:
+    """canary | rolling | paused → rolling_back: the pool's previous target again, and every node
+    the upgrade touched goes back to it the same way. Raises as start."""
+
+    def change(upgrade: Upgrade) -> None:
+        begin_rollback(upgrade, actor, reason or "rollback requested by an operator")
+
+    return _act(upgrade_id, expected_version, actor, change)
+
+
+def upgrade_abort(*, upgrade_id, expected_version: int | None, actor: Actor, reason: str = "") -> Upgrade:
+    """Any active state → aborted: nothing new starts, nodes stay where they are (those waiting
+    are skipped); the pool keeps the target it has. Raises as start."""
+
+    def change(upgrade: Upgrade) -> None:
+        _transition(upgrade, "abort", "abort", actor, reason or "aborted by an operator")
+        upgrade.finished_at = timezone.now()
+        UpgradeNode.objects.filter(upgrade=upgrade, state=UpgradeNodeState.WAITING).update(
+            state=UpgradeNodeState.SKIPPED, detail="the upgrade was aborted"
+        )
+
+    return _act(upgrade_id, expected_version, actor, change)
+
+
+def begin_rollback(upgrade: Upgrade, actor: Actor, reason: str) -> None:
+    """Move ``upgrade`` (locked) to rolling_back: previous target back on the pool(s), forward rows
+    not yet started skipped, a rollback row for every node the upgrade touched."""
+    _transition(upgrade, "rollback", "rollback", actor, reason)
+    _set_targets(upgrade, upgrade.previous_target)
+    forward = UpgradeNode.objects.filter(upgrade=upgrade).exclude(phase=UpgradePhase.ROLLBACK)
+    forward.filter(state=UpgradeNodeState.WAITING).update(state=UpgradeNodeState.SKIPPED, detail="rollback started")
+    touched = list(forward.exclude(state=UpgradeNodeState.SKIPPED).order_by("phase", "position"))
+    UpgradeNode.objects.bulk_create(
+        [
+            UpgradeNode(
+                upgrade=upgrade,
+                node_id=row.node_id,
+                phase=UpgradePhase.ROLLBACK,
+                position=i,
+                from_version=row.from_version,
+            )
+            for i, row in enumerate(touched)
+        ],
+        ignore_conflicts=True,
+    )
+    now = timezone.now()
+    for row in touched:
+        if row.state not in (UpgradeNodeState.DONE, UpgradeNodeState.FAILED):
+            UpgradeNode.objects.filter(pk=row.pk).update(
+                state=UpgradeNodeState.SKIPPED, finished_at=now, detail="rollback started while in flight"
+            )
+
+
+# --- the instruction (heartbeat) ---------------------------------------------------------------
+def tell_node(node_id) -> None:
+    """Raise the node's ``UPGRADE`` pending-instruction bit (after commit): its next renewal asks
+    for a status report, whose answer carries :func:`upgrade_instruction`."""
+    post_instructions([node_id], Instruction.UPGRADE)
+
+
+def row_target(row: UpgradeNode) -> dict:
+    """What ``row``'s node must reach: the upgrade's target, or for a rollback the previous target
+    (or, when the pool had none, the version the node ran before, with the same upgrade action)."""
+    upgrade = row.upgrade
+    if row.phase != UpgradePhase.ROLLBACK:
+        return upgrade.target
+    if upgrade.previous_target:
+        return upgrade.previous_target
+    version = row.from_version
+    return (
+        {
+            "version": version,
+            "agent_versions": f"=={version}",
+            "artifact": {},
+            "action": upgrade.target.get("action", "agent"),
+        }
+        if version
+        else {}
+    )
+
+
+# Only a node the workflow parked can be waiting for an upgrade: the ready node's status report
+# (the common one) pays no query for it.
+INSTRUCTED_LIFECYCLES = (Lifecycle.MAINTENANCE, Lifecycle.REJECTED, Lifecycle.PENDING)
+
+
+def upgrade_instruction_for_report(sender, node, **kwargs) -> dict:
+    """``fleet.signals.status_report_applied`` receiver: the instruction for the report's answer."""
+    return upgrade_instruction(node) if node.lifecycle in INSTRUCTED_LIFECYCLES else {}
+
+
+def upgrade_instruction(node: Node) -> dict:
+    """The ``upgrade`` instruction for a drained node whose upgrade (or rollback) waits for it.
+
+    Shape: ``{"upgrade": {"upgrade_id", "version", "artifact": {"ref", "sha256"}, "action"}}``
+    (one query). The workflow raises the node's ``UPGRADE`` instruction bit when it starts waiting
+    (:func:`tell_node`), so a renewal asks the agent for the status report whose answer carries it.
+    """
+    row = (
+        UpgradeNode.objects.filter(
+            node_id=node.pk, state=UpgradeNodeState.UPGRADING, upgrade__state__in=MOVING_UPGRADE_STATES
+        )
+        .select_related("upgrade")
+        .order_by("-upgrade__created_at", "-phase")
+        .first()
+    )
+    if row is None:
+        return {}
+    target = row_target(row)
+    if not target:
+        return {}
+    return {
+        "upgrade": {
+            "upgrade_id": str(row.upgrade_id),
+            "version": target.get("version", ""),
+            "artifact": target.get("artifact") or {},
+            "action": target.get("action", "agent"),
+        }
+    }

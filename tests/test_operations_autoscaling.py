@@ -1,0 +1,317 @@
+"""Autoscaling through a provider: scale-up for pending demand a template node would fit (bounded by
+max_nodes, the rate and cool-downs, every decision with its reason), a webhook provider that signs
+its requests and carries a fresh single-use bootstrap token per machine, failures that leave
+nothing half-done, and scale-down of idle machines within disruption budgets and min_nodes."""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from django.core.cache import cache
+from django.utils import timezone
+
+from fleet.events import Actor
+from fleet.models import BootstrapToken, NodeEvent
+from leases.models import LeaseRequest
+from maintenance.models import DisruptionBudget
+from operations import autoscaler, providers
+from operations.models import PoolOperations, ProviderMachine, ScaleDecision
+from tests.factories import PoolFactory, make_schedulable_node
+from tests.maintenance_helpers import make_lease
+from tests.processes import free_port
+
+pytestmark = pytest.mark.django_db
+ACTOR = Actor.system("system:autoscaler")
+TEMPLATE = {"resources": {"cpu": "4", "memory": "8Gi"}, "labels": {"zone": "zone-a"}}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    cache.clear()
+
+
+class Receiver:
+    """An operator's webhook endpoint on loopback: verifies each request like a real receiver would."""
+
+    def __init__(self, secret: str, status: int = 200):
+        self.secret, self.status, self.requests, self.refusals = secret, status, [], []
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                try:
+                    data = providers.verify(receiver.secret, self.headers, body, remember=False)
+                except providers.SignatureError as exc:
+                    receiver.refusals.append(exc.code)
+                    self.send_response(401)
+                    self.end_headers()
+                    return
+                receiver.requests.append(data)
+                self.send_response(receiver.status)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                names = {m["name"]: {"instance": f"i-{n}"} for n, m in enumerate(data["machines"])}
+                self.wfile.write(json.dumps({"machines": names}).encode())
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}/scale"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver():
+    r = Receiver("hook-secret")
+    yield r
+    r.close()
+
+
+def configure(api, pool, **fields):
+    ops = PoolOperations.objects.get_or_create(pool=pool)[0]
+    body = {"node_template": TEMPLATE, "min_nodes": 1, "max_nodes": 3, "scale_up_delay": 0, "scale_up_cooldown": 0,
+            "max_nodes_per_scale_up": 5, **fields}  # fmt: skip
+    response = api.patch(f"/api/v1/pools/{pool.name}/operations", body, format="json",
+                         HTTP_IF_MATCH=f'"{ops.version}"')  # fmt: skip
+    assert response.status_code == 200, response.content
+    return response.json()
+
+
+def queue(api, workload_id, cpu="3"):
+    body = {"workload_id": workload_id, "pool": "general", "resources": {"cpu": cpu}, "queue": True}
+    response = api.post("/api/v1/node-leases", body, format="json")
+    assert response.status_code == 202, response.content
+    return response.json()
+
+
+def test_pending_demand_scales_up_through_a_signed_webhook_with_fresh_single_use_tokens(
+    operator_api, client_api, receiver
+):
+    pool = PoolFactory(name="general")
+    make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})
+    configure(operator_api, pool, provider="webhook", provider_url=receiver.url, provider_secret="hook-secret")
+    client_api.post("/api/v1/node-leases", {"workload_id": "busy", "pool": "general", "resources": {"cpu": "3"}},
+                    format="json")  # fmt: skip
+    queue(client_api, "job-1")
+    queue(client_api, "job-2")
+
+    assert autoscaler.scale_up(pool_id=pool.pk, actor=ACTOR, now=timezone.now()) == 2
+
+    assert receiver.refusals == []
+    (request,) = receiver.requests
+    assert (request["action"], request["pool"], len(request["machines"])) == ("create", "general", 2)
+    secrets = [m["bootstrap_token"] for m in request["machines"]]
+    assert len(set(secrets)) == 2 and all(s.startswith("npb_") for s in secrets)
+    machines = ProviderMachine.objects.filter(pool=pool)
+    assert {m.state for m in machines} == {"requested"}
+    assert {m.provider_data["instance"] for m in machines} == {"i-0", "i-1"}
+    assert all(m.bootstrap_token.max_uses == 1 for m in machines)
+    decision = ScaleDecision.objects.get(outcome="succeeded")
+    assert decision.direction == "up" and decision.count == 2
+    assert "2 lease request(s) pending" in decision.reason
+    assert NodeEvent.objects.filter(type="scale", pool=pool).exists()
+
+
+def test_scale_up_is_bounded_by_max_nodes_and_the_cool_down_and_says_why(operator_api, client_api, receiver):
+    pool = PoolFactory(name="general")
+    make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})
+    configure(operator_api, pool, provider="webhook", provider_url=receiver.url, provider_secret="hook-secret",
+              max_nodes=2, scale_up_cooldown=600)  # fmt: skip
+    client_api.post("/api/v1/node-leases", {"workload_id": "busy", "pool": "general", "resources": {"cpu": "3"}},
+                    format="json")  # fmt: skip
+    for n in range(3):
+        queue(client_api, f"job-{n}")
+
+    assert autoscaler.scale_up(pool_id=pool.pk, actor=ACTOR, now=timezone.now()) == 1  # max_nodes 2 - 1 node
+    assert autoscaler.scale_up(pool_id=pool.pk, actor=ACTOR, now=timezone.now()) == 0
+    assert autoscaler.scale_up(pool_id=pool.pk, actor=ACTOR, now=timezone.now()) == 0
+    held = ScaleDecision.objects.filter(outcome="blocked")
+    assert held.count() == 1, "a repeated held-back decision is recorded once"
+    assert "at max_nodes 2" in held.get().reason
+    assert ProviderMachine.objects.count() == 1
+
+
+def test_a_request_no_template_node_could_hold_does_not_scale_up(operator_api, client_api, receiver):
+    pool = PoolFactory(name="general")
+    make_schedulable_node(pool, resources={"cpu": 16000, "memory": 2**35})
+    configure(operator_api, pool, provider="webhook", provider_url=receiver.url, provider_secret="hook-secret")
+    client_api.post("/api/v1/node-leases", {"workload_id": "busy", "pool": "general", "resources": {"cpu": "16"}},
+                    format="json")  # fmt: skip
+    queue(client_api, "huge", cpu="8")  # the template has 4 CPUs
+    assert autoscaler.scale_up(pool_id=pool.pk, actor=ACTOR, now=timezone.now()) == 0
+    assert not ProviderMachine.objects.exists()
+
+
+def test_a_failing_provider_is_retried_a_bounded_number_of_times_and_leaves_nothing_half_done(
+    operator_api, client_api, settings
+):
+    settings.NODEPOOL = {**settings.NODEPOOL, "PROVIDER_MAX_ATTEMPTS": 2}
+    failing = Receiver("hook-secret", status=503)
+    try:
+        pool = PoolFactory(name="general")
+        make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})
+        configure(operator_api, pool, provider="webhook", provider_url=failing.url, provider_secret="hook-secret")
+        client_api.post("/api/v1/node-leases", {"workload_id": "busy", "pool": "general", "resources": {"cpu": "3"}},
+                        format="json")  # fmt: skip
+        queue(client_api, "job-1")
+        autoscaler.scale_up(pool_id=pool.pk, actor=ACTOR, now=timezone.now())
+    finally:
+        failing.close()
+    creates = [r for r in failing.requests if r["action"] == "create"]
+    assert len(creates) == 2
+    decision = ScaleDecision.objects.get(direction="up")
+    assert (decision.outcome, decision.attempts) == ("failed", 2)
+    assert "HTTP 503" in decision.error
+    machine = ProviderMachine.objects.get()
+    assert machine.state == "failed"
+    assert BootstrapToken.objects.get(pk=machine.bootstrap_token_id).revoked_at is not None
+    assert any(r["action"] == "delete" for r in failing.requests)
+
+
+def test_an_idle_machine_is_drained_and_deleted_but_never_below_min_nodes(operator_api, receiver):
+    pool = PoolFactory(name="general")
+    configure(operator_api, pool, provider="webhook", provider_url=receiver.url, provider_secret="hook-secret",
+              min_nodes=1, scale_down_after=60, scale_down_cooldown=0, drain_policy="terminate")  # fmt: skip
+    nodes = [make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})[0] for _ in range(2)]
+    for n, node in enumerate(nodes):
+        ProviderMachine.objects.create(pool=pool, provider="webhook", name=f"m-{n}", node=node, state="ready",
+                                       requested_at=timezone.now() - timedelta(minutes=5))  # fmt: skip
+    now = timezone.now()
+    assert autoscaler.scale_down(pool_id=pool.pk, actor=ACTOR, now=now) == 0  # underused from now on
+    assert autoscaler.scale_down(pool_id=pool.pk, actor=ACTOR, now=now + timedelta(seconds=30)) == 0
+    assert autoscaler.scale_down(pool_id=pool.pk, actor=ACTOR, now=now + timedelta(seconds=61)) == 1
+    autoscaler.follow_machines(pool_id=pool.pk, actor=ACTOR, now=now + timedelta(seconds=62))
+    assert ProviderMachine.objects.filter(state="deleted").count() == 1
+    assert [r["action"] for r in receiver.requests] == ["delete"]
+    assert autoscaler.scale_down(pool_id=pool.pk, actor=ACTOR, now=now + timedelta(seconds=200)) == 0
+    assert "at min_nodes 1" in ScaleDecision.objects.filter(outcome="blocked").latest("created_at").reason
+    retired = ProviderMachine.objects.get(state="deleted").node
+    assert retired.lifecycle == "retired"
+
+
+def test_a_disruption_budget_keeps_an_idle_machine_in_place(operator_api, receiver):
+    pool = PoolFactory(name="general")
+    configure(operator_api, pool, provider="webhook", provider_url=receiver.url, provider_secret="hook-secret",
+              min_nodes=0, scale_down_after=0, scale_down_cooldown=0, scale_down_utilization=0.5)  # fmt: skip
+    node, _ = make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})
+    make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})
+    ProviderMachine.objects.create(pool=pool, provider="webhook", name="m-0", node=node, state="ready",
+                                   requested_at=timezone.now())  # fmt: skip
+    make_lease(node, "db-1", group="db", resources={"cpu": 500})
+    DisruptionBudget.objects.create(group="db", max_unavailable=0)
+    now = timezone.now()
+    autoscaler.scale_down(pool_id=pool.pk, actor=ACTOR, now=now)
+    assert autoscaler.scale_down(pool_id=pool.pk, actor=ACTOR, now=now + timedelta(seconds=1)) == 0
+    node.refresh_from_db()
+    assert node.lifecycle == "ready"
+    assert "disruption budget" in ScaleDecision.objects.get(outcome="blocked").reason
+
+
+def test_signatures_reject_tampering_stale_timestamps_and_replays():
+    body = json.dumps({"delivery_id": "abc", "action": "create"}).encode()
+    headers = providers.signed_headers("k", body, "abc")
+    assert providers.verify("k", headers, body)["action"] == "create"
+    with pytest.raises(providers.SignatureError) as replay:
+        providers.verify("k", headers, body)
+    assert replay.value.code == "replayed"
+    with pytest.raises(providers.SignatureError) as tampered:
+        providers.verify("k", headers, body.replace(b"create", b"delete"), remember=False)
+    assert tampered.value.code == "signature_invalid"
+    old = providers.signed_headers("k", body, "abc", now=1_000_000)
+    with pytest.raises(providers.SignatureError) as stale:
+        providers.verify("k", old, body, remember=False)
+    assert stale.value.code == "signature_expired"
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        ({"provider": "carrier-pigeon"}, "invalid_pool_operations"),
+        ({"min_nodes": -1}, "invalid_pool_operations"),
+        ({"min_nodes": 5, "max_nodes": 2}, "invalid_pool_operations"),
+        ({"scale_down_utilization": 2}, "invalid_pool_operations"),
+        ({"provider_url": "ftp://x"}, "invalid_pool_operations"),
+        ({"fallback_pool": "general"}, "unknown_pool"),
+        ({"node_template": {"resources": {"cpu": "lots"}}}, "invalid_pool_operations"),
+        ({"target": {"version": "9"}}, "invalid_pool_operations"),
+    ],
+)
+def test_bad_pool_operation_settings_are_refused_and_change_nothing(operator_api, body, code):
+    pool = PoolFactory(name="general")
+    response = operator_api.patch("/api/v1/pools/general/operations", body, format="json", HTTP_IF_MATCH='"1"')
+    assert (response.status_code, response.json()["code"]) == (400, code)
+    ops = PoolOperations.objects.filter(pool=pool).first()
+    assert ops is None or (ops.version, ops.provider, ops.min_nodes) == (1, "", 0)
+
+
+def test_pool_operation_settings_need_the_current_version(operator_api):
+    PoolFactory(name="general")
+    assert operator_api.patch("/api/v1/pools/general/operations", {"spot": True}, format="json").status_code == 428
+    stale = operator_api.patch("/api/v1/pools/general/operations", {"spot": True}, format="json",
+                               HTTP_IF_MATCH='"7"')  # fmt: skip
+    assert stale.status_code == 412
+    assert LeaseRequest.objects.count() == 0
+
+
+def test_an_upgrade_with_surge_asks_the_provider_first_once_and_ready_surge_nodes_add_room(
+    operator_api, receiver, django_capture_on_commit_callbacks
+):
+    from operations import rollout, upgrades
+
+    pool = PoolFactory(name="general")
+    for _ in range(3):
+        make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})
+    configure(operator_api, pool, provider="webhook", provider_url=receiver.url, provider_secret="hook-secret",
+              max_nodes=5)  # fmt: skip
+    upgrade = upgrades.upgrade_create(
+        data={"pool": "general", "target": {"version": "2.0.0"}, "canary_nodes": 0, "max_surge_nodes": 1}, actor=ACTOR
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        upgrades.upgrade_start(upgrade_id=upgrade.pk, expected_version=upgrade.version, actor=ACTOR)
+    with django_capture_on_commit_callbacks(execute=True):
+        rollout.advance(upgrade_id=upgrade.pk)
+        rollout.advance(upgrade_id=upgrade.pk)
+    surge = ScaleDecision.objects.get(data__upgrade_id=str(upgrade.pk))
+    assert (surge.direction, surge.count, surge.outcome) == ("up", 1, "succeeded")
+    assert "upgrade surge" in surge.reason
+    assert [r["action"] for r in receiver.requests] == ["create"]
+    machine = ProviderMachine.objects.get(decision=surge)
+    node, _ = make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})
+    ProviderMachine.objects.filter(pk=machine.pk).update(node=node, state="ready", ready_at=timezone.now())
+    assert autoscaler.surge_ready(pool_id=pool.pk, upgrade_id=upgrade.pk) == 1
+
+
+def test_no_machine_is_scaled_down_while_lease_requests_wait_that_a_template_node_would_hold(
+    operator_api, client_api, receiver
+):
+    """Idle is not unneeded while demand waits (cluster-autoscaler keeps nodes pending pods could
+    use): otherwise a just-ready machine is drained before the queue places work on it."""
+    from leases.models import LeaseRequest
+
+    pool = PoolFactory(name="general")
+    configure(operator_api, pool, provider="webhook", provider_url=receiver.url, provider_secret="hook-secret",
+              min_nodes=0, max_nodes=1, scale_down_after=0, scale_down_cooldown=0,
+              scale_down_utilization=0.6, drain_policy="terminate")  # fmt: skip
+    node, _ = make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})
+    make_lease(node, "small", resources={"cpu": 2000})  # 50 %: underused
+    ProviderMachine.objects.create(pool=pool, provider="webhook", name="m-0", node=node, state="ready",
+                                   requested_at=timezone.now() - timedelta(minutes=5))  # fmt: skip
+    waiting = queue(client_api, "batch-1", cpu="3")  # waits: 2 cpu free here, a template node holds it
+    now = timezone.now()
+    autoscaler.scale_down(pool_id=pool.pk, actor=ACTOR, now=now)
+    assert autoscaler.scale_down(pool_id=pool.pk, actor=ACTOR, now=now + timedelta(seconds=1)) == 0
+    assert "1 lease request(s) pending" in ScaleDecision.objects.filter(outcome="blocked").latest("created_at").reason
+    LeaseRequest.objects.filter(pk=waiting["id"]).update(state="cancelled")
+    autoscaler.scale_down(pool_id=pool.pk, actor=ACTOR, now=now + timedelta(seconds=2))
+    latest = ScaleDecision.objects.filter(pool=pool).latest("created_at")
+    assert "lease request(s) pending" not in latest.reason  # judged on its own merits again (its lease)

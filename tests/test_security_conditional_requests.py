@@ -1,0 +1,58 @@
+"""RFC 9110 conditional requests: the RFC's own examples (issue 11, item 10)."""
+
+from __future__ import annotations
+
+import pytest
+
+from nodepool.api.versioning import etags_match, parse_entity_tags
+from tests.factories import PoolFactory, make_schedulable_node
+
+# RFC 9110 §8.8.3.2, the comparison table.
+COMPARISONS = [
+    ('W/"1"', 'W/"1"', False, True),
+    ('W/"1"', 'W/"2"', False, False),
+    ('W/"1"', '"1"', False, True),
+    ('"1"', '"1"', True, True),
+]
+
+
+@pytest.mark.parametrize(("a", "b", "strong", "weak"), COMPARISONS)
+def test_the_rfc_comparison_table(a, b, strong, weak):
+    (tag_a,), (tag_b,) = parse_entity_tags(a), parse_entity_tags(b)
+    assert etags_match(tag_a, tag_b, weak=False) is strong
+    assert etags_match(tag_a, tag_b, weak=True) is weak
+
+
+@pytest.mark.parametrize(
+    ("header", "tags"),
+    [
+        ('"xyzzy"', [(False, "xyzzy")]),  # RFC 9110 §13.1.1 examples
+        ('"xyzzy", "r2d2xxxx", "c3piozzzz"', [(False, "xyzzy"), (False, "r2d2xxxx"), (False, "c3piozzzz")]),
+        ('W/"xyzzy", W/"r2d2xxxx"', [(True, "xyzzy"), (True, "r2d2xxxx")]),  # §13.1.2 examples
+        ('"a,b", "c"', [(False, "a,b"), (False, "c")]),  # a comma inside a tag is part of it
+        ('""', [(False, "")]),
+    ],
+)
+def test_entity_tag_lists_parse_like_the_rfc_examples(header, tags):
+    assert parse_entity_tags(header) == tags
+
+
+@pytest.mark.parametrize("header", ["xyzzy", '"xyzzy', 'W/ "x"', '"x" "y"', '"x";"y"', "7", 'w/"7"'])
+def test_malformed_entity_tag_lists_are_refused(header):
+    assert parse_entity_tags(header) is None
+
+
+@pytest.mark.django_db
+def test_if_none_match_on_get_gives_304_when_the_version_is_unchanged(operator_api):
+    node, _ = make_schedulable_node(PoolFactory())
+    first = operator_api.get(f"/api/v1/nodes/{node.pk}")
+    etag = first["ETag"]
+
+    same = operator_api.get(f"/api/v1/nodes/{node.pk}", HTTP_IF_NONE_MATCH=etag)
+    weak = operator_api.get(f"/api/v1/nodes/{node.pk}", HTTP_IF_NONE_MATCH=f'"0", W/{etag}')
+    star = operator_api.get(f"/api/v1/nodes/{node.pk}", HTTP_IF_NONE_MATCH="*")
+    other = operator_api.get(f"/api/v1/nodes/{node.pk}", HTTP_IF_NONE_MATCH='"999"')
+
+    for response in (same, weak, star):
+        assert response.status_code == 304 and response["ETag"] == etag and response.content == b""
+    assert other.status_code == 200 and other.json()["id"] == str(node.pk)
