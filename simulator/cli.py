@@ -13,10 +13,9 @@ import asyncio
 import contextlib
 import json
 import logging
-import signal
 import sys
 
-from .fleet import FleetSimulator, run_coroutine
+from .fleet import FleetSimulator, run_coroutine, stop_on_signals
 from .shapes import PoolSpec
 
 
@@ -94,10 +93,7 @@ async def run(args) -> dict:
     await sim.enroll(impossible=impossible)
     faults: dict[str, list[str]] = {"impossible": impossible}
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
+    stop_on_signals(stop)
     await sim.start()
 
     async def inject() -> None:
@@ -121,7 +117,7 @@ async def run(args) -> dict:
             for name in faults["partition"]:
                 sim.heal(name)
 
-    injector = loop.create_task(inject())
+    injector = asyncio.get_running_loop().create_task(inject())
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), timeout=args.duration or None)
     injector.cancel()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import random
+import signal
 import threading
 from collections import Counter
 from collections.abc import Iterable
@@ -327,3 +329,17 @@ def run_coroutine(coro):
         return asyncio.run(coro)
     with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="simulator") as executor:
         return executor.submit(asyncio.run, coro).result()
+
+
+def stop_on_signals(stop: asyncio.Event) -> None:
+    """Set ``stop`` on SIGINT or SIGTERM, from inside the running loop.
+
+    Signals reach only the main thread: when :func:`run_coroutine` had to run the coroutine in a
+    thread of its own (the caller's loop was busy), Ctrl-C stays the caller's to handle, and this
+    installs nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)

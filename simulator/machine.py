@@ -15,10 +15,9 @@ import asyncio
 import json
 import logging
 import os
-import signal
 import sys
 
-from .fleet import FleetSimulator, run_coroutine
+from .fleet import FleetSimulator, run_coroutine, stop_on_signals
 from .node import VirtualNode
 from .shapes import NodeSpec
 
@@ -60,9 +59,7 @@ async def run(args: argparse.Namespace, token: str) -> int:
         return 2
     log.info("machine %s enrolled as node %s", args.name, node.node_id)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop_on_signals(stop)
     await sim.start()
     try:
         while not stop.is_set() and node.lifecycle != "retired":

@@ -1,6 +1,7 @@
 """The fleet simulator against the real control plane (in process): seeded shapes, enrollment,
 heartbeats and every fault, with the app's own verdicts and the database's state checked."""
 
+import asyncio
 import functools
 import json
 import time
@@ -252,40 +253,49 @@ def test_a_fleet_thread_runs_heartbeats_in_the_background_and_takes_faults_by_na
 
 
 @transactional
-def test_the_command_line_runs_a_fleet_with_faults_and_prints_a_summary(monkeypatch, capsys):
+@pytest.mark.parametrize("caller", ["plain", "inside a running event loop"])
+def test_the_command_line_runs_a_fleet_with_faults_and_prints_a_summary(monkeypatch, capsys, caller):
+    """Also from a main thread whose event loop is running (as under pytest-playwright's sync API):
+    the fleet then runs in a thread of its own, where signal handlers cannot be installed."""
     cp = ControlPlane({"general": {}, "gpu": {}}, heartbeat_interval=1)
     monkeypatch.setattr(
         simulator_cli, "FleetSimulator", functools.partial(FleetSimulator, transport=cp.async_transport())
     )
-    code = simulator_cli.main(
-        [
-            "--url",
-            cp.url,
-            "--pool",
-            f"name=general,token={cp.tokens['general']},weight=2",
-            "--pool",
-            f"name=gpu,token={cp.tokens['gpu']},gpu=true",
-            "--nodes",
-            "12",
-            "--duration",
-            "2.5",
-            "--fault-after",
-            "0.1",
-            "--partition",
-            "2",
-            "--restart",
-            "1",
-            "--duplicate",
-            "1",
-            "--reorder",
-            "1",
-            "--impossible",
-            "1",
-            "--underperform",
-            "1",
-            "--no-progress",
-        ]
-    )
+    argv = [
+        "--url",
+        cp.url,
+        "--pool",
+        f"name=general,token={cp.tokens['general']},weight=2",
+        "--pool",
+        f"name=gpu,token={cp.tokens['gpu']},gpu=true",
+        "--nodes",
+        "12",
+        "--duration",
+        "2.5",
+        "--fault-after",
+        "0.1",
+        "--partition",
+        "2",
+        "--restart",
+        "1",
+        "--duplicate",
+        "1",
+        "--reorder",
+        "1",
+        "--impossible",
+        "1",
+        "--underperform",
+        "1",
+        "--no-progress",
+    ]
+    if caller == "plain":
+        code = simulator_cli.main(argv)
+    else:
+
+        async def busy_loop() -> int:
+            return simulator_cli.main(argv)
+
+        code = asyncio.run(busy_loop())
 
     cp.close()
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
