@@ -4,6 +4,7 @@ heartbeats and every fault, with the app's own verdicts and the database's state
 import asyncio
 import functools
 import json
+import threading
 import time
 from datetime import UTC, datetime
 
@@ -255,8 +256,8 @@ def test_a_fleet_thread_runs_heartbeats_in_the_background_and_takes_faults_by_na
 @transactional
 @pytest.mark.parametrize("caller", ["plain", "inside a running event loop"])
 def test_the_command_line_runs_a_fleet_with_faults_and_prints_a_summary(monkeypatch, capsys, caller):
-    """Also from a main thread whose event loop is running (as under pytest-playwright's sync API):
-    the fleet then runs in a thread of its own, where signal handlers cannot be installed."""
+    """Also from inside a running event loop (as pytest-playwright's sync API leaves one): the fleet
+    then runs in a thread of its own, where signal handlers cannot be installed."""
     cp = ControlPlane({"general": {}, "gpu": {}}, heartbeat_interval=1)
     monkeypatch.setattr(
         simulator_cli, "FleetSimulator", functools.partial(FleetSimulator, transport=cp.async_transport())
@@ -291,11 +292,16 @@ def test_the_command_line_runs_a_fleet_with_faults_and_prints_a_summary(monkeypa
     if caller == "plain":
         code = simulator_cli.main(argv)
     else:
-
+        # In a fresh thread: this test's own thread may already hold a running loop (a browser test
+        # ran before it in this worker), where asyncio.run itself refuses.
         async def busy_loop() -> int:
             return simulator_cli.main(argv)
 
-        code = asyncio.run(busy_loop())
+        codes = []
+        thread = threading.Thread(target=lambda: codes.append(asyncio.run(busy_loop())))
+        thread.start()
+        thread.join(60)
+        code = codes[0] if codes else None
 
     cp.close()
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -338,9 +344,6 @@ def test_virtual_nodes_renew_and_report_their_status_on_change_and_when_asked(cp
 def test_the_command_lines_run_their_loop_even_where_one_is_already_running():
     """Playwright's sync API (the browser tests) leaves a loop running in the thread for the rest of
     the session, where asyncio.run() refuses: simulator.fleet.run_coroutine then uses a thread."""
-    import asyncio
-    import threading
-
     from simulator.fleet import run_coroutine
 
     async def answer():
