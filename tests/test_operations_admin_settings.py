@@ -17,34 +17,34 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def browser(operator):
+def console(operator):
     return staff_client(operator)
 
 
-def form_data(browser, url) -> dict:
-    form = browser.get(url).context["adminform"].form
+def form_data(console, url) -> dict:
+    form = console.get(url).context["adminform"].form
     data = {name: form[name].value() for name in form.fields}
     return {k: ("" if v is None else v) for k, v in data.items()}
 
 
-def test_spot_ticked_in_the_admin_taints_the_pool_and_a_stale_or_bad_form_changes_nothing(browser):
+def test_spot_ticked_in_the_admin_taints_the_pool_and_a_stale_or_bad_form_changes_nothing(console):
     pool = make_pool(name="general")
     ops = pool_operations(pool)
     url = f"/admin/operations/pooloperations/{ops.pk}/change/"
-    data = form_data(browser, url)
+    data = form_data(console, url)
 
-    ok = browser.post(url, {**data, "spot": "on"})
+    ok = console.post(url, {**data, "spot": "on"})
     assert ok.status_code == 302, ok.context["adminform"].form.errors
     pool.refresh_from_db()
     assert any(t["key"] == SPOT_TAINT["key"] for t in pool.taints)
     assert PoolOperations.objects.get(pk=ops.pk).version == ops.version + 1
 
-    stale = browser.post(url, {**data, "spot": "on", "min_nodes": 2})  # the version of the first page
+    stale = console.post(url, {**data, "spot": "on", "min_nodes": 2})  # the version of the first page
     assert stale.status_code == 200 and b"changed these settings meanwhile" in stale.content
-    fresh = form_data(browser, url)
-    bad = browser.post(url, {**fresh, "min_nodes": 5, "max_nodes": 2})
+    fresh = form_data(console, url)
+    bad = console.post(url, {**fresh, "min_nodes": 5, "max_nodes": 2})
     assert bad.status_code == 200 and bad.context["adminform"].form.errors  # the model constraint max >= min
-    unknown = browser.post(url, {**fresh, "fallback_pool": ""} | {"provider_url": "ftp://x"})
+    unknown = console.post(url, {**fresh, "fallback_pool": ""} | {"provider_url": "ftp://x"})
     assert unknown.status_code == 200 and unknown.context["adminform"].form.errors["provider_url"], unknown.context[
         "adminform"
     ].form.errors
@@ -52,28 +52,28 @@ def test_spot_ticked_in_the_admin_taints_the_pool_and_a_stale_or_bad_form_change
     assert Pool.objects.get(pk=pool.pk).version == pool.version
 
 
-def test_the_node_template_takes_quantities_and_survives_a_second_save(browser):
+def test_the_node_template_takes_quantities_and_survives_a_second_save(console):
     pool = make_pool(name="general")
     ops = pool_operations(pool)
     url = f"/admin/operations/pooloperations/{ops.pk}/change/"
     template = '{"resources": {"cpu": "4", "memory": "8Gi"}}'
-    ok = browser.post(url, {**form_data(browser, url), "node_template": template})
+    ok = console.post(url, {**form_data(console, url), "node_template": template})
     assert ok.status_code == 302, ok.context["adminform"].form.errors
     stored = PoolOperations.objects.get(pk=ops.pk).node_template["resources"]
     assert stored == {"cpu": 4000, "memory": 8 * 2**30}
-    again = form_data(browser, url)  # the canonical JSON as the page shows it, changed elsewhere
-    again_ok = browser.post(url, {**again, "min_nodes": 1})
+    again = form_data(console, url)  # the canonical JSON as the page shows it, changed elsewhere
+    again_ok = console.post(url, {**again, "min_nodes": 1})
     assert again_ok.status_code == 302, again_ok.context["adminform"].form.errors
     assert PoolOperations.objects.get(pk=ops.pk).node_template["resources"] == stored
     # Integers are read as the page shows them (canonical: millicores, bytes); strings as quantities.
     canonical = '{"resources": {"cpu": 2000, "memory": 8589934592}}'
-    assert browser.post(url, {**form_data(browser, url), "node_template": canonical}).status_code == 302
+    assert console.post(url, {**form_data(console, url), "node_template": canonical}).status_code == 302
     assert PoolOperations.objects.get(pk=ops.pk).node_template["resources"] == {"cpu": 2000, "memory": 8 * 2**30}
-    wrong = browser.post(url, {**form_data(browser, url), "node_template": '{"cpus": 4}'})
+    wrong = console.post(url, {**form_data(console, url), "node_template": '{"cpus": 4}'})
     assert wrong.status_code == 200 and b"must be {resources, labels, taints, features}" in wrong.content
 
 
-def test_upgrade_actions_ask_for_a_reason_and_act_at_the_version_the_form_showed(browser, monkeypatch):
+def test_upgrade_actions_ask_for_a_reason_and_act_at_the_version_the_form_showed(console, monkeypatch):
     """The admin's upgrade actions used the version re-read at submit time, so they could never
     refuse a change made since the operator looked; now they go through the intermediate form."""
     from fleet.events import Actor
@@ -90,18 +90,18 @@ def test_upgrade_actions_ask_for_a_reason_and_act_at_the_version_the_form_showed
     url = "/admin/operations/upgrade/"
     selected = {"action": "upgrade_pause", "_selected_action": [upgrade.pk]}
 
-    form = browser.post(url, selected)
+    form = console.post(url, selected)
     assert form.status_code == 200 and b"reason" in form.content and b"Pause" in form.content
     seen = upgrade.version
     upgrades.upgrade_pause(upgrade_id=upgrade.pk, expected_version=seen, actor=actor)  # someone else, meanwhile
     upgrades.upgrade_resume(upgrade_id=upgrade.pk, expected_version=seen + 1, actor=actor)
-    stale = browser.post(url, {**selected, "apply": "1", "reason": "canary looks off", f"version_{upgrade.pk}": seen},
+    stale = console.post(url, {**selected, "apply": "1", "reason": "canary looks off", f"version_{upgrade.pk}": seen},
                          follow=True)  # fmt: skip
     assert "refused" in stale.content.decode()
     assert Upgrade.objects.get(pk=upgrade.pk).state == "rolling"
 
     current = Upgrade.objects.get(pk=upgrade.pk).version
-    done = browser.post(url, {**selected, "apply": "1", "reason": "canary looks off", f"version_{upgrade.pk}": current},
+    done = console.post(url, {**selected, "apply": "1", "reason": "canary looks off", f"version_{upgrade.pk}": current},
                         follow=True)  # fmt: skip
     assert "done" in done.content.decode()
     assert Upgrade.objects.get(pk=upgrade.pk).state == "paused"

@@ -45,6 +45,9 @@ def chromium_path() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
+# Last of all the hooks: pytest-django's own reordering (by kind of database use) would otherwise
+# put the browser tests back in the middle of the session.
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     path = chromium_path()
     missing = None
