@@ -59,3 +59,28 @@ def test_ci_installs_the_system_chromium_idempotently_and_runs_browser_tests_on_
     pg_step = script[script.index('step "tests on PostgreSQL') : script.index('step "tests on SQLite')]
     assert '-m "not browser"' in pg_step
     assert "not browser" not in script[script.index('step "tests on SQLite') :]
+
+
+def collected(*args: str) -> list[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    result = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "python"), "-m", "pytest", "--collect-only", "-q", "-p", "no:xdist", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    return [line for line in result.stdout.splitlines() if "::" in line]
+
+
+def test_the_postgresql_steps_filter_leaves_out_every_browser_test_and_the_sqlite_step_runs_them_last():
+    """``-m "not browser"`` must see the marker (it is added as each test is collected), and the
+    browser tests must run after every other test of their worker: Playwright's sync API leaves a
+    running asyncio loop behind it (the simulator's command line once failed in CI that way)."""
+    files = ("tests/browser/test_admin_login.py", "tests/test_smoke.py", "tests/test_operations_admin_settings.py")
+    without_browser = collected("-m", "not browser", *files)
+    assert without_browser and not [item for item in without_browser if item.startswith("tests/browser/")]
+    order = collected(*files)
+    browser = [i for i, item in enumerate(order) if item.startswith("tests/browser/")]
+    assert browser and browser == list(range(len(order) - len(browser), len(order)))
+    assert not [item for item in order if "[chromium]" in item and not item.startswith("tests/browser/")]

@@ -30,7 +30,6 @@ from playwright.sync_api import expect
 
 from nodepool.api.permissions import OPERATORS, OWNERS
 
-HERE = Path(__file__).resolve().parent
 PASSWORD = "browser-pw-7Q2x"  # a test user's password
 TIMEOUT_MS = 15_000  # generous: CI shares two cores with the rest of the suite
 # expect(...) waits this long too (its own default is 5 s: too short for /api/docs/ building the
@@ -45,21 +44,28 @@ def chromium_path() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-# Last of all the hooks: pytest-django's own reordering (by kind of database use) would otherwise
+def _missing_browser() -> str | None:
+    path = chromium_path()
+    if not path or not Path(path).exists():
+        return "no system Chromium (apt-get install -y chromium, or set NODEPOOL_CHROMIUM)"
+    return None
+
+
+def pytest_itemcollected(item):
+    """Mark this directory's tests ``browser`` as they are collected, before ``-m "not browser"``
+    deselects (the PostgreSQL step of .ci/run runs without them)."""
+    item.add_marker(pytest.mark.browser)
+    # In CI a missing browser is an install-step failure, not something to skip quietly.
+    missing = _missing_browser()
+    if missing and not os.environ.get("CI"):
+        item.add_marker(pytest.mark.skip(reason=missing))
+
+
+# Last of all the hooks: pytest's own reordering (by parametrized session fixtures, such as
+# pytest-playwright's browser_name) and pytest-django's (by kind of database use) would otherwise
 # put the browser tests back in the middle of the session.
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
-    path = chromium_path()
-    missing = None
-    if not path or not Path(path).exists():
-        missing = "no system Chromium (apt-get install -y chromium, or set NODEPOOL_CHROMIUM)"
-    for item in items:
-        if HERE not in Path(str(item.fspath)).resolve().parents:
-            continue
-        item.add_marker(pytest.mark.browser)
-        # In CI a missing browser is an install-step failure, not something to skip quietly.
-        if missing and not os.environ.get("CI"):
-            item.add_marker(pytest.mark.skip(reason=missing))
     # Browser tests last (each xdist worker runs its share in collection order): Playwright's sync
     # API leaves an asyncio loop running in the worker's thread for the rest of the session, where
     # asyncio.run() then fails (the simulator's command line) and DJANGO_ALLOW_ASYNC_UNSAFE is set.
