@@ -191,13 +191,21 @@ def _run(args) -> int:
         preemption_poll=args.preemption_poll,
     )
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda signum, frame: stop.set())
+    # SIGTERM and Ctrl-C stop the loop gracefully. Signals reach only the main thread; when the
+    # agent runs embedded elsewhere (a test, a thread) the caller stops it, and the handlers of
+    # the process are put back when the agent returns.
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            previous[sig] = signal.signal(sig, lambda signum, frame: stop.set())
     try:
         code = Agent(config).run(stop, once=args.once)
     except StateError as exc:
         logging.getLogger("agent").error("%s", exc)
         return EXIT_CONFIG
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     if code == EXIT_RESTART:
         # After an upgrade: replace this process with a fresh one (same arguments), which starts
         # a new incarnation and reports the version the upgrade installed.

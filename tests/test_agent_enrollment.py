@@ -139,3 +139,15 @@ def test_a_bare_invocation_means_run_and_without_a_token_exits_with_a_configurat
 
     assert main(["--url", "http://127.0.0.1:9", "--state-file", str(tmp_path / "s.json"), "--once"]) == EXIT_CONFIG
     assert not (tmp_path / "s.json").exists()
+
+
+def test_the_command_line_puts_the_processs_signal_handlers_back(tmp_path):
+    """The agent's SIGTERM/SIGINT handlers live as long as its loop: run in process (as here), it
+    must not leave the host process unable to be stopped."""
+    import signal
+
+    from agent.cli import main
+
+    before = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT))
+    assert main(["--url", "http://127.0.0.1:9", "--state-file", str(tmp_path / "s.json"), "--once"]) == EXIT_CONFIG
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
