@@ -49,6 +49,20 @@ def _fresh_renewal_caches():
 
 
 @pytest.fixture
+def clock_at_t0(time_machine):
+    """The clock stopped at ``tests.heartbeat_helpers.T0`` (moved on with ``time_machine``), and an
+    empty cache, shared or not: the fleet size behind the heartbeat interval and the flood guard's
+    spacing are cached."""
+    from django.core.cache import cache
+
+    from tests.heartbeat_helpers import T0
+
+    cache.clear()
+    time_machine.move_to(T0, tick=False)
+    return time_machine
+
+
+@pytest.fixture
 def no_flood_guard(settings):
     """For tests about ordering, not spacing: they send messages back to back on purpose.
     The flood guard itself is tested in tests/test_renewals_flood.py."""

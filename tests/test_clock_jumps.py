@@ -12,7 +12,6 @@ import threading
 from datetime import timedelta
 
 import pytest
-from django.core.cache import cache
 from django.db import connection
 
 from fleet import clock
@@ -32,18 +31,11 @@ from tests.heartbeat_helpers import T0, post_beat, seconds
 from tests.maintenance_helpers import make_lease
 from tests.support import node_api
 
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_throttles")]
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_throttles", "clock_at_t0")]
 
 HOUR = 3600
 # Lifetimes: credential 1 h, lease 30 min, drain deadline 20 min, bootstrap token 15 min, hold 10 min.
 CREDENTIAL, LEASE, DRAIN, TOKEN, HOLD = HOUR, 1800, 1200, 900, 600
-
-
-@pytest.fixture(autouse=True)
-def _frozen(time_machine):
-    cache.clear()
-    time_machine.move_to(T0, tick=False)
-    return time_machine
 
 
 @pytest.fixture

@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.core.cache import cache
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
@@ -17,14 +16,7 @@ from tests.factories import NodeFactory, PoolFactory, make_schedulable_node, set
 from tests.heartbeat_helpers import T0, beat, node_api, post_beat, seconds
 
 # Ordering and liveness tests send messages back to back; the flood guard has its own tests.
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_flood_guard")]
-
-
-@pytest.fixture(autouse=True)
-def _frozen(time_machine):
-    cache.clear()  # the fleet size used for the interval is cached per process
-    time_machine.move_to(T0, tick=False)
-    return time_machine
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_flood_guard", "clock_at_t0")]
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ import threading
 from collections import Counter
 
 import pytest
-from django.core.cache import cache
 
 from fleet.choices import Liveness, NodeEventType
 from fleet.liveness import sweep_liveness
@@ -16,14 +15,12 @@ from tests.factories import PoolFactory, make_schedulable_node
 from tests.heartbeat_helpers import T0, node_api, post_beat, seconds, send
 
 # Ordering and liveness tests send messages back to back; the flood guard has its own tests.
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.usefixtures("no_flood_guard")]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.slow,
+    pytest.mark.usefixtures("no_flood_guard", "clock_at_t0"),
+]
 THREADS = 8
-
-
-@pytest.fixture(autouse=True)
-def _frozen(time_machine):
-    cache.clear()
-    time_machine.move_to(T0, tick=False)
 
 
 def race(work, count=THREADS):

@@ -8,7 +8,6 @@ Guard engaged / released are pool events.
 from __future__ import annotations
 
 import pytest
-from django.core.cache import cache
 
 from fleet.choices import NodeEventType
 from fleet.liveness import sweep_liveness
@@ -16,14 +15,7 @@ from fleet.models import LivenessSweepState, Node, NodeEvent
 from tests.factories import PoolFactory, make_schedulable_node
 from tests.heartbeat_helpers import T0, seconds, send
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def _frozen(time_machine):
-    cache.clear()
-    time_machine.move_to(T0, tick=False)
-    return time_machine
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("clock_at_t0")]
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from io import StringIO
 
 import pytest
 from django.contrib.auth.models import Group, User
-from django.core.cache import cache
 from django.core.management import call_command
 
 from fleet import liveness
@@ -26,14 +25,7 @@ from tests.heartbeat_helpers import T0, seconds, send
 from tests.support import grant
 
 # Ordering and liveness tests send messages back to back; the flood guard has its own tests.
-pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_flood_guard")]
-
-
-@pytest.fixture(autouse=True)
-def _frozen(time_machine):
-    cache.clear()
-    time_machine.move_to(T0, tick=False)
-    return time_machine
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_flood_guard", "clock_at_t0")]
 
 
 def _client():

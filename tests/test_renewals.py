@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from django.core.cache import cache
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -19,14 +18,7 @@ from fleet.models import Node, NodeEvent
 from tests.factories import PoolFactory, make_schedulable_node, set_lifecycle
 from tests.heartbeat_helpers import T0, node_api, post_beat, seconds
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def _frozen(time_machine):
-    cache.clear()
-    time_machine.move_to(T0, tick=False)
-    return time_machine
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("clock_at_t0")]
 
 
 @pytest.fixture

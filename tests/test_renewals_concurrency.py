@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
-from django.core.cache import cache
 
 from fleet.choices import Liveness, NodeEventType
 from fleet.instructions import Instruction, post_instructions
@@ -16,14 +15,13 @@ from tests.heartbeat_helpers import T0, node_api, post_beat, seconds
 from tests.races import race
 from tests.test_renewals import renew
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.race]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.slow,
+    pytest.mark.race,
+    pytest.mark.usefixtures("clock_at_t0"),
+]
 THREADS = 8
-
-
-@pytest.fixture(autouse=True)
-def _frozen(time_machine):
-    cache.clear()
-    time_machine.move_to(T0, tick=False)
 
 
 def test_identical_racing_renewals_apply_exactly_once():

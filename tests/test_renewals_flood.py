@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from django.core.cache import cache
 
 from fleet.choices import Liveness, NodeEventType
 from fleet.instructions import Instruction
@@ -15,14 +14,7 @@ from tests.heartbeat_helpers import T0, node_api, post_beat, seconds
 from tests.maintenance_helpers import act
 from tests.test_renewals import renew
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def _frozen(time_machine):
-    cache.clear()
-    time_machine.move_to(T0, tick=False)
-    return time_machine
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("clock_at_t0")]
 
 
 @pytest.fixture
