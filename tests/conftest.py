@@ -49,6 +49,13 @@ def _fresh_renewal_caches():
 
 
 @pytest.fixture
+def admin_user(db) -> User:
+    """The superuser behind pytest-django's ``admin_client``, named as the admin tests expect it in
+    hold owners and events (``user:ada-admin``)."""
+    return User.objects.create_superuser("ada-admin", password="pw")
+
+
+@pytest.fixture
 def clock_at_t0(time_machine):
     """The clock stopped at ``tests.heartbeat_helpers.T0`` (moved on with ``time_machine``), and an
     empty cache, shared or not: the fleet size behind the heartbeat interval and the flood guard's

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 from django.contrib import admin
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.contrib.auth.models import User
 from django.test import RequestFactory
 from django.utils import timezone
 
@@ -27,25 +26,14 @@ READ_ONLY = [Drain, Quarantine, Lease, ConsistencyReport]
 NO_DELETE_INLINES = [EvictionInline, AdmissionCheckInline, NodeCredentialInline, NodeHoldInline]
 
 
-@pytest.fixture
-def superuser(db):
-    return User.objects.create_superuser("ada-admin", password="pw")
-
-
-@pytest.fixture
-def admin_client(client, superuser):
-    client.login(username="ada-admin", password="pw")
-    return client
-
-
 def admin_url(model, suffix: str = "") -> str:
     return f"/admin/{model._meta.app_label}/{model._meta.model_name}/{suffix}"
 
 
 @pytest.mark.parametrize("model", NO_DELETE, ids=lambda m: m.__name__)
-def test_audit_records_cannot_be_deleted_from_the_admin_even_by_a_superuser(superuser, model):
+def test_audit_records_cannot_be_deleted_from_the_admin_even_by_a_superuser(admin_user, model):
     request = RequestFactory().get("/admin/")
-    request.user = superuser
+    request.user = admin_user
     model_admin = admin.site._registry[model]
 
     assert model_admin.has_delete_permission(request) is False
@@ -53,9 +41,9 @@ def test_audit_records_cannot_be_deleted_from_the_admin_even_by_a_superuser(supe
 
 
 @pytest.mark.parametrize("inline", NO_DELETE_INLINES, ids=lambda i: i.__name__)
-def test_audit_records_shown_inline_cannot_be_deleted_either(superuser, inline):
+def test_audit_records_shown_inline_cannot_be_deleted_either(admin_user, inline):
     request = RequestFactory().get("/admin/")
-    request.user = superuser
+    request.user = admin_user
 
     assert inline(inline.model, admin.site).has_delete_permission(request) is False
 

@@ -22,13 +22,6 @@ pytestmark = pytest.mark.django_db
 CHANGELIST = "/admin/fleet/node/"
 
 
-@pytest.fixture
-def admin_client(client):
-    User.objects.create_superuser("ada-admin", password="pw")
-    client.login(username="ada-admin", password="pw")
-    return client
-
-
 def listed(client, **params) -> list[str]:
     return [str(node) for node in client.get(CHANGELIST, params).context["cl"].result_list]
 

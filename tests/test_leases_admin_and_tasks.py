@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from django.contrib.auth.models import User
 from django.core.cache import cache
 
 from fleet.choices import Liveness
@@ -16,13 +15,6 @@ from leases.services import lease_create
 from tests.factories import PoolFactory, make_schedulable_node
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def admin_client(client):
-    User.objects.create_superuser("root", "root@example.test", "pw")
-    client.login(username="root", password="pw")
-    return client
 
 
 def test_admin_pages_for_leases_shapes_and_requests_load(admin_client, client_user):

@@ -18,13 +18,6 @@ CHANGELIST = "/admin/fleet/node/"
 
 
 @pytest.fixture
-def admin_client(client):
-    User.objects.create_superuser("ada-admin", password="pw")
-    client.login(username="ada-admin", password="pw")
-    return client
-
-
-@pytest.fixture
 def node():
     return make_schedulable_node()[0]
 
