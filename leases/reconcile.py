@@ -221,16 +221,18 @@ def simulate_placement(lease, *, exclude_node_ids) -> dict:
     if not spec.resources:
         return {"placeable": True, "node_id": None, "reasons": {}, "message": "the lease holds no resources"}
     exclude = [str(pk) for pk in exclude_node_ids or []]
-    candidates, _ = placement.find_candidates(lease.pool, spec, exclude_node_ids=exclude, exclude_lease_id=lease.pk)
-    if candidates:
-        best = candidates[0]
+    search = placement.find_candidates(lease.pool, spec, exclude_node_ids=exclude, exclude_lease_id=lease.pk)
+    if search.candidates:
+        best = search.candidates[0]
         return {
             "placeable": True,
             "node_id": str(best.node.pk),
             "reasons": {},
             "message": f"would be placed on {best.node} (score {best.score['score']})",
         }
-    explanation = placement.diagnose(lease.pool, spec, exclude_node_ids=exclude, exclude_lease_id=lease.pk)
+    explanation = search.explanation or placement.diagnose(
+        lease.pool, spec, exclude_node_ids=exclude, exclude_lease_id=lease.pk
+    )
     return {
         "placeable": False,
         "node_id": None,

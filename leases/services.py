@@ -91,25 +91,32 @@ def _next_fencing_token(workload_id: str) -> int:
         return cursor.fetchone()[0]
 
 
-def _hold_schedulable_node(node_id) -> bool:
+def _hold_schedulable_node(node_id) -> int | None:
     """Re-check, inside the grant's transaction, that the node may still take work, and hold it.
+
+    Returns the node's pending-instruction bits (``fleet.instructions``) when it is schedulable,
+    None when it no longer is.
 
     The candidate was read before this transaction; a cordon, drain or quarantine may have
     committed since. On PostgreSQL ``FOR SHARE`` also blocks one that has not committed yet until
     this grant commits, so a quarantine's revocation always sees the new lease (the operator
     actions lock the node ``FOR UPDATE``); grants on the same node still share the lock. SQLite
     runs one write transaction at a time, so the plain read is enough there.
+
+    The same hold makes the returned bits stable until COMMIT: a status report clears them with an
+    UPDATE of this row, which waits for the lock (PostgreSQL) or for this write transaction
+    (SQLite), and reads the node's leases only afterwards.
     """
     table = connection.ops.quote_name(Node._meta.db_table)
     lock = " FOR SHARE" if connection.vendor == "postgresql" else ""
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT lifecycle, liveness, ready, health, cordoned, status_report_overdue FROM {table} "  # noqa: S608
-            f"WHERE id = %s{lock}",
+            f"SELECT lifecycle, liveness, ready, health, cordoned, status_report_overdue, instructions "  # noqa: S608
+            f"FROM {table} WHERE id = %s{lock}",
             [Node._meta.pk.get_db_prep_value(node_id, connection)],
         )
         row = cursor.fetchone()
-    return bool(
+    schedulable = bool(
         row
         and row[0] == Lifecycle.READY
         and row[1] == Liveness.ALIVE
@@ -118,6 +125,7 @@ def _hold_schedulable_node(node_id) -> bool:
         and not row[4]
         and not row[5]
     )
+    return row[6] if schedulable else None
 
 
 def _reserve(
@@ -155,7 +163,8 @@ def _reserve(
         "reasons": _why(pool, spec, candidate),
     }
     with transaction.atomic():
-        if not _hold_schedulable_node(node.pk):
+        pending = _hold_schedulable_node(node.pk)
+        if pending is None:
             raise _LostRace("node")
         token = _next_fencing_token(spec.workload_id)
         # The lease row first: the partial unique index refuses a second live lease of the workload
@@ -187,7 +196,8 @@ def _reserve(
             )
             if not claimed:  # another worker placed or someone cancelled it: undo everything
                 raise _LostRace("lease_request")
-        requeue.on_granted(lease, lease_request, actor=actor)
+        if token > 1 or lease_request is not None:  # a workload's first lease supersedes nothing
+            requeue.on_granted(lease, lease_request, actor=actor)
         record_event(
             node.pk,
             NodeEventType.LEASE,
@@ -208,8 +218,10 @@ def _reserve(
         ).update(allocated=F("allocated") + amount)
         if updated != len(spec.resources):
             raise _LostRace("capacity")
-        # Once committed, the node's next renewal says a lease waits (fleet.instructions).
-        post_instructions([node.pk], Instruction.LEASES)
+        # Once committed, the node's next renewal says a lease waits (fleet.instructions), unless
+        # the bit is up already and held so by _hold_schedulable_node: one UPDATE and COMMIT less.
+        if not pending & Instruction.LEASES:
+            post_instructions([node.pk], Instruction.LEASES)
     return lease
 
 
@@ -241,10 +253,15 @@ def place(
     actor: Actor,
     now,
     lease_request: LeaseRequest | None = None,
-) -> Lease | None:
-    """Filter, score and reserve; None when nothing fits (after trying every candidate)."""
+) -> tuple[Lease | None, dict | None]:
+    """Filter, score and reserve.
+
+    Returns ``(lease, None)``, or ``(None, explanation)`` when nothing fits (after trying every
+    candidate): ``explanation`` is :func:`placement.diagnose`'s answer when the search already ran
+    the census, else None (the caller explains if it must).
+    """
     started = time.perf_counter()
-    lease = _place(
+    lease, explanation = _place(
         pool=pool,
         spec=spec,
         shape=shape,
@@ -262,14 +279,14 @@ def place(
         took = time.perf_counter() - started
         waited = (now - lease_request.created_at).total_seconds() if lease_request is not None else took
         lease_metrics.lease_granted(pool=pool.name, grant_seconds=took, pending_seconds=waited)
-    return lease
+    return lease, explanation
 
 
 def _place(*, pool, spec, shape, client, idempotency_key, request_hash, data, actor, now, lease_request):
     for _ in range(PLACEMENT_ROUNDS):
-        candidates, examined = placement.find_candidates(pool, spec, now=now)
+        candidates, examined, explanation = placement.find_candidates(pool, spec, now=now)
         if not candidates:
-            return None
+            return None, explanation
         for candidate in candidates:
             try:
                 return _reserve(
@@ -285,12 +302,12 @@ def _place(*, pool, spec, shape, client, idempotency_key, request_hash, data, ac
                     now=now,
                     lease_request=lease_request,
                     examined=examined,
-                )
+                ), None
             except _LostRace as exc:
                 if str(exc) == "lease_request":
-                    return None
+                    return None, None
                 continue
-    return None
+    return None, None
 
 
 def _replay(client, idempotency_key: str, request_hash: str) -> tuple[Any, int] | None:
@@ -347,7 +364,7 @@ def _create(*, data, client, actor, idempotency_key: str, request_hash: str, now
     pool = resolve_pool(spec.pool)
     spec, shape = resolve_shape(spec)
     try:
-        lease = place(
+        lease, explanation = place(
             pool=pool,
             spec=spec,
             shape=shape,
@@ -370,7 +387,7 @@ def _create(*, data, client, actor, idempotency_key: str, request_hash: str, now
     # Checked here rather than up front: the partial unique index already refuses a second live
     # lease when a node fits, so only the nothing-fits answer needs to look.
     _refuse_second_live_lease(spec.workload_id)
-    explanation = placement.diagnose(pool, spec, now=now)
+    explanation = explanation or placement.diagnose(pool, spec, now=now)
     lease_metrics.placement_failed(pool=pool.name, reasons=explanation["reasons"])
     if not spec.queue:
         raise Conflict(

@@ -89,7 +89,7 @@ def place_pending_requests(*, now=None, actor: Actor | None = None) -> dict:
         if Lease.objects.filter(workload_id=spec.workload_id, state__in=LIVE_LEASE_STATES).exists():
             pending += 1  # the workload still runs elsewhere; wait until that lease ends
             continue
-        lease = place(
+        lease, census = place(
             pool=pool,
             spec=spec,
             shape=shape,
@@ -107,7 +107,7 @@ def place_pending_requests(*, now=None, actor: Actor | None = None) -> dict:
         pending += 1
         changes = {"last_attempt_at": now, "attempts": F("attempts") + 1}
         if cache.add(f"leases:explained:{request.pk}", 1, timeout=EXPLANATION_TTL) or not request.message:
-            explanation = placement.diagnose(pool, dataclasses.replace(spec), now=now)
+            explanation = census or placement.diagnose(pool, dataclasses.replace(spec), now=now)
             changes.update(reasons=explanation["reasons"], message=explanation["message"])
         LeaseRequest.objects.filter(pk=request.pk, state=LeaseRequestState.PENDING).update(**changes)
     return {"placed": placed, "pending": pending}

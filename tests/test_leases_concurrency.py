@@ -108,10 +108,10 @@ def test_a_node_cordoned_after_it_was_chosen_gets_no_lease(client_user, monkeypa
     find = placement.find_candidates
 
     def find_then_cordon(*args, **kwargs):
-        candidates, examined = find(*args, **kwargs)
+        search = find(*args, **kwargs)
         # An operator cordons the best candidate between the read and the reservation.
         place_test_hold(chosen, "user:olivia")
-        return sorted(candidates, key=lambda c: c.node.pk != chosen.pk), examined
+        return search._replace(candidates=sorted(search.candidates, key=lambda c: c.node.pk != chosen.pk))
 
     monkeypatch.setattr(placement, "find_candidates", find_then_cordon)
     assert grant(client_user, "job-late-cordon") == 201

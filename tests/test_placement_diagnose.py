@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections import Counter
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -184,7 +186,12 @@ def test_the_set_based_explanation_counts_what_a_node_by_node_walk_counts(descri
     assert explanation["pending_admission"] == pending
 
 
-def test_a_request_spread_over_hosts_is_explained_in_three_queries(django_assert_max_num_queries):
+def _reads(queries) -> list[str]:
+    """The statements that read data (not SAVEPOINT/RELEASE, nor the census' planner SET LOCAL)."""
+    return [q["sql"] for q in queries if q["sql"].lstrip().upper().startswith("SELECT")]
+
+
+def test_a_request_spread_over_hosts_is_explained_in_three_queries():
     """Anti-affinity over hosts is the common spread. The hosts that hold the group's leases are
     told apart in the grouped query; all other alike nodes form one group."""
     pool = PoolFactory()
@@ -195,8 +202,9 @@ def test_a_request_spread_over_hosts_is_explained_in_three_queries(django_assert
         {"workload_id": "w", "pool": pool.name, "resources": {"cpu": "9"},
          "spread": {"group": "g", "topology_key": "host", "mode": "anti-affinity"}}
     )  # fmt: skip
-    with django_assert_max_num_queries(3):
+    with CaptureQueriesContext(connection) as queries:
         explanation = placement.diagnose(pool, spec)
+    assert len(_reads(queries.captured_queries)) <= 3, _reads(queries.captured_queries)
     assert explanation["reasons"] == {"anti_affinity_conflict": 10, "insufficient_cpu": 20}
     assert explanation["message"].startswith("0/30 nodes are available: 20 Insufficient cpu, 10 node(s) didn't")
 
@@ -262,8 +270,9 @@ def test_the_candidate_walk_stops_after_one_page_when_the_census_finds_no_fittin
     spec = parse_spec(
         {"workload_id": "w", "pool": pool.name, "resources": {"cpu": "1"}, "node_selector": {"zone": "b"}}
     )
-    candidates, examined = placement.find_candidates(pool, spec)
+    candidates, examined, explanation = placement.find_candidates(pool, spec)
     assert candidates == [] and examined == placement.FIRST_PAGE_SIZE
+    assert explanation["reasons"] == {"node_selector_mismatch": placement.FIRST_PAGE_SIZE + 8}
 
 
 def test_the_walk_goes_on_when_the_census_finds_a_fitting_node_beyond_the_first_page():
@@ -274,5 +283,49 @@ def test_the_walk_goes_on_when_the_census_finds_a_fitting_node_beyond_the_first_
     spec = parse_spec(
         {"workload_id": "w", "pool": pool.name, "resources": {"cpu": "1"}, "node_selector": {"zone": "b"}}
     )
-    candidates, examined = placement.find_candidates(pool, spec)
+    candidates, examined, explanation = placement.find_candidates(pool, spec)
     assert [c.node.pk for c in candidates] == [emptiest.pk] and examined == placement.FIRST_PAGE_SIZE + 9
+    assert explanation is None
+
+
+def test_a_409_runs_the_census_once_when_the_candidate_search_already_ran_it(client_user):
+    """A full first page of candidates without one feasible node asks the census; the 409's
+    explanation is that same census, not a second run of it."""
+    from fleet.events import Actor
+    from leases.services import lease_create
+    from nodepool.api.problems import Conflict
+
+    pool = PoolFactory(name="general")
+    for _ in range(placement.FIRST_PAGE_SIZE + 3):
+        make_schedulable_node(pool, labels={"zone": "a"})
+    body = {"workload_id": "w", "pool": pool.name, "resources": {"cpu": "1"}, "node_selector": {"zone": "b"}}
+    with CaptureQueriesContext(connection) as queries, pytest.raises(Conflict) as refused:
+        lease_create(data=body, client=client_user, actor=Actor.system("test"))
+    census = [sql for sql in _reads(queries.captured_queries) if '"representative"' in sql]
+    assert len(census) == 1, census
+    assert refused.value.extra["reasons"] == {"node_selector_mismatch": placement.FIRST_PAGE_SIZE + 3}
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a PostgreSQL planner setting")
+def test_the_census_hashes_its_groups_and_leaves_the_planner_settings_as_they_were():
+    from django.db import transaction
+
+    pool = PoolFactory()
+    make_schedulable_node(pool)
+    spec = parse_spec({"workload_id": "w", "pool": pool.name, "resources": {"cpu": "64"}})
+    plans = []
+
+    def explain(execute, sql, params, many, context):
+        if '"representative"' in sql and not sql.startswith("EXPLAIN"):
+            with connection.cursor() as cursor:
+                cursor.execute("EXPLAIN " + sql, params)
+                plans.append("\n".join(row[0] for row in cursor.fetchall()))
+        return execute(sql, params, many, context)
+
+    with transaction.atomic():
+        with connection.execute_wrapper(explain):
+            assert placement.diagnose(pool, spec)["reasons"] == {"insufficient_cpu": 1}
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW enable_sort")
+            assert cursor.fetchone()[0] == "on"
+    assert len(plans) == 1 and "HashAggregate" in plans[0], plans
