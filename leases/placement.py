@@ -58,6 +58,7 @@ NODE_AFFINITY_MISMATCH = "node_affinity_mismatch"
 MISSING_FEATURE = "missing_feature"
 ANTI_AFFINITY_CONFLICT = "anti_affinity_conflict"
 EXCLUDED = "excluded"
+MEMBER = "\x1fmember"  # diagnose's group key for hosts that hold the spread group (no hostname looks like it)
 
 # Kubernetes-style phrases for "0/N nodes are available: …".
 PHRASES = {
@@ -91,17 +92,23 @@ def phrase(code: str, resources: dict[str, int]) -> str:
 
 
 # --- what a node looks like to the filters ---------------------------------------------------------
+# Labels whose value is each node's own (node_label_view), and labels derived from a verified feature.
+HOSTNAME_LABEL, NODE_ID_LABEL, POOL_LABEL = "kubernetes.io/hostname", "nodepool.dev/node-id", "nodepool.dev/pool"
+FEATURE_LABELS = {"kubernetes.io/arch": "arch", "kubernetes.io/os": "os"}
+
+
+def identity_labels(pk, hostname: str, pool_name: str) -> dict[str, str]:
+    """The labels every node has from its identity, the weakest layer of :func:`node_label_view`."""
+    return {HOSTNAME_LABEL: hostname or str(pk), NODE_ID_LABEL: str(pk), POOL_LABEL: pool_name}
+
+
 def node_label_view(node: Node, pool: Pool) -> dict[str, str]:
     """Labels placement matches on: well-known labels, scalar verified features, pool labels,
     node-declared labels only when ``pool.trust_node_labels``, then platform labels (which win)."""
     cached = getattr(node, "_label_view", None)
     if cached is not None:
         return cached
-    labels = {
-        "kubernetes.io/hostname": node.hostname or str(node.pk),
-        "nodepool.dev/node-id": str(node.pk),
-        "nodepool.dev/pool": pool.name,
-    }
+    labels = identity_labels(node.pk, node.hostname, pool.name)
     features = (node.verified or {}).get("features") or {}
     for key, value in features.items():
         if isinstance(value, str | int | bool) and not isinstance(value, dict):
@@ -152,29 +159,71 @@ class GroupCounts:
 
 
 def group_counts(spec: PlacementSpec, pool: Pool, *, exclude_lease_id=None) -> GroupCounts:
+    """Live leases of ``spec``'s spread group per topology domain, across pools (the domain is the
+    value of the first of ``spec.topology_labels`` in the lease's node's :func:`node_label_view`).
+
+    One grouped query over the group's leases. It reads only what the label view needs for the
+    topology keys: on PostgreSQL the keys' values out of the JSON documents (``->``, exact JSON
+    types), on SQLite the whole documents (whose JSON extraction turns ``"true"`` into a boolean).
+    A host-wide group of 10,000 leases then costs tens of milliseconds, not half a second of JSON
+    decoding and label views per lease.
+    """
+    from django.db import connection
+    from django.db.models import Count
+    from django.db.models.fields.json import KeyTransform
+
     counts = GroupCounts()
     if not spec.spread_group:
         return counts
     leases = Lease.objects.filter(group=spec.spread_group, state__in=LIVE_LEASE_STATES)
     if exclude_lease_id:
         leases = leases.exclude(pk=exclude_lease_id)
-    rows = leases.values_list(
-        "node__pk",
-        "node__hostname",
-        "node__labels",
-        "node__node_labels",
-        "node__taints",
-        "node__verified",
-        "node__incarnation",
-        "node__pool__name",
-        "node__pool__labels",
-        "node__pool__trust_node_labels",
-    )
-    for row in rows:
-        node_pool = Pool(name=row[7], labels=row[8], trust_node_labels=row[9])
-        domain = topology_domain(node_label_view(NodeView(*row[:7]), node_pool), spec)
+    keys = spec.topology_labels
+    identity = bool(set(keys) & {HOSTNAME_LABEL, NODE_ID_LABEL})
+    columns: dict[str, Any] = {"pool_name": F("node__pool__name"), "trust": F("node__pool__trust_node_labels")}
+    if identity:  # a node's own identity is its domain: one row per node
+        columns.update(node_pk=F("node_id"), hostname=F("node__hostname"))
+    extract = connection.vendor == "postgresql"
+    if extract:
+        features = KeyTransform("features", "node__verified")
+        for i, key in enumerate(keys):
+            columns[f"label{i}"] = KeyTransform(key, "node__labels")
+            columns[f"declared{i}"] = KeyTransform(key, "node__node_labels")
+            columns[f"pool_label{i}"] = KeyTransform(key, "node__pool__labels")
+            columns[f"feature{i}"] = KeyTransform(FEATURE_LABELS.get(key, key), features)
+            columns[f"own_feature{i}"] = KeyTransform(key, features)
+    else:
+        columns.update(labels=F("node__labels"), node_labels=F("node__node_labels"), verified=F("node__verified"),
+                       pool_labels=F("node__pool__labels"))  # fmt: skip
+    pools: dict[tuple, Pool] = {}
+    for row in leases.values(**columns).annotate(leases=Count("pk")).order_by():
+        node_pk, hostname = row.get("node_pk"), row.get("hostname", "")
+        if extract:
+            found = {name: value for name, value in row.items() if name[-1].isdigit() and value is not None}
+            if not found:  # no label, declared label, pool label or feature names a topology key
+                domain = topology_domain(identity_labels(node_pk, hostname, row["pool_name"]), spec)
+                if domain is not None:
+                    counts.by_domain[domain] += row["leases"]
+                continue
+            labels, declared, pool_labels, features_of = {}, {}, {}, {}
+            for i, key in enumerate(keys):
+                for target, name in ((labels, "label"), (declared, "declared"), (pool_labels, "pool_label")):
+                    if f"{name}{i}" in found:
+                        target[key] = found[f"{name}{i}"]
+                for name, feature in (("feature", FEATURE_LABELS.get(key, key)), ("own_feature", key)):
+                    if f"{name}{i}" in found:
+                        features_of[feature] = found[f"{name}{i}"]
+            verified = {"features": features_of}
+        else:
+            labels, declared, pool_labels = row["labels"], row["node_labels"], row["pool_labels"]
+            verified = row["verified"]
+        node = NodeView(node_pk, hostname, labels, declared, [], verified, 0)
+        pool_key = (row["pool_name"], row["trust"], tuple(sorted((k, str(v)) for k, v in (pool_labels or {}).items())))
+        if pool_key not in pools:  # a model instance per row would be most of the cost
+            pools[pool_key] = Pool(name=row["pool_name"], labels=pool_labels, trust_node_labels=row["trust"])
+        domain = topology_domain(node_label_view(node, pools[pool_key]), spec)
         if domain is not None:
-            counts.by_domain[domain] += 1
+            counts.by_domain[domain] += row["leases"]
     return counts
 
 
@@ -502,7 +551,7 @@ def find_candidates(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_i
             # would be the whole pool in Python (about a second at 10,000 nodes, a minute at
             # 100,000); the census answers in a few grouped queries, and is the explanation too.
             explanation = diagnose(
-                pool, spec, now=now, exclude_node_ids=exclude_node_ids, exclude_lease_id=exclude_lease_id
+                pool, spec, now=now, exclude_node_ids=exclude_node_ids, exclude_lease_id=exclude_lease_id, counts=counts
             )
             if sum(explanation["reasons"].values()) >= explanation["nodes_considered"]:
                 return Search([], examined, explanation)
@@ -514,13 +563,15 @@ def find_candidates(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_i
 
 
 # --- explanation -----------------------------------------------------------------------------------
-# Labels whose value is each node's own (node_label_view), and labels derived from a verified feature.
-HOSTNAME_LABEL, NODE_ID_LABEL = "kubernetes.io/hostname", "nodepool.dev/node-id"
-FEATURE_LABELS = {"kubernetes.io/arch": "arch", "kubernetes.io/os": "os"}
 
 
-def diagnose(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_ids=(), exclude_lease_id=None) -> dict:
+def diagnose(
+    pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_ids=(), exclude_lease_id=None, counts=None
+) -> dict:
     """Why nothing fits: every non-retired node of the pool counted once, under its first failed filter.
+
+    ``counts``: the spread group's :func:`group_counts` when the caller has them already (the
+    candidate search does), else they are read here.
 
     Returns ``{"reasons": {code: count}, "nodes_considered": N, "fragmented": bool, "cause": str,
     "pending_admission": int, "message": "0/N nodes are available: …"}``.
@@ -545,7 +596,8 @@ def diagnose(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_ids=(), 
 
     from fleet.selectors import first_unschedulable_reason
 
-    counts = group_counts(spec, pool, exclude_lease_id=exclude_lease_id)
+    if counts is None:
+        counts = group_counts(spec, pool, exclude_lease_id=exclude_lease_id)
     excluded = [uuid.UUID(str(pk)) for pk in exclude_node_ids]
     first_reason = first_unschedulable_reason()
     if excluded:
@@ -629,6 +681,22 @@ def diagnose(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_ids=(), 
     }
 
 
+def _hostname_in(values: set[str]):
+    """A condition on the census' node rows: the hostname is one of ``values``, sent as one
+    parameter however many values there are. A host-wide group names every host of the pool, and
+    10,000 placeholders cost more to build, send and parse than the grouping itself."""
+    from django.db import connection
+    from django.db.models import BooleanField
+    from django.db.models.expressions import RawSQL
+
+    # The SQL names only the model's own table and column; the values travel as a parameter.
+    column = f"{connection.ops.quote_name(Node._meta.db_table)}.{connection.ops.quote_name('hostname')}"
+    if connection.vendor == "postgresql":
+        return RawSQL(f"{column} = ANY(%s)", (sorted(values),), output_field=BooleanField())  # noqa: S611
+    sql = f"{column} IN (SELECT value FROM json_each(%s))"  # noqa: S608
+    return RawSQL(sql, (json.dumps(sorted(values)),), output_field=BooleanField())  # noqa: S611
+
+
 def _hash_grouped(queryset) -> list[dict]:
     """Run the census' GROUP BY, on PostgreSQL as a hash aggregate.
 
@@ -687,13 +755,20 @@ def _signature(pool: Pool, spec: PlacementSpec, counts: GroupCounts) -> dict[str
         signature["g_node"] = F("pk")
         return signature
     named = {str(v) for v in spec.node_selector.values()} | {v for req in spec.required for v in req.values}
-    named |= set(counts.by_domain)
+    # Hosts that hold the spread group: one group of all of them (the MEMBER mark), not one per
+    # host. Alike otherwise, they fail or pass anti-affinity alike: a host's domain is its
+    # hostname unless a label, declared label, pool label or feature overrides it, and those are
+    # in the group key already. A node without hostname has its id as domain: told apart below.
+    members = {value for value in counts.by_domain if value and value not in named}
     ids = []
-    for value in named:
+    for value in named | set(counts.by_domain):
         try:
             ids.append(uuid.UUID(value))
         except ValueError:
             continue
-    signature["g_hostname"] = Case(When(hostname__in=named, then=F("hostname")), default=Value(""))
+    hostname_cases = [When(hostname__in=named, then=F("hostname"))]
+    if members:
+        hostname_cases.append(When(_hostname_in(members), then=Value(MEMBER)))
+    signature["g_hostname"] = Case(*hostname_cases, default=Value(""))
     signature["g_node"] = Case(When(pk__in=ids, then=Cast("pk", CharField())), default=Value(""))
     return signature
