@@ -184,14 +184,16 @@ def group_counts(spec: PlacementSpec, pool: Pool, *, exclude_lease_id=None) -> G
     if identity:  # a node's own identity is its domain: one row per node
         columns.update(node_pk=F("node_id"), hostname=F("node__hostname"))
     extract = connection.vendor == "postgresql"
+    extracted: list[tuple[str, str, str]] = []  # (column, document, key): the keys' values, read out
     if extract:
-        features = KeyTransform("features", "node__verified")
+        documents = {"labels": "node__labels", "node_labels": "node__node_labels", "pool_labels": "node__pool__labels"}
         for i, key in enumerate(keys):
-            columns[f"label{i}"] = KeyTransform(key, "node__labels")
-            columns[f"declared{i}"] = KeyTransform(key, "node__node_labels")
-            columns[f"pool_label{i}"] = KeyTransform(key, "node__pool__labels")
-            columns[f"feature{i}"] = KeyTransform(FEATURE_LABELS.get(key, key), features)
-            columns[f"own_feature{i}"] = KeyTransform(key, features)
+            for document, source in documents.items():
+                extracted.append((f"{document}{i}", document, key))
+                columns[f"{document}{i}"] = KeyTransform(key, source)
+            for j, feature in enumerate(sorted({key, FEATURE_LABELS.get(key, key)})):  # arch → kubernetes.io/arch
+                extracted.append((f"features{i}_{j}", "features", feature))
+                columns[f"features{i}_{j}"] = KeyTransform(feature, KeyTransform("features", "node__verified"))
     else:
         columns.update(labels=F("node__labels"), node_labels=F("node__node_labels"), verified=F("node__verified"),
                        pool_labels=F("node__pool__labels"))  # fmt: skip
@@ -199,21 +201,17 @@ def group_counts(spec: PlacementSpec, pool: Pool, *, exclude_lease_id=None) -> G
     for row in leases.values(**columns).annotate(leases=Count("pk")).order_by():
         node_pk, hostname = row.get("node_pk"), row.get("hostname", "")
         if extract:
-            found = {name: value for name, value in row.items() if name[-1].isdigit() and value is not None}
+            found = [(document, key, row[column]) for column, document, key in extracted if row[column] is not None]
             if not found:  # no label, declared label, pool label or feature names a topology key
                 domain = topology_domain(identity_labels(node_pk, hostname, row["pool_name"]), spec)
                 if domain is not None:
                     counts.by_domain[domain] += row["leases"]
                 continue
-            labels, declared, pool_labels, features_of = {}, {}, {}, {}
-            for i, key in enumerate(keys):
-                for target, name in ((labels, "label"), (declared, "declared"), (pool_labels, "pool_label")):
-                    if f"{name}{i}" in found:
-                        target[key] = found[f"{name}{i}"]
-                for name, feature in (("feature", FEATURE_LABELS.get(key, key)), ("own_feature", key)):
-                    if f"{name}{i}" in found:
-                        features_of[feature] = found[f"{name}{i}"]
-            verified = {"features": features_of}
+            docs: dict[str, dict] = {"labels": {}, "node_labels": {}, "pool_labels": {}, "features": {}}
+            for document, key, value in found:
+                docs[document][key] = value
+            labels, declared, pool_labels = docs["labels"], docs["node_labels"], docs["pool_labels"]
+            verified = {"features": docs["features"]}
         else:
             labels, declared, pool_labels = row["labels"], row["node_labels"], row["pool_labels"]
             verified = row["verified"]
