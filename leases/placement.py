@@ -102,6 +102,17 @@ def identity_labels(pk, hostname: str, pool_name: str) -> dict[str, str]:
     return {HOSTNAME_LABEL: hostname or str(pk), NODE_ID_LABEL: str(pk), POOL_LABEL: pool_name}
 
 
+def reads_as_index(key: str) -> bool:
+    """Whether Django's JSON key transforms would take ``key`` for an array index: they turn any
+    key that ``int()`` parses (``"7"``, a valid label key) into ``-> 7`` / ``$[7]``, which never
+    matches the object key ``"7"``. Such keys are read from the whole document instead."""
+    try:
+        int(key)
+    except ValueError:
+        return False
+    return True
+
+
 def node_label_view(node: Node, pool: Pool) -> dict[str, str]:
     """Labels placement matches on: well-known labels, scalar verified features, pool labels,
     node-declared labels only when ``pool.trust_node_labels``, then platform labels (which win)."""
@@ -163,10 +174,11 @@ def group_counts(spec: PlacementSpec, pool: Pool, *, exclude_lease_id=None) -> G
     value of the first of ``spec.topology_labels`` in the lease's node's :func:`node_label_view`).
 
     One grouped query over the group's leases. It reads only what the label view needs for the
-    topology keys: on PostgreSQL the keys' values out of the JSON documents (``->``, exact JSON
-    types), on SQLite the whole documents (whose JSON extraction turns ``"true"`` into a boolean).
-    A host-wide group of 10,000 leases then costs tens of milliseconds, not half a second of JSON
-    decoding and label views per lease.
+    topology keys: on PostgreSQL the keys' values out of the JSON documents (``->``/``#>``, exact
+    JSON types), on SQLite the whole documents (whose JSON extraction turns ``"true"`` into a
+    boolean), and the whole documents too for a key that :func:`reads_as_index`. A host-wide group
+    of 10,000 leases then costs tens of milliseconds, not half a second of JSON decoding and label
+    views per lease. A JSON ``null`` label value (which the API refuses) counts as absent here.
     """
     from django.db import connection
     from django.db.models import Count
@@ -183,7 +195,7 @@ def group_counts(spec: PlacementSpec, pool: Pool, *, exclude_lease_id=None) -> G
     columns: dict[str, Any] = {"pool_name": F("node__pool__name"), "trust": F("node__pool__trust_node_labels")}
     if identity:  # a node's own identity is its domain: one row per node
         columns.update(node_pk=F("node_id"), hostname=F("node__hostname"))
-    extract = connection.vendor == "postgresql"
+    extract = connection.vendor == "postgresql" and not any(map(reads_as_index, keys))
     extracted: list[tuple[str, str, str]] = []  # (column, document, key): the keys' values, read out
     if extract:
         documents = {"labels": "node__labels", "node_labels": "node__node_labels", "pool_labels": "node__pool__labels"}
@@ -736,15 +748,21 @@ def _signature(pool: Pool, spec: PlacementSpec, counts: GroupCounts) -> dict[str
     if spec.spread_group and spec.spread_mode == SpreadMode.ANTI_AFFINITY:
         keys |= set(spec.topology_labels)
     features = KeyTransform("features", "verified")
+
+    def value_of(key: str, document):  # the whole document when the key would read as an index
+        if reads_as_index(key):
+            return document if isinstance(document, KeyTransform) else F(document)
+        return KeyTransform(key, document)
+
     signature: dict[str, Any] = {"g_taints": F("taints")}
     for i, key in enumerate(sorted(keys)):
-        signature[f"g_label{i}"] = KeyTransform(key, "labels")
+        signature[f"g_label{i}"] = value_of(key, "labels")
         if pool.trust_node_labels:
-            signature[f"g_declared{i}"] = KeyTransform(key, "node_labels")
-        signature[f"g_feature_label{i}"] = KeyTransform(FEATURE_LABELS.get(key, key), features)
+            signature[f"g_declared{i}"] = value_of(key, "node_labels")
+        signature[f"g_feature_label{i}"] = value_of(FEATURE_LABELS.get(key, key), features)
     for i, key in enumerate(sorted(spec.features)):
         signature[f"g_feature{i}"] = (
-            KeyTransform("accelerators", "verified") if key == "accelerator_model" else KeyTransform(key, features)
+            KeyTransform("accelerators", "verified") if key == "accelerator_model" else value_of(key, features)
         )
     identity_keys = keys & {HOSTNAME_LABEL, NODE_ID_LABEL}
     if not identity_keys:
@@ -753,10 +771,11 @@ def _signature(pool: Pool, spec: PlacementSpec, counts: GroupCounts) -> dict[str
         signature["g_node"] = F("pk")
         return signature
     named = {str(v) for v in spec.node_selector.values()} | {v for req in spec.required for v in req.values}
-    # Hosts that hold the spread group: one group of all of them (the MEMBER mark), not one per
-    # host. Alike otherwise, they fail or pass anti-affinity alike: a host's domain is its
-    # hostname unless a label, declared label, pool label or feature overrides it, and those are
-    # in the group key already. A node without hostname has its id as domain: told apart below.
+    # Hosts that hold the spread group (host topology): one group of all of them (the MEMBER
+    # mark), not one per host. Alike otherwise, they fail or pass anti-affinity alike: a host's
+    # domain is its hostname unless a label, declared label, pool label or feature overrides it,
+    # and those are in the group key already. A node without hostname has its id as domain, and
+    # a node-id topology names ids: both are told apart by g_node below.
     members = {value for value in counts.by_domain if value and value not in named}
     ids = []
     for value in named | set(counts.by_domain):

@@ -16,7 +16,7 @@ import dataclasses
 import logging
 import time
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.core.cache import cache
 from django.db import IntegrityError, connection, transaction
@@ -91,11 +91,18 @@ def _next_fencing_token(workload_id: str) -> int:
         return cursor.fetchone()[0]
 
 
-def _hold_schedulable_node(node_id) -> int | None:
+class _Held(NamedTuple):
+    instructions: int  # the pending-instruction bits (fleet.instructions)
+    incarnation: int
+
+
+def _hold_schedulable_node(node_id) -> _Held | None:
     """Re-check, inside the grant's transaction, that the node may still take work, and hold it.
 
-    Returns the node's pending-instruction bits (``fleet.instructions``) when it is schedulable,
-    None when it no longer is.
+    Returns the node's pending-instruction bits and incarnation as they are under the hold when
+    it is schedulable, None when it no longer is. The lease takes that incarnation, not the one
+    the candidate search read: a restart reported in between must not leave the new lease on the
+    old incarnation (lost at once).
 
     The candidate was read before this transaction; a cordon, drain or quarantine may have
     committed since. On PostgreSQL ``FOR SHARE`` also blocks one that has not committed yet until
@@ -111,8 +118,8 @@ def _hold_schedulable_node(node_id) -> int | None:
     lock = " FOR SHARE" if connection.vendor == "postgresql" else ""
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT lifecycle, liveness, ready, health, cordoned, status_report_overdue, instructions "  # noqa: S608
-            f"FROM {table} WHERE id = %s{lock}",
+            f"SELECT lifecycle, liveness, ready, health, cordoned, status_report_overdue, instructions, "  # noqa: S608
+            f"incarnation FROM {table} WHERE id = %s{lock}",
             [Node._meta.pk.get_db_prep_value(node_id, connection)],
         )
         row = cursor.fetchone()
@@ -125,7 +132,7 @@ def _hold_schedulable_node(node_id) -> int | None:
         and not row[4]
         and not row[5]
     )
-    return row[6] if schedulable else None
+    return _Held(row[6], row[7]) if schedulable else None
 
 
 def _reserve(
@@ -163,8 +170,8 @@ def _reserve(
         "reasons": _why(pool, spec, candidate),
     }
     with transaction.atomic():
-        pending = _hold_schedulable_node(node.pk)
-        if pending is None:
+        held = _hold_schedulable_node(node.pk)
+        if held is None:
             raise _LostRace("node")
         token = _next_fencing_token(spec.workload_id)
         # The lease row first: the partial unique index refuses a second live lease of the workload
@@ -173,7 +180,7 @@ def _reserve(
             workload_id=spec.workload_id,
             fencing_token=token,
             node_id=node.pk,
-            node_incarnation=node.incarnation,
+            node_incarnation=held.incarnation,
             pool=pool,
             resources=spec.resources,
             shape=shape,
@@ -196,7 +203,9 @@ def _reserve(
             )
             if not claimed:  # another worker placed or someone cancelled it: undo everything
                 raise _LostRace("lease_request")
-        if token > 1 or lease_request is not None:  # a workload's first lease supersedes nothing
+        # A requeue names an earlier lease of the workload, which took a token from the fencing
+        # sequence (never deleted): at token 1 there is none, and nothing to supersede.
+        if token > 1 or lease_request is not None:
             requeue.on_granted(lease, lease_request, actor=actor)
         record_event(
             node.pk,
@@ -220,7 +229,7 @@ def _reserve(
             raise _LostRace("capacity")
         # Once committed, the node's next renewal says a lease waits (fleet.instructions), unless
         # the bit is up already and held so by _hold_schedulable_node: one UPDATE and COMMIT less.
-        if not pending & Instruction.LEASES:
+        if not held.instructions & Instruction.LEASES:
             post_instructions([node.pk], Instruction.LEASES)
     return lease
 

@@ -120,6 +120,28 @@ def test_a_node_cordoned_after_it_was_chosen_gets_no_lease(client_user, monkeypa
     assert NodeResource.objects.get(node=chosen, name="cpu").allocated == 0
 
 
+@pytest.mark.django_db
+def test_a_node_restarted_after_it_was_chosen_gets_the_lease_on_its_new_incarnation(client_user, monkeypatch):
+    """The lease takes the incarnation read under the grant's hold on the node, not the one the
+    candidate search read: otherwise the restart's next report would declare the new lease lost."""
+    from django.db.models import F
+
+    from leases import placement
+
+    pool = PoolFactory(name="race")
+    node, _ = make_schedulable_node(pool, resources={"cpu": 8000, "memory": 2**34})
+    find = placement.find_candidates
+
+    def find_then_restart(*args, **kwargs):
+        search = find(*args, **kwargs)
+        Node.objects.filter(pk=node.pk).update(incarnation=F("incarnation") + 1)  # a restart reported
+        return search
+
+    monkeypatch.setattr(placement, "find_candidates", find_then_restart)
+    assert grant(client_user, "job-restart") == 201
+    assert Lease.objects.get(workload_id="job-restart").node_incarnation == node.incarnation + 1
+
+
 @pytest.mark.race
 @pytest.mark.django_db(transaction=True)
 def test_a_grant_racing_a_quarantine_never_leaves_a_live_lease_on_the_quarantined_node(client_user, operator):

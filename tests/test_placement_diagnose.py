@@ -329,3 +329,20 @@ def test_the_census_hashes_its_groups_and_leaves_the_planner_settings_as_they_we
             cursor.execute("SHOW enable_sort")
             assert cursor.fetchone()[0] == "on"
     assert len(plans) == 1 and "HashAggregate" in plans[0], plans
+
+
+def test_a_label_key_of_digits_is_told_apart_by_the_census_and_the_walk_goes_on():
+    """``"7"`` is a valid label key, which Django's JSON key transforms read as an array index
+    (``-> 7``): grouped by that, every node would look alike and the census would stop the walk
+    with a false 409. The census groups such keys by the whole document instead."""
+    pool = PoolFactory(scheduling_policy="binpack")
+    for _ in range(placement.FIRST_PAGE_SIZE + 2):
+        make_schedulable_node(pool, labels={"7": "a"}, resources={"cpu": 2000})
+    wanted, _ = make_schedulable_node(pool, labels={"7": "b"}, resources={"cpu": 8000})  # last in binpack order
+    spec = parse_spec({"workload_id": "w", "pool": pool.name, "resources": {"cpu": "1"}, "node_selector": {"7": "b"}})
+    candidates, _, explanation = placement.find_candidates(pool, spec)
+    assert [c.node.pk for c in candidates] == [wanted.pk] and explanation is None
+    nowhere = parse_spec(
+        {"workload_id": "w", "pool": pool.name, "resources": {"cpu": "1"}, "node_selector": {"7": "c"}}
+    )
+    assert placement.diagnose(pool, nowhere)["reasons"] == {"node_selector_mismatch": placement.FIRST_PAGE_SIZE + 3}
