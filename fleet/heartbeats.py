@@ -325,12 +325,19 @@ def _try_apply(
     # reconciliation then runs in its own transaction, and, being recomputed from every heartbeat,
     # a crash between the two is repaired by the next one.
     with transaction.atomic() if events else nullcontext():
-        if not _conditional_update(node=node, report=report, values=values):
+        version = _conditional_update(node=node, report=report, values=values)
+        if version is None:
             return None
         if restarted:
             values["restart_count"] = node.restart_count + 1
         for name, value in values.items():
             setattr(node, name, value)
+        if version != node.version:
+            # A drain, an upgrade step or an operator changed the node between the read this
+            # report compares with and its UPDATE (which cleared the pending-instruction marker):
+            # what the apps above answer must come from the node as it now is, or an instruction
+            # posted meanwhile (an upgrade for a node now in maintenance) is lost with its bit.
+            node.refresh_from_db()
         if events:
             NodeEvent.objects.bulk_create(events)
         # Reads in autocommit on the fast path; the writers inside (lease reconciliation, an
@@ -339,12 +346,15 @@ def _try_apply(
                             restarted=restarted, events=len(events))  # fmt: skip
 
 
-def _conditional_update(*, node: Node, report: HeartbeatReport, values: dict[str, Any]) -> bool:
-    """The one conditional statement that applies a heartbeat; True when this request won.
+def _conditional_update(*, node: Node, report: HeartbeatReport, values: dict[str, Any]) -> int | None:
+    """The one conditional statement that applies a heartbeat: the row's ``version`` when this
+    request won, None when it did not.
 
     ``UPDATE … WHERE id = :id AND (incarnation < :inc OR (incarnation = :inc AND sequence < :seq))``
     plus the incarnation, sequence and liveness this request read (its compare-and-swap) and
-    ``lifecycle <> 'retired'``. Written as SQL rather than a queryset ``update()`` because
+    ``lifecycle <> 'retired'``. ``RETURNING version`` tells the caller whether anything else
+    about the node (lifecycle, cordon, pool…: every such change bumps ``version``) moved since
+    that read. Written as SQL rather than a queryset ``update()`` because
     compiling that queryset cost a third of the heartbeat's own CPU time; values still go
     through each field's ``get_db_prep_save``, so SQLite and PostgreSQL get what the ORM would send.
     """
@@ -371,11 +381,12 @@ def _conditional_update(*, node: Node, report: HeartbeatReport, values: dict[str
     sql = (
         f"UPDATE {quote(Node._meta.db_table)} SET {', '.join(assignments)} "  # noqa: S608 -- columns from the model
         "WHERE id = %s AND incarnation = %s AND sequence = %s AND liveness = %s AND lifecycle <> %s "
-        "AND (incarnation < %s OR (incarnation = %s AND sequence < %s))"
+        "AND (incarnation < %s OR (incarnation = %s AND sequence < %s)) RETURNING version"
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return cursor.rowcount == 1
+        row = cursor.fetchone()
+    return row[0] if row else None
 
 
 def _after_apply(*, node, report, actor, received_at, timings, restarted, events) -> HeartbeatOutcome:

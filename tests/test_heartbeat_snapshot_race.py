@@ -1,0 +1,93 @@
+"""A status report answers from the node as it is after its UPDATE, not from the snapshot it read.
+
+The status report reads the node (authentication, ordering), then applies itself with one
+conditional UPDATE that also clears the pending-instruction marker. A drain, an upgrade step or an
+operator may commit between the two: the UPDATE still wins (its compare-and-swap is about the
+heartbeat's own fields), and the marker it clears may carry a bit raised by that change. The
+answer must then be built from the node as it now is, or the instruction behind the bit is lost
+until the next periodic status report. This failed a 20-node roll in CI: a canary drained while
+its report was in flight never got its upgrade instruction, timed out and rolled the upgrade back.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+from django.test import TestCase
+from django.test.utils import CaptureQueriesContext
+
+from fleet.events import Actor
+from fleet.heartbeats import HeartbeatReport, apply_heartbeat
+from fleet.instructions import Instruction
+from fleet.models import Node
+from maintenance import services as maintenance_services
+from operations import rollout, upgrades
+from tests.operations_support import ready_pool
+
+pytestmark = pytest.mark.django_db
+
+TARGET = {"version": "2.0.0", "artifact": {"ref": "https://artifacts.example/agent-2.0.0.whl", "sha256": "b" * 64}}
+
+
+def report(node: Node, sequence: int) -> HeartbeatReport:
+    from django.utils import timezone
+
+    return HeartbeatReport(
+        incarnation=node.incarnation, sequence=sequence, observed_at=timezone.now(), ready=True, agent_version="1.0.0"
+    )
+
+
+def snapshot(node: Node) -> Node:
+    """The node as the status report's authentication read it."""
+    return Node.objects.select_related("pool").get(pk=node.pk)
+
+
+def test_an_upgrade_step_committed_under_a_report_in_flight_reaches_that_report_or_keeps_its_bit():
+    pool, [(node, _)] = ready_pool("race", 1)
+    seen_by_report = snapshot(node)
+    actor = Actor.system("test:operator")
+    upgrade = upgrades.upgrade_create(data={"pool": pool.name, "target": TARGET, "canary_nodes": 0}, actor=actor)
+    with TestCase.captureOnCommitCallbacks(execute=True):  # the tick's UPGRADE bit is raised on commit
+        upgrades.upgrade_start(upgrade_id=upgrade.pk, expected_version=upgrade.version, actor=actor)
+        rollout.advance(upgrade_id=upgrade.pk)
+    moved = Node.objects.get(pk=node.pk)
+    assert moved.lifecycle == "maintenance" and moved.instructions & Instruction.UPGRADE
+
+    outcome = apply_heartbeat(
+        node=seen_by_report, report=report(seen_by_report, 1), actor=Actor.for_node(seen_by_report)
+    )
+
+    assert outcome.applied
+    after = Node.objects.get(pk=node.pk)
+    delivered = outcome.instructions.get("upgrade", {}).get("version") == "2.0.0"
+    assert delivered or after.instructions & Instruction.UPGRADE, "the upgrade instruction was lost with its bit"
+    assert delivered, "the report answers from the node as it is now (in maintenance, told to upgrade)"
+    assert (outcome.node.lifecycle, outcome.node.version) == (after.lifecycle, after.version)
+
+
+def test_a_cordon_committed_under_a_report_in_flight_is_what_the_report_answers():
+    _, [(node, _)] = ready_pool("cordon", 1)
+    seen_by_report = snapshot(node)
+    maintenance_services.cordon_node(
+        node_id=node.pk, expected_version=node.version, reason="disk swap", actor=Actor.system("test:operator")
+    )
+
+    outcome = apply_heartbeat(
+        node=seen_by_report, report=report(seen_by_report, 1), actor=Actor.for_node(seen_by_report)
+    )
+
+    after = Node.objects.get(pk=node.pk)
+    assert outcome.applied and after.cordoned and after.sequence == 1
+    assert (outcome.node.cordoned, outcome.node.version) == (True, after.version)
+
+
+def test_an_unchanged_node_is_not_read_again():
+    _, [(node, _)] = ready_pool("quiet", 1)
+    seen_by_report = snapshot(node)
+    with CaptureQueriesContext(connection) as queries:
+        outcome = apply_heartbeat(
+            node=seen_by_report, report=report(seen_by_report, 1), actor=Actor.for_node(seen_by_report)
+        )
+    assert outcome.applied
+    reads = [q["sql"] for q in queries if q["sql"].startswith('SELECT "fleet_node"."id"')]
+    assert not reads, reads
