@@ -90,10 +90,12 @@ async def run(args) -> dict:
     )
     sim.add_nodes(args.nodes)
     impossible = sim.pick(args.impossible, enrolled=False)
-    await sim.enroll(impossible=impossible)
     faults: dict[str, list[str]] = {"impossible": impossible}
     stop = asyncio.Event()
-    stop_on_signals(stop)
+    stop_on_signals(stop)  # before enrolling: Ctrl-C then stops with the nodes enrolled so far
+    if not await until_stopped(sim.enroll(impossible=impossible), stop):
+        await sim.stop()
+        return {**sim.stats(), "faults": {k: v for k, v in faults.items() if v}, "interrupted": "enrolling"}
     await sim.start()
 
     async def inject() -> None:
@@ -126,11 +128,28 @@ async def run(args) -> dict:
     return {**sim.stats(), "faults": {k: v for k, v in faults.items() if v}}
 
 
+async def until_stopped(work, stop: asyncio.Event) -> bool:
+    """Run ``work`` (a coroutine) unless ``stop`` is set first; True when it finished, False when
+    it was cancelled because ``stop`` came first."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if task.done():
+        task.result()  # its error, if any, is the caller's
+        return True
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return False
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     summary = run_coroutine(run(args))
     print(json.dumps(summary))
+    if summary.get("interrupted"):
+        return 130  # the shell's code for a Ctrl-C
     return 0 if summary["enrolled"] else 1
 
 

@@ -4,6 +4,8 @@ heartbeats and every fault, with the app's own verdicts and the database's state
 import asyncio
 import functools
 import json
+import os
+import signal
 import threading
 import time
 from datetime import UTC, datetime
@@ -313,6 +315,23 @@ def test_the_command_line_runs_a_fleet_with_faults_and_prints_a_summary(monkeypa
     assert summary["counters"]["verdict_stale_sequence"] >= 1
     impossible = cp.node_by_hostname(summary["faults"]["impossible"][0])
     assert impossible.declared["resources"]["cpu"] == 100000 * 1000
+
+
+def test_ctrl_c_while_enrolling_stops_cleanly_with_a_summary(monkeypatch, capsys):
+    """SIGINT during enrollment (a large fleet takes a while) ends the run with its summary and
+    exit code 130, not a KeyboardInterrupt traceback."""
+    started = []
+
+    async def slow_enroll(self, count=None, *, impossible=()):
+        started.append(True)
+        asyncio.get_running_loop().call_later(0.1, os.kill, os.getpid(), signal.SIGINT)
+        await asyncio.sleep(30)
+
+    monkeypatch.setattr(FleetSimulator, "enroll", slow_enroll)
+    code = simulator_cli.main(["--url", "http://127.0.0.1:9", "--pool", "name=general,token=t", "--no-progress"])
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert started and code == 130
+    assert summary["interrupted"] == "enrolling" and summary["enrolled"] == 0
 
 
 def test_a_pool_argument_without_a_token_is_refused():
