@@ -337,7 +337,7 @@ def _try_apply(
             # report compares with and its UPDATE (which cleared the pending-instruction marker):
             # what the apps above answer must come from the node as it now is, or an instruction
             # posted meanwhile (an upgrade for a node now in maintenance) is lost with its bit.
-            node.refresh_from_db()
+            node.reload()
         if events:
             NodeEvent.objects.bulk_create(events)
         # Reads in autocommit on the fast path; the writers inside (lease reconciliation, an
@@ -351,8 +351,9 @@ def _conditional_update(*, node: Node, report: HeartbeatReport, values: dict[str
     request won, None when it did not.
 
     ``UPDATE … WHERE id = :id AND (incarnation < :inc OR (incarnation = :inc AND sequence < :seq))``
-    plus the incarnation, sequence and liveness this request read (its compare-and-swap) and
-    ``lifecycle <> 'retired'``. ``RETURNING version`` tells the caller whether anything else
+    plus the incarnation, sequence, liveness and overdue flag this request read (its
+    compare-and-swap: the sweeps move those and the conditions that go with them without bumping
+    ``version``) and ``lifecycle <> 'retired'``. ``RETURNING version`` tells the caller whether anything else
     about the node (lifecycle, cordon, pool…: every such change bumps ``version``) moved since
     that read. Written as SQL rather than a queryset ``update()`` because
     compiling that queryset cost a third of the heartbeat's own CPU time; values still go
@@ -373,6 +374,7 @@ def _conditional_update(*, node: Node, report: HeartbeatReport, values: dict[str
         node.incarnation,
         node.sequence,
         node.liveness,
+        node.status_report_overdue,
         Lifecycle.RETIRED,
         report.incarnation,
         report.incarnation,
@@ -380,7 +382,8 @@ def _conditional_update(*, node: Node, report: HeartbeatReport, values: dict[str
     ]
     sql = (
         f"UPDATE {quote(Node._meta.db_table)} SET {', '.join(assignments)} "  # noqa: S608 -- columns from the model
-        "WHERE id = %s AND incarnation = %s AND sequence = %s AND liveness = %s AND lifecycle <> %s "
+        "WHERE id = %s AND incarnation = %s AND sequence = %s AND liveness = %s AND status_report_overdue = %s "
+        "AND lifecycle <> %s "
         "AND (incarnation < %s OR (incarnation = %s AND sequence < %s)) RETURNING version"
     )
     with connection.cursor() as cursor:

@@ -259,6 +259,23 @@ class Node(ConcurrentTransitionMixin, models.Model):
     def __str__(self) -> str:
         return self.display_name or self.hostname or str(self.id)
 
+    def reload(self) -> Node:
+        """Bring this instance up to date with its row, in place (one SELECT); returns it.
+
+        Not ``refresh_from_db``: django-fsm's version lifts the ``protected`` flag on the field
+        object every instance shares while it reloads, so two threads refreshing nodes at once can
+        hit "Direct lifecycle modification is not allowed". This sets the protected field the one
+        way protection permits (absent from the instance dict) and resets the
+        ConcurrentTransitionMixin baseline. A cached pool stays cached unless ``pool_id`` changed.
+        """
+        fresh = type(self).objects.get(pk=self.pk)
+        for field in self._meta.concrete_fields:
+            if field.attname == "lifecycle":
+                self.__dict__.pop("lifecycle", None)
+            setattr(self, field.attname, getattr(fresh, field.attname))
+        self._update_initial_state()
+        return self
+
     # --- lifecycle transitions: memory only, no side effects (services save and log) ----------
     @transition(field=lifecycle, source=Lifecycle.PENDING, target=Lifecycle.ADMITTING)
     def start_admission(self):

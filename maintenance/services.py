@@ -51,23 +51,6 @@ def lock_node(node_id) -> Node:
         raise NotFound(f"No node {node_id}.", "node_not_found") from exc
 
 
-def reload_node(node: Node) -> Node:
-    """Bring ``node`` (an instance someone else holds) up to date with its row, in place.
-
-    Not ``refresh_from_db``: django-fsm's version lifts the ``protected`` flag on the shared field
-    object while it reloads, so two threads refreshing nodes at once can hit "Direct lifecycle
-    modification is not allowed". This sets the protected field the one way protection permits
-    (absent from the instance dict) and resets the ConcurrentTransitionMixin baseline.
-    """
-    fresh = Node.objects.get(pk=node.pk)
-    for field in Node._meta.concrete_fields:
-        if field.attname == "lifecycle":
-            node.__dict__.pop("lifecycle", None)
-        setattr(node, field.attname, getattr(fresh, field.attname))
-    node._update_initial_state()
-    return node
-
-
 def transition_refused(node: Node, action: str) -> Conflict:
     """The 409 for an action the node's current lifecycle does not allow, naming what it does allow."""
     allowed = allowed_actions(node)

@@ -11,11 +11,15 @@ its report was in flight never got its upgrade instruction, timed out and rolled
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.db import connection
 from django.test import TestCase
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
+from fleet import status_reports
 from fleet.events import Actor
 from fleet.heartbeats import HeartbeatReport, apply_heartbeat
 from fleet.instructions import Instruction
@@ -30,8 +34,6 @@ TARGET = {"version": "2.0.0", "artifact": {"ref": "https://artifacts.example/age
 
 
 def report(node: Node, sequence: int) -> HeartbeatReport:
-    from django.utils import timezone
-
     return HeartbeatReport(
         incarnation=node.incarnation, sequence=sequence, observed_at=timezone.now(), ready=True, agent_version="1.0.0"
     )
@@ -65,12 +67,19 @@ def test_an_upgrade_step_committed_under_a_report_in_flight_reaches_that_report_
     assert (outcome.node.lifecycle, outcome.node.version) == (after.lifecycle, after.version)
 
 
-def test_a_cordon_committed_under_a_report_in_flight_is_what_the_report_answers():
+def test_a_cordon_committed_under_a_report_in_flight_is_what_the_report_answers(monkeypatch):
     _, [(node, _)] = ready_pool("cordon", 1)
     seen_by_report = snapshot(node)
     maintenance_services.cordon_node(
         node_id=node.pk, expected_version=node.version, reason="disk swap", actor=Actor.system("test:operator")
     )
+
+    def not_thread_safe(self, *args, **kwargs):
+        # django-fsm's refresh lifts the ``protected`` flag of the field every thread shares: two
+        # at once in a threaded server fail with "Direct lifecycle modification is not allowed".
+        raise AssertionError("the heartbeat path must reload with Node.reload(), not refresh_from_db()")
+
+    monkeypatch.setattr(Node, "refresh_from_db", not_thread_safe)
 
     outcome = apply_heartbeat(
         node=seen_by_report, report=report(seen_by_report, 1), actor=Actor.for_node(seen_by_report)
@@ -91,3 +100,27 @@ def test_an_unchanged_node_is_not_read_again():
     assert outcome.applied
     reads = [q["sql"] for q in queries if q["sql"].startswith('SELECT "fleet_node"."id"')]
     assert not reads, reads
+
+
+def test_an_overdue_mark_committed_under_a_report_in_flight_is_cleared_by_that_report():
+    """The overdue sweep sets a flag and a condition without bumping ``version``: the report's
+    compare-and-swap covers the flag, so a report that read the node before the mark reads it
+    again and clears both, rather than leaving ``StatusReportOverdue=True`` beside a cleared flag."""
+    _, [(node, _)] = ready_pool("overdue", 1)
+    t0 = timezone.now()
+    apply_heartbeat(node=snapshot(node), report=report(node, 1), actor=Actor.for_node(node), now=t0)
+    Node.objects.filter(pk=node.pk).update(status_report_due_at=t0)
+    seen_by_report = snapshot(node)
+    assert status_reports.mark_overdue(now=t0 + timedelta(seconds=10), actor=Actor.system("test:sweep")) == 1
+
+    outcome = apply_heartbeat(
+        node=seen_by_report,
+        report=report(seen_by_report, 2),
+        actor=Actor.for_node(seen_by_report),
+        now=t0 + timedelta(seconds=11),
+    )
+
+    after = Node.objects.get(pk=node.pk)
+    assert outcome.applied and after.sequence == 2 and not after.status_report_overdue
+    assert "StatusReportOverdue" not in {c["type"] for c in after.conditions}, after.conditions
+    assert after.events.filter(reason__startswith="StatusReportOverdue: True → ").exists()

@@ -146,7 +146,7 @@ def test_two_drains_starting_at_once_never_spend_the_same_allowed_disruption(ope
     leases = [make_lease(n, f"web-{i}", group="web") for i, n in enumerate(nodes)]
 
     def drain(index):
-        # version given: refresh_from_db of FSM models is not thread-safe (see services.reload_node)
+        # version given: refresh_from_db of FSM models is not thread-safe (see Node.reload)
         body = {"reason": "r", "policy": "terminate", "deadline_in": 600}
         return act(operator_api, nodes[index], "drain", body, version=1).status_code
 
