@@ -10,6 +10,7 @@ import time_machine
 from fleet.choices import NodeEventType
 from fleet.events import Actor
 from fleet.models import NodeEvent
+from leases import fencing
 from leases import services as lease_services
 from leases.models import Lease
 from maintenance import drains, tasks
@@ -138,8 +139,7 @@ def test_a_checkpoint_drain_asks_for_a_checkpoint_and_ends_the_lease_once_checkp
     assert [item["code"] for item in drain.progress["waiting_on"]] == ["checkpoint_pending"]
 
     clock.shift(30)
-    # What the leases app does on a "checkpointed" event: record it and clear the answered request.
-    Lease.objects.filter(pk=lease.pk).update(workload_state="checkpointed", checkpoint_requested_at=None)
+    report_checkpointed(node, lease)
     heartbeat(node)
     drain = evaluate(drain)
     lease.refresh_from_db()
@@ -149,6 +149,43 @@ def test_a_checkpoint_drain_asks_for_a_checkpoint_and_ends_the_lease_once_checkp
     clock.shift(10)
     heartbeat(node)
     assert evaluate(drain).state == "completed"
+
+
+def report_checkpointed(node, lease: Lease) -> None:
+    """The node reports ``checkpointed`` for ``lease`` (POST /node-leases/{id}/events)."""
+    node.refresh_from_db()
+    fencing.lease_report_event(
+        lease_id=lease.pk,
+        data={
+            "fencing_token": lease.fencing_token,
+            "node_incarnation": lease.node_incarnation,
+            "state": "checkpointed",
+        },
+        node=node,
+        actor=Actor.for_node(node),
+    )
+
+
+def test_a_checkpoint_taken_before_the_drain_asked_does_not_end_the_lease(operator_api, node, clock):
+    lease = make_lease(node, "job-1")
+    fencing.request_checkpoint(lease=lease, actor=Actor.system("test:client"))  # an earlier ask, answered
+    report_checkpointed(node, lease)
+    clock.shift(60)
+
+    drain = start(operator_api, node, policy="checkpoint")
+    clock.shift(5)
+    heartbeat(node)
+    drain = evaluate(drain)
+
+    lease.refresh_from_db()
+    assert lease.state == "active", "the work done since the old checkpoint would be lost"
+    assert [item["code"] for item in drain.progress["waiting_on"]] == ["checkpoint_pending"]
+    clock.shift(5)
+    report_checkpointed(node, lease)  # the answer to this drain
+    heartbeat(node)
+    evaluate(drain)
+    lease.refresh_from_db()
+    assert lease.state == "revoked"
 
 
 def test_the_deadline_fired_twice_enforces_exactly_once(operator_api, node, clock):
