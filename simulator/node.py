@@ -274,7 +274,6 @@ class VirtualNode:
             self.last_report_at = time.monotonic()
             # What the report said, not what its answer started: newly assigned work is a change.
             self.reported_leases = tuple(sorted(lease["lease_id"] for lease in bodies[0]["leases"]))
-            self.report_wanted = False
         except Unavailable:
             return self.backoff.next_delay()
         self.backoff.reset()
@@ -326,6 +325,9 @@ class VirtualNode:
                 self.lifecycle = "retired"
             raise Unavailable(code)  # back off: a refused node must not hammer the server
         answer = response.json()
+        # Delivered: no report is wanted now, unless what the answer starts asks for one (an
+        # upgrade's restart does, and must not be overwritten once the answer is handled).
+        self.report_wanted = False
         self.counters[f"verdict_{answer.get('code', 'applied')}"] += 1
         server_time = parse_time(answer.get("server_time"))
         if server_time is not None:

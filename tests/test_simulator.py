@@ -10,6 +10,7 @@ import threading
 import time
 from datetime import UTC, datetime
 
+import httpx
 import pytest
 
 from fleet.models import Benchmark, Node
@@ -379,3 +380,20 @@ def test_the_command_lines_run_their_loop_even_where_one_is_already_running():
     thread.start()
     thread.join(30)
     assert inside == [42]
+
+
+def test_a_restart_an_answer_starts_is_followed_by_a_status_report_not_a_renewal():
+    """The upgrade instruction in a status report's answer restarts the node (a new incarnation):
+    its next beat is that incarnation's status report, not a renewal the server must refuse."""
+    from simulator.node import VirtualNode
+
+    node = VirtualNode(generate(1, seed=1, pools=[PoolSpec("general", "t")], zones=["a"])[0])
+    node.renewals_supported, node.last_report_at, node.report_wanted = True, time.monotonic(), True
+    answer = {"applied": True, "instructions": {"upgrade": {"upgrade_id": "u1", "version": "2.0.0"}}}
+
+    asyncio.run(node._handle(None, httpx.Response(200, json=answer)))
+
+    assert (node.agent_version, node.incarnation) == ("2.0.0", 1)
+    assert node.report_wanted and node._wants_status_report()
+    asyncio.run(node._handle(None, httpx.Response(200, json={"applied": True, "instructions": {}})))
+    assert not node.report_wanted, "an answered report wants no other"
