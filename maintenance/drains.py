@@ -42,8 +42,8 @@ from fleet.events import Actor, record_event
 from fleet.instructions import Instruction, post_instructions
 from fleet.models import Node
 from leases import services as lease_services
-from leases.choices import LIVE_LEASE_STATES, CheckpointState, WorkloadState
-from leases.models import Lease, LeaseCheckpoint
+from leases.choices import LIVE_LEASE_STATES, WorkloadState
+from leases.models import Lease
 from nodepool import metrics
 from nodepool.api.problems import Conflict, NotFound
 from nodepool.api.versioning import check_version
@@ -185,43 +185,40 @@ def _record_evictions(drain: Drain, leases: list[Lease], kind: str, now) -> None
     )
 
 
-def checkpoint_requests(drain: Drain) -> dict:
-    """``{lease_id: asked_at}``: the leases this drain asked to checkpoint (requests not withdrawn)
-    and when it asked.
+def checkpoint_requests(drain: Drain) -> set:
+    """Ids of the leases this drain asked to checkpoint (requests not withdrawn).
 
     Kept on the drain's eviction rows, not read back from ``Lease.checkpoint_requested_at``: the
     leases app clears that field when the workload reports ``checkpointed`` (the instruction has
     been answered), and the drain must still know the lease is its to end.
     """
-    return dict(
+    return set(
         Eviction.objects.filter(drain=drain, kind=EvictionKind.CHECKPOINT, withdrawn_at__isnull=True).values_list(
-            "lease_id", "created_at"
+            "lease_id", flat=True
         )
     )
 
 
-def checkpointed_since(asked: dict) -> set:
-    """Ids among ``asked`` (``{lease_id: asked_at}``) whose workload took a checkpoint at or after
-    the drain asked. A checkpoint taken before (a client's earlier request, one the workload took
-    unasked) is no answer: ending the lease on it would lose the work done since."""
-    if not asked:
-        return set()
-    taken = LeaseCheckpoint.objects.filter(
-        lease_id__in=list(asked), state=CheckpointState.TAKEN, taken_at__gte=min(asked.values())
-    ).values_list("lease_id", "taken_at")
-    return {lease_id for lease_id, taken_at in taken if taken_at >= asked[lease_id]}
+def answered_checkpoint(lease: Lease) -> bool:
+    """Has the workload answered the checkpoint request a drain set on ``lease`` (read locked)?
+
+    The answer clears ``checkpoint_requested_at`` in the same UPDATE that records ``checkpointed``,
+    so the request's own field tells, with no clock compared: a ``checkpointed`` left from before
+    the drain asked (a client's earlier request, one taken unasked) is no answer while the
+    drain's request is still set, and ending the lease on it would lose the work done since.
+    """
+    return lease.checkpoint_requested_at is None and lease.workload_state == WorkloadState.CHECKPOINTED
 
 
 def _evaluate(drain: Drain, node: Node, *, actor: Actor, now) -> None:
     """One evaluation before the deadline (node and drain locked, drain active)."""
     live = live_leases(node, lock=True)
     asked = checkpoint_requests(drain)
-    answered = checkpointed_since(asked)
     ended = {
         lease.pk
         for lease in live
-        if lease.pk in answered
-        and lease.workload_state == WorkloadState.CHECKPOINTED
+        if lease.pk in asked
+        and answered_checkpoint(lease)
         and lease_services.revoke_lease(lease, actor=actor, reason="workload checkpointed for drain", now=now)
     }
     live = [lease for lease in live if lease.pk not in ended]

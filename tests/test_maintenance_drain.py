@@ -188,6 +188,61 @@ def test_a_checkpoint_taken_before_the_drain_asked_does_not_end_the_lease(operat
     assert lease.state == "revoked"
 
 
+def test_a_checkpoint_reported_while_the_drain_asks_answers_it(node, clock, monkeypatch):
+    """The node's ``checkpointed`` event read its clock before the drain committed and landed
+    after: it consumed the drain's request, so it is the drain's answer (nothing would ask again)."""
+    lease = make_lease(node, "job-1")
+    real_check, started = fencing.check_fence, []
+
+    def drain_commits_meanwhile(*args, **kwargs):
+        real_check(*args, **kwargs)
+        if not started:
+            clock.shift(1)
+            node.refresh_from_db()
+            started.append(
+                drains.start_drain(
+                    node_id=node.pk,
+                    expected_version=node.version,
+                    policy="checkpoint",
+                    deadline=T0 + timedelta(seconds=600),
+                    reason="rack move",
+                    actor=SYSTEM,
+                )
+            )
+
+    monkeypatch.setattr(fencing, "check_fence", drain_commits_meanwhile)
+    report_checkpointed(node, lease)
+    monkeypatch.setattr(fencing, "check_fence", real_check)
+
+    clock.shift(5)
+    heartbeat(node)
+    evaluate(started[0])
+    lease.refresh_from_db()
+    assert lease.state == "revoked", "ended on the answer, not left for the deadline"
+
+
+def test_a_checkpoint_counts_whatever_the_evaluating_clock_says(node, clock):
+    """The drain's evaluations run in workers whose clocks may be ahead of the web server's that
+    records the answer: no timestamps are compared."""
+    lease = make_lease(node, "job-1")
+    node.refresh_from_db()
+    drain = drains.start_drain(
+        node_id=node.pk,
+        expected_version=node.version,
+        policy="checkpoint",
+        deadline=T0 + timedelta(seconds=600),
+        reason="upgrade",
+        actor=SYSTEM,
+        now=T0 + timedelta(seconds=2),  # a worker 2 s ahead
+    )
+    clock.shift(1)
+    report_checkpointed(node, lease)  # the web server's clock: T0 + 1
+    heartbeat(node)
+    drains.evaluate_drain(drain_id=drain.pk, actor=SYSTEM, now=T0 + timedelta(seconds=3))
+    lease.refresh_from_db()
+    assert lease.state == "revoked"
+
+
 def test_the_deadline_fired_twice_enforces_exactly_once(operator_api, node, clock):
     leases = [make_lease(node, f"job-{i}", ttl=7200) for i in range(2)]
     drain = start(operator_api, node, deadline_in=600)
