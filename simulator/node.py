@@ -268,9 +268,16 @@ class VirtualNode:
                 self.duplicate_next -= 1
                 bodies.append(dict(bodies[0]))
                 self.counters["duplicated"] += 1
-            for body in bodies:
-                response = await self._post(client, f"/nodes/{self.node_id}/heartbeats", body)
-                await self._handle(client, response)
+            # This beat is the wanted report; what its answers start (an upgrade's restart) may
+            # want another, and no later answer of the same beat may take that back.
+            self.report_wanted = False
+            try:
+                for body in bodies:
+                    response = await self._post(client, f"/nodes/{self.node_id}/heartbeats", body)
+                    await self._handle(client, response)
+            except Unavailable:
+                self.report_wanted = True  # not delivered: send it again after the backoff
+                raise
             self.last_report_at = time.monotonic()
             # What the report said, not what its answer started: newly assigned work is a change.
             self.reported_leases = tuple(sorted(lease["lease_id"] for lease in bodies[0]["leases"]))
@@ -325,9 +332,6 @@ class VirtualNode:
                 self.lifecycle = "retired"
             raise Unavailable(code)  # back off: a refused node must not hammer the server
         answer = response.json()
-        # Delivered: no report is wanted now, unless what the answer starts asks for one (an
-        # upgrade's restart does, and must not be overwritten once the answer is handled).
-        self.report_wanted = False
         self.counters[f"verdict_{answer.get('code', 'applied')}"] += 1
         server_time = parse_time(answer.get("server_time"))
         if server_time is not None:

@@ -382,18 +382,29 @@ def test_the_command_lines_run_their_loop_even_where_one_is_already_running():
     assert inside == [42]
 
 
-def test_a_restart_an_answer_starts_is_followed_by_a_status_report_not_a_renewal():
+@pytest.mark.parametrize("fault", ["none", "reorder", "duplicate"])
+def test_a_restart_an_answer_starts_is_followed_by_a_status_report_not_a_renewal(fault):
     """The upgrade instruction in a status report's answer restarts the node (a new incarnation):
-    its next beat is that incarnation's status report, not a renewal the server must refuse."""
+    its next beat is that incarnation's status report, not a renewal the server must refuse, even
+    when a second body of the same beat (the reorder and duplicate faults) is answered after it."""
     from simulator.node import VirtualNode
 
     node = VirtualNode(generate(1, seed=1, pools=[PoolSpec("general", "t")], zones=["a"])[0])
-    node.renewals_supported, node.last_report_at, node.report_wanted = True, time.monotonic(), True
-    answer = {"applied": True, "instructions": {"upgrade": {"upgrade_id": "u1", "version": "2.0.0"}}}
+    node.node_id, node.renewals_supported, node.last_report_at = "n1", True, time.monotonic()
+    node.report_wanted = True
+    node.reorder_next, node.duplicate_next = int(fault == "reorder"), int(fault == "duplicate")
+    upgrade = {"applied": True, "instructions": {"upgrade": {"upgrade_id": "u1", "version": "2.0.0"}}}
+    stale = {"applied": False, "code": "stale_sequence"}
+    answers = [httpx.Response(200, json=upgrade), httpx.Response(200, json=stale)]
+    sent = []
 
-    asyncio.run(node._handle(None, httpx.Response(200, json=answer)))
+    async def post(client, path, body, **kwargs):
+        sent.append(path)
+        return answers.pop(0)
+
+    node._post = post
+    asyncio.run(node.beat(None))
 
     assert (node.agent_version, node.incarnation) == ("2.0.0", 1)
+    assert sent == ["/nodes/n1/heartbeats"] * (1 if fault == "none" else 2)
     assert node.report_wanted and node._wants_status_report()
-    asyncio.run(node._handle(None, httpx.Response(200, json={"applied": True, "instructions": {}})))
-    assert not node.report_wanted, "an answered report wants no other"
