@@ -5,10 +5,13 @@ a higher incarnation, or the same incarnation with a higher sequence. The check 
 are one conditional UPDATE, so of two racing requests at most one can win; a duplicate, an
 older sequence or an older incarnation changes nothing and says so with a stable code.
 
-The UPDATE also carries the values this request read (incarnation, sequence, liveness) in its
-WHERE clause, a compare-and-swap: the events it writes (restart, liveness, readiness, condition,
-health changes) are derived from exactly the state it replaced. When another heartbeat or the
-liveness sweep got there first, the service re-reads the row and tries again.
+The UPDATE also carries the values this request read (incarnation, sequence, liveness, the
+overdue flag) in its WHERE clause, a compare-and-swap: the events it writes (restart, liveness,
+readiness, condition, health changes) are derived from exactly the state it replaced. When
+another heartbeat or a sweep got there first, the service re-reads the row and tries again. Any
+other change to the node meanwhile (a drain, an upgrade step, a cordon: they bump ``version``,
+which the UPDATE returns) makes it reload the node before the answer is built, so an instruction
+whose bit the UPDATE cleared is not lost to a stale snapshot.
 
 Times: ``received_at`` is the server's clock. Liveness deadlines come only from it; the node's
 ``observed_at`` is used only to measure clock skew (a ``ClockSkew`` condition beyond

@@ -260,13 +260,14 @@ class Node(ConcurrentTransitionMixin, models.Model):
         return self.display_name or self.hostname or str(self.id)
 
     def reload(self) -> Node:
-        """Bring this instance up to date with its row, in place (one SELECT); returns it.
+        """Bring this instance's fields up to date with its row, in place (one SELECT); returns it.
 
         Not ``refresh_from_db``: django-fsm's version lifts the ``protected`` flag on the field
         object every instance shares while it reloads, so two threads refreshing nodes at once can
         hit "Direct lifecycle modification is not allowed". This sets the protected field the one
         way protection permits (absent from the instance dict) and resets the
-        ConcurrentTransitionMixin baseline. A cached pool stays cached unless ``pool_id`` changed.
+        ConcurrentTransitionMixin baseline. Cached relations are kept (a cached pool is dropped
+        only when ``pool_id`` changed; a Pool row edited meanwhile is not re-read).
         """
         fresh = type(self).objects.get(pk=self.pk)
         for field in self._meta.concrete_fields:
