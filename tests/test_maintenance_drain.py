@@ -188,6 +188,20 @@ def test_a_checkpoint_taken_before_the_drain_asked_does_not_end_the_lease(operat
     assert lease.state == "revoked"
 
 
+def system_checkpoint_drain(node, now=None) -> Drain:
+    """A checkpoint drain as the workflows start it (not through the API), by ``now``."""
+    node.refresh_from_db()
+    return drains.start_drain(
+        node_id=node.pk,
+        expected_version=node.version,
+        policy="checkpoint",
+        deadline=T0 + timedelta(seconds=600),
+        reason="rack move",
+        actor=SYSTEM,
+        now=now,
+    )
+
+
 def test_a_checkpoint_reported_while_the_drain_asks_answers_it(node, clock, monkeypatch):
     """The node's ``checkpointed`` event read its clock before the drain committed and landed
     after: it consumed the drain's request, so it is the drain's answer (nothing would ask again)."""
@@ -198,17 +212,7 @@ def test_a_checkpoint_reported_while_the_drain_asks_answers_it(node, clock, monk
         real_check(*args, **kwargs)
         if not started:
             clock.shift(1)
-            node.refresh_from_db()
-            started.append(
-                drains.start_drain(
-                    node_id=node.pk,
-                    expected_version=node.version,
-                    policy="checkpoint",
-                    deadline=T0 + timedelta(seconds=600),
-                    reason="rack move",
-                    actor=SYSTEM,
-                )
-            )
+            started.append(system_checkpoint_drain(node))
 
     monkeypatch.setattr(fencing, "check_fence", drain_commits_meanwhile)
     report_checkpointed(node, lease)
@@ -225,16 +229,7 @@ def test_a_checkpoint_counts_whatever_the_evaluating_clock_says(node, clock):
     """The drain's evaluations run in workers whose clocks may be ahead of the web server's that
     records the answer: no timestamps are compared."""
     lease = make_lease(node, "job-1")
-    node.refresh_from_db()
-    drain = drains.start_drain(
-        node_id=node.pk,
-        expected_version=node.version,
-        policy="checkpoint",
-        deadline=T0 + timedelta(seconds=600),
-        reason="upgrade",
-        actor=SYSTEM,
-        now=T0 + timedelta(seconds=2),  # a worker 2 s ahead
-    )
+    drain = system_checkpoint_drain(node, now=T0 + timedelta(seconds=2))  # a worker 2 s ahead
     clock.shift(1)
     report_checkpointed(node, lease)  # the web server's clock: T0 + 1
     heartbeat(node)
