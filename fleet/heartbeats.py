@@ -356,11 +356,11 @@ def _conditional_update(*, node: Node, report: HeartbeatReport, values: dict[str
     ``UPDATE … WHERE id = :id AND (incarnation < :inc OR (incarnation = :inc AND sequence < :seq))``
     plus the incarnation, sequence, liveness and overdue flag this request read (its
     compare-and-swap: the sweeps move those and the conditions that go with them without bumping
-    ``version``) and ``lifecycle <> 'retired'``. ``RETURNING version`` tells the caller whether anything else
-    about the node (lifecycle, cordon, pool…: every such change bumps ``version``) moved since
-    that read. Written as SQL rather than a queryset ``update()`` because
-    compiling that queryset cost a third of the heartbeat's own CPU time; values still go
-    through each field's ``get_db_prep_save``, so SQLite and PostgreSQL get what the ORM would send.
+    ``version``) and ``lifecycle <> 'retired'``. ``RETURNING version`` tells the caller whether
+    anything else about the node (lifecycle, cordon, holds: every such change bumps ``version``)
+    moved since that read. Written as SQL rather than a queryset ``update()`` because compiling
+    that queryset cost a third of the heartbeat's own CPU time; values still go through each
+    field's ``get_db_prep_save``, so SQLite and PostgreSQL get what the ORM would send.
     """
     quote = connection.ops.quote_name
     assignments, params = [], []

@@ -93,9 +93,13 @@ async def run(args) -> dict:
     faults: dict[str, list[str]] = {"impossible": impossible}
     stop = asyncio.Event()
     stop_on_signals(stop)  # before enrolling: Ctrl-C then stops with the nodes enrolled so far
+
+    def summary(**extra) -> dict:
+        return {**sim.stats(), "faults": {k: v for k, v in faults.items() if v}, **extra}
+
     if not await until_stopped(sim.enroll(impossible=impossible), stop):
         await sim.stop()
-        return {**sim.stats(), "faults": {k: v for k, v in faults.items() if v}, "interrupted": "enrolling"}
+        return summary(interrupted="enrolling")
     await sim.start()
 
     async def inject() -> None:
@@ -125,7 +129,7 @@ async def run(args) -> dict:
     injector.cancel()
     await asyncio.gather(injector, return_exceptions=True)
     await sim.stop()
-    return {**sim.stats(), "faults": {k: v for k, v in faults.items() if v}}
+    return summary()
 
 
 async def until_stopped(work, stop: asyncio.Event) -> bool:
