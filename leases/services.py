@@ -157,8 +157,10 @@ def _reserve(
     competing writer, SQLite runs one writer at a time, so a slot is never given twice.
 
     Raises:
-        _LostRace: a resource no longer fits on this node (the caller tries the next candidate).
-        Conflict: the workload already has a live lease (409 ``workload_has_live_lease``).
+        _LostRace: a resource no longer fits on this node (the caller tries the next candidate),
+            or ``lease_request`` is no longer pending (the caller stops).
+        IntegrityError: the workload got a live lease meanwhile (the partial unique index):
+            lease_create answers 409 ``workload_has_live_lease``, the queue pass waits for it.
     """
     node = candidate.node
     decision = {
@@ -173,8 +175,14 @@ def _reserve(
         held = _hold_schedulable_node(node.pk)
         if held is None:
             raise _LostRace("node")
+        # A queued request is claimed before anything else: a second queue pass placing the same
+        # request waits here for the first to commit, then finds it placed and stands down.
+        if lease_request is not None and not LeaseRequest.objects.filter(
+            pk=lease_request.pk, state=LeaseRequestState.PENDING
+        ).update(state=LeaseRequestState.PLACED, placed_at=now, version=F("version") + 1):
+            raise _LostRace("lease_request")  # another pass placed it, or its client cancelled it
         token = _next_fencing_token(spec.workload_id)
-        # The lease row first: the partial unique index refuses a second live lease of the workload
+        # The lease row next: the partial unique index refuses a second live lease of the workload
         # (IntegrityError, answered as 409 by lease_create) before any capacity is touched.
         lease = Lease.objects.create(
             workload_id=spec.workload_id,
@@ -198,11 +206,7 @@ def _reserve(
             request_hash=request_hash,
         )
         if lease_request is not None:
-            claimed = LeaseRequest.objects.filter(pk=lease_request.pk, state=LeaseRequestState.PENDING).update(
-                state=LeaseRequestState.PLACED, lease=lease, placed_at=now, version=F("version") + 1
-            )
-            if not claimed:  # another worker placed or someone cancelled it: undo everything
-                raise _LostRace("lease_request")
+            LeaseRequest.objects.filter(pk=lease_request.pk).update(lease=lease)
         # A requeue names an earlier lease of the workload, which took a token from the fencing
         # sequence (never deleted): at token 1 there is none, and nothing to supersede.
         if token > 1 or lease_request is not None:

@@ -13,7 +13,7 @@ from collections import defaultdict
 from datetime import timedelta
 
 from django.core.cache import cache
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -89,18 +89,25 @@ def place_pending_requests(*, now=None, actor: Actor | None = None) -> dict:
         if Lease.objects.filter(workload_id=spec.workload_id, state__in=LIVE_LEASE_STATES).exists():
             pending += 1  # the workload still runs elsewhere; wait until that lease ends
             continue
-        lease, census = place(
-            pool=pool,
-            spec=spec,
-            shape=shape,
-            client=request.client,
-            idempotency_key="",
-            request_hash=request.request_hash,
-            data=request.spec,
-            actor=actor,
-            now=now,
-            lease_request=request,
-        )
+        try:
+            lease, census = place(
+                pool=pool,
+                spec=spec,
+                shape=shape,
+                client=request.client,
+                idempotency_key="",
+                request_hash=request.request_hash,
+                data=request.spec,
+                actor=actor,
+                now=now,
+                lease_request=request,
+            )
+        except IntegrityError:
+            # A grant for the workload committed since the check above (a direct request, or a
+            # pass placing another of its requests): wait for that lease, as above.
+            logger.info("lease request %s: its workload got a live lease meanwhile; it waits", request.pk)
+            pending += 1
+            continue
         if lease is not None:
             placed += 1
             continue

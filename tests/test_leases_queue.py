@@ -114,3 +114,52 @@ def test_a_queued_request_is_explained_again_at_most_every_explanation_ttl(clien
     cache.clear()  # the explanation's time is up
     place_pending_requests()
     assert len(calls) == 2
+
+
+def _waiting_request_with_room(client_api, node) -> LeaseRequest:
+    """job-2 queued behind job-1 on a full node, then room added without kicking the queue."""
+    ask(client_api, "job-1")
+    ask(client_api, "job-2", queue=True)
+    NodeResource.objects.filter(node=node, name="cpu").update(allocatable=12000)
+    return LeaseRequest.objects.get(workload_id="job-2")
+
+
+def test_a_grant_committed_under_a_queue_pass_leaves_the_request_waiting(client_api, node, monkeypatch):
+    """The workload gets a live lease (a direct request) after the pass checked for one: the pass
+    stands down for that request instead of failing, and changes nothing of it."""
+    from leases import placement
+
+    request = _waiting_request_with_room(client_api, node)
+    real, raced = placement.find_candidates, []
+
+    def direct_grant_first(pool, spec, **kwargs):
+        if spec.workload_id == "job-2" and not raced:
+            raced.append("granting")  # the direct request's own search comes through here too
+            raced[0] = ask(client_api, "job-2", cpu="1").status_code
+        return real(pool, spec, **kwargs)
+
+    monkeypatch.setattr(placement, "find_candidates", direct_grant_first)
+    assert place_pending_requests() == {"placed": 0, "pending": 1}
+    assert raced == [201]
+    request.refresh_from_db()
+    assert (request.state, request.lease_id, request.version) == ("pending", None, 1)
+    assert Lease.objects.filter(workload_id="job-2").count() == 1
+    assert NodeResource.objects.get(node=node, name="cpu").allocated == 5000, "job-1 and the direct job-2"
+
+
+@pytest.mark.race
+@pytest.mark.django_db(transaction=True)
+def test_two_queue_passes_at_once_place_a_request_once(client_api, node):
+    from tests.races import Hold, race
+
+    request = _waiting_request_with_room(client_api, node)
+    # Both passes have chosen their node before either reserves: without the claim on the
+    # request, the second one's lease row hit the unique index and failed the whole pass.
+    with Hold("leases.placement.find_candidates", parties=2, timeout=2):
+        outcome = race(lambda _: place_pending_requests(), 2)
+    assert not outcome.errors, outcome.errors
+    assert sorted(r["placed"] for r in outcome.results) == [0, 1]
+    request.refresh_from_db()
+    assert request.state == "placed"
+    assert Lease.objects.filter(workload_id="job-2").get() == request.lease
+    assert NodeResource.objects.get(node=node, name="cpu").allocated == 8000
