@@ -123,11 +123,9 @@ def reconcile_heartbeat(
     # for other nodes, so a node still listing a lease it was told to stop costs no UPDATE.
     if node.lifecycle != Lifecycle.DRAINING:
         not_live = []
+    # Lease rows before evidence rows, the order a lease's end takes them (end_lease, under a
+    # drain's or a sweep's lock): the other order deadlocked with a drain revoking a lease.
     with transaction.atomic(savepoint=False) if (live or not_live) else nullcontext():
-        # Execution evidence (docs/marketplace.md): what this report says the node runs.
-        evidence.record_status_report(
-            node=node, incarnation=incarnation, live=live, listed=set(healthy), mismatched=mismatched, now=now
-        )
         if healthy:
             seen_qs = Lease.objects.filter(pk__in=healthy, state__in=LIVE_LEASE_STATES)
             seen_qs.update(missed_reports=0, last_reported_at=now)
@@ -143,6 +141,10 @@ def reconcile_heartbeat(
         if not_live:
             # Ended leases this node still lists: it is still "reporting" them.
             Lease.objects.filter(pk__in=not_live, node_id=node.pk).update(last_reported_at=now)
+        # Execution evidence (docs/marketplace.md): what this report says the node runs.
+        evidence.record_status_report(
+            node=node, incarnation=incarnation, live=live, listed=set(healthy), mismatched=mismatched, now=now
+        )
     for lease_id in lost_ids:
         reason = (
             "the node restarted (new incarnation) and does not run this lease"
