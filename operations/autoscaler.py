@@ -540,14 +540,18 @@ def scale_down(*, pool_id, actor: Actor, now) -> int:
                 reasons.append(why)
                 continue
             node = machine.node
-            outofservice.take_out_of_service(
-                node=node,
-                owner=outofservice.AUTOSCALER,
-                policy=ops.drain_policy,
-                reason=f"scale-down: below {ops.scale_down_utilization:.0%} for {ops.scale_down_after}s",
-                timeout=ops.drain_timeout,
-                now=now,
-            )
+            try:
+                outofservice.take_out_of_service(
+                    node=node,
+                    owner=outofservice.AUTOSCALER,
+                    policy=ops.drain_policy,
+                    reason=f"scale-down: below {ops.scale_down_utilization:.0%} for {ops.scale_down_after}s",
+                    timeout=ops.drain_timeout,
+                    now=now,
+                )
+            except Problem as exc:  # the node changed since it was read (an operator, a rule): not now
+                reasons.append(f"node {node}: {exc.detail}")
+                continue
             ProviderMachine.objects.filter(pk=machine.pk).update(state=MachineState.DRAINING)
             ops.last_scale_down_at = now
             ops.underused_since = {k: v for k, v in underused.items() if k != str(node.pk)}

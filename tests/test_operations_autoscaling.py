@@ -315,3 +315,30 @@ def test_no_machine_is_scaled_down_while_lease_requests_wait_that_a_template_nod
     autoscaler.scale_down(pool_id=pool.pk, actor=ACTOR, now=now + timedelta(seconds=2))
     latest = ScaleDecision.objects.filter(pool=pool).latest("created_at")
     assert "lease request(s) pending" not in latest.reason  # judged on its own merits again (its lease)
+
+
+def test_a_node_changed_under_scale_down_is_skipped_and_the_next_idle_one_goes(operator_api, receiver, monkeypatch):
+    """An operator's hold lands between the pass's read of a node and its cordon (412 from the
+    node's version): the pass names it and moves on, instead of failing (a traceback in the worker)."""
+    from maintenance import holds
+
+    pool = PoolFactory(name="general")
+    configure(operator_api, pool, provider="webhook", provider_url=receiver.url, provider_secret="hook-secret",
+              min_nodes=0, scale_down_after=0, scale_down_cooldown=0, drain_policy="terminate")  # fmt: skip
+    nodes = [make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})[0] for _ in range(2)]
+    for n, node in enumerate(nodes):
+        ProviderMachine.objects.create(pool=pool, provider="webhook", name=f"m-{n}", node=node, state="ready",
+                                       requested_at=timezone.now() - timedelta(minutes=5 - n))  # fmt: skip
+    real, held = autoscaler.replaceable, []
+
+    def an_operator_holds_the_first_node_meanwhile(node):
+        if not held:
+            held.append(holds.place_hold(node.pk, "user:operator", "looking at it"))
+        return real(node)
+
+    monkeypatch.setattr(autoscaler, "replaceable", an_operator_holds_the_first_node_meanwhile)
+    assert autoscaler.scale_down(pool_id=pool.pk, actor=ACTOR, now=timezone.now()) == 1  # scale_down_after=0
+    assert ProviderMachine.objects.get(name="m-0").state == "ready"
+    assert ProviderMachine.objects.get(name="m-1").state == "draining"
+    decision = ScaleDecision.objects.get(direction="down", outcome="requested")
+    assert decision.data["machine"] == "m-1"
