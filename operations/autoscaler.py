@@ -1,7 +1,9 @@
 """Autoscaling: turn pending demand into machines, idle machines into fewer, through a provider.
 
 One pass per pool (:func:`autoscale_pool`, from the beat entry ``operations-autoscale``), under a
-lock of the pool's :class:`PoolOperations` row so two passes never decide at once:
+lock of the pool's :class:`PoolOperations` row so two passes never decide at once (following
+machines takes no lock: each change of a machine's state is a compare-and-swap, so two passes
+following the same machine move it, and record it, once):
 
 1. **follow machines**: a requested machine whose bootstrap token enrolled a node is linked to
    it (and admitted if the pool admits manually: the autoscaler asked for it); a linked node
@@ -116,11 +118,19 @@ def follow_machines(*, pool_id, actor: Actor, now) -> None:
             logger.info("machine %s not moved this pass: %s", machine.name, exc.detail)
 
 
+def _moved(machine: ProviderMachine, **changes) -> bool:
+    """Move ``machine`` on from the state it was read in; False when a concurrent pass (or a
+    preemption) moved it first. Passes do not lock each other out of following machines, so
+    every change of a machine's state is this compare-and-swap, and its event is written once."""
+    return bool(ProviderMachine.objects.filter(pk=machine.pk, state=machine.state).update(**changes))
+
+
 def _follow(machine: ProviderMachine, ops: PoolOperations, actor: Actor, now) -> None:
     if machine.state == MachineState.REQUESTED and machine.bootstrap_token_id:
         node = Node.objects.filter(bootstrap_token_id=machine.bootstrap_token_id).first()
         if node is not None:
-            ProviderMachine.objects.filter(pk=machine.pk).update(node=node, state=MachineState.ENROLLED)
+            if not _moved(machine, node=node, state=MachineState.ENROLLED):
+                return
             machine.node, machine.state = node, MachineState.ENROLLED
     node = Node.objects.get(pk=machine.node_id) if machine.node_id else None
     if machine.state == MachineState.ENROLLED and node is not None:
@@ -129,7 +139,8 @@ def _follow(machine: ProviderMachine, ops: PoolOperations, actor: Actor, now) ->
                 node_id=node.pk, expected_version=node.version, actor=actor, reason="a machine the autoscaler requested"
             )
         elif node.lifecycle == Lifecycle.READY:
-            ProviderMachine.objects.filter(pk=machine.pk).update(state=MachineState.READY, ready_at=now)
+            if not _moved(machine, state=MachineState.READY, ready_at=now):
+                return
             seconds = (now - (machine.pending_since or machine.requested_at)).total_seconds()
             record_event(
                 node,
@@ -171,7 +182,8 @@ def _fail_machine(machine: ProviderMachine, ops: PoolOperations, actor: Actor, n
         node = Node.objects.get(pk=machine.node_id)
         if node.lifecycle != Lifecycle.RETIRED:
             outofservice.retire(node=node, owner=outofservice.AUTOSCALER, reason=error)
-    ProviderMachine.objects.filter(pk=machine.pk).update(state=MachineState.FAILED, error=error[:2000], deleted_at=now)
+    if not _moved(machine, state=MachineState.FAILED, error=error[:2000], deleted_at=now):
+        return
     record_event(
         machine.node_id,
         NodeEventType.SCALE,
@@ -190,7 +202,8 @@ def _delete_machine(machine: ProviderMachine, ops: PoolOperations, actor: Actor,
     node = Node.objects.get(pk=machine.node_id)
     if node.lifecycle != Lifecycle.RETIRED:
         outofservice.retire(node=node, owner=outofservice.AUTOSCALER, reason=reason)
-    ProviderMachine.objects.filter(pk=machine.pk).update(state=MachineState.DELETED, deleted_at=timezone.now())
+    if not _moved(machine, state=MachineState.DELETED, deleted_at=timezone.now()):
+        return
     record_event(
         node,
         NodeEventType.SCALE,

@@ -342,3 +342,33 @@ def test_a_node_changed_under_scale_down_is_skipped_and_the_next_idle_one_goes(o
     assert ProviderMachine.objects.get(name="m-1").state == "draining"
     decision = ScaleDecision.objects.get(direction="down", outcome="requested")
     assert decision.data["machine"] == "m-1"
+
+
+def test_two_passes_following_the_same_machine_move_it_and_say_so_once(operator_api, receiver):
+    """Passes do not lock each other out of following machines: one that read a machine before
+    another moved it changes nothing and writes no second event."""
+    from maintenance import services as maintenance_services
+
+    pool = PoolFactory(name="general")
+    configure(operator_api, pool, provider="webhook", provider_url=receiver.url, provider_secret="hook-secret")
+    ops = PoolOperations.objects.get(pool=pool)
+    node, _ = make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})
+    ProviderMachine.objects.create(pool=pool, provider="webhook", name="m-0", node=node, state="enrolled",
+                                   requested_at=timezone.now() - timedelta(seconds=20))  # fmt: skip
+    first, late = ProviderMachine.objects.get(name="m-0"), ProviderMachine.objects.get(name="m-0")
+    autoscaler._follow(first, ops, ACTOR, timezone.now())
+    ready_at = ProviderMachine.objects.get(name="m-0").ready_at
+    autoscaler._follow(late, ops, ACTOR, timezone.now() + timedelta(seconds=5))
+    assert ProviderMachine.objects.get(name="m-0").ready_at == ready_at
+    events = NodeEvent.objects.filter(subject_type="machine", subject_id=str(first.pk))
+    assert list(events.values_list("to_state", flat=True)) == ["ready"]
+
+    ProviderMachine.objects.filter(name="m-0").update(state="draining")
+    maintenance_services.retire_node(
+        node_id=node.pk, expected_version=node.reload().version, reason="gone", actor=ACTOR, force=True
+    )
+    first, late = ProviderMachine.objects.get(name="m-0"), ProviderMachine.objects.get(name="m-0")
+    autoscaler._follow(first, ops, ACTOR, timezone.now())
+    autoscaler._follow(late, ops, ACTOR, timezone.now())
+    assert ProviderMachine.objects.get(name="m-0").state == "deleted"
+    assert list(events.order_by("id").values_list("to_state", flat=True)) == ["ready", "deleted"]
