@@ -175,13 +175,15 @@ def _reserve(
         held = _hold_schedulable_node(node.pk)
         if held is None:
             raise _LostRace("node")
-        # A queued request is claimed before anything else: a second queue pass placing the same
-        # request waits here for the first to commit, then finds it placed and stands down.
+        # The workload's fencing row first, as every grant takes it (a direct grant then cancels
+        # the workload's requeued request: request row second, never the other way round).
+        token = _next_fencing_token(spec.workload_id)
+        # Then a queued request is claimed: a second queue pass placing the same request waited on
+        # the fencing row for the first to commit, and now finds it placed and stands down.
         if lease_request is not None and not LeaseRequest.objects.filter(
             pk=lease_request.pk, state=LeaseRequestState.PENDING
         ).update(state=LeaseRequestState.PLACED, placed_at=now, version=F("version") + 1):
             raise _LostRace("lease_request")  # another pass placed it, or its client cancelled it
-        token = _next_fencing_token(spec.workload_id)
         # The lease row next: the partial unique index refuses a second live lease of the workload
         # (IntegrityError, answered as 409 by lease_create) before any capacity is touched.
         lease = Lease.objects.create(

@@ -8,9 +8,10 @@ the report held the lease row and inserted an event referencing the node (Postgr
 ``FOR NO KEY UPDATE`` (it still excludes every other writer and ``FOR SHARE``, but not a foreign-key
 check), so the report finishes and the action goes on after it.
 
-A status report and a drain revoking one of its leases take the lease rows, then the lease's
-evidence rows, in that order: the report once took them the other way round and deadlocked with a
-drain's revocation (found in the autoscaling end-to-end test's worker).
+A status report and a drain take a node's lease rows all at once, oldest first, then the leases'
+evidence rows: the report once took evidence first, then its listed leases before its unlisted
+ones, and deadlocked with a drain either way. A grant takes the workload's fencing row before its
+queued request's row, as a direct grant (which cancels the workload's requeued request) does.
 """
 
 from __future__ import annotations
@@ -132,3 +133,90 @@ def test_a_status_report_and_a_drain_revoking_its_lease_both_complete(monkeypatc
     lease.refresh_from_db()
     assert lease.state == "revoked"
     assert EvidenceInterval.objects.get(lease=lease).closed_at is not None
+
+
+def test_a_status_report_with_an_unlisted_older_lease_and_a_drain_both_complete(monkeypatch):
+    """The report writes the lease it lists, then the older one it does not list; the drain locks
+    both oldest first. Locked one by one, each held one and waited for the other."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks are PostgreSQL's; SQLite serialises writers")
+    from django.db.models import F
+
+    from leases import reconcile
+
+    node, _ = make_schedulable_node()
+    older, newer = make_lease(node, "old-1", resources={"cpu": 500}), make_lease(node, "new-1", resources={"cpu": 500})
+    now = timezone.now()
+    for lease, age in ((older, 120), (newer, 60)):
+        Lease.objects.filter(pk=lease.pk).update(command=["sleep", "600"], granted_at=now - timedelta(seconds=age))
+    drain = outofservice.take_out_of_service(
+        node=node, owner=outofservice.AUTOSCALER, policy="wait", reason="scale-down", timeout=300
+    )
+    listed_written = threading.Event()
+
+    def f_then_wait_for_the_drain(name, *args, **kwargs):
+        if name == "missed_reports":  # built between the listed leases' UPDATE and the unlisted ones'
+            listed_written.set()
+            deadline = time.monotonic() + 5
+            while not _someone_waits_for_a_row_lock() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return F(name, *args, **kwargs)
+
+    monkeypatch.setattr(reconcile, "F", f_then_wait_for_the_drain)
+    reported = [{"lease_id": str(newer.pk), "fencing_token": newer.fencing_token}]
+
+    def racer(i):
+        if i == 0:
+            reporting = Node.objects.select_related("pool").get(pk=node.pk)
+            return reconcile_heartbeat(
+                reporting, incarnation=node.incarnation, reported=reported, restarted=False, actor=Actor.system("t")
+            )
+        assert listed_written.wait(10)
+        return drains.evaluate_drain(drain_id=drain.pk, actor=Actor.system(outofservice.AUTOSCALER))
+
+    outcome = race(racer, 2, timeout=30)
+    assert outcome.errors == [], outcome.errors
+    assert Lease.objects.get(pk=older.pk).missed_reports == 1
+
+
+def test_a_queue_pass_and_the_clients_own_grant_of_a_requeued_workload_both_complete(client_user, monkeypatch):
+    """The pass places the workload's requeued request while its client asks for it directly (a
+    grant cancels the workload's requeued request): one lease, no deadlock."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks are PostgreSQL's; SQLite serialises writers")
+    from leases import requeue, services
+    from leases.models import LeaseRequest
+    from leases.reconcile import revoke_lease
+    from leases.sweeps import place_pending_requests
+    from tests.factories import PoolFactory
+
+    make_schedulable_node(PoolFactory(name="general"), resources={"cpu": 8000, "memory": 2**34})
+    monkeypatch.setattr(services, "kick_queue", lambda: None)  # this test runs the pass itself
+    body = {"workload_id": "job-2", "pool": "general", "resources": {"cpu": "1"}}
+    old, _ = services.lease_create(data=body, client=client_user, actor=Actor.system("t"))
+    revoke_lease(old, actor=Actor.system("t"), reason="preempted")
+    old.refresh_from_db()
+    request = requeue.requeue_lease(old, pool=None, actor=Actor.system("t"), reason="spot preemption", now=old.ended_at)
+    assert request.state == "pending"
+    pass_inside, next_fencing_token = threading.Event(), services._next_fencing_token
+
+    def fencing_token_once_the_grant_waits(workload_id):
+        if threading.current_thread().name == "racer-0":  # the pass, with what it has locked so far
+            pass_inside.set()
+            deadline = time.monotonic() + 5
+            while not _someone_waits_for_a_row_lock() and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return next_fencing_token(workload_id)
+
+    monkeypatch.setattr(services, "_next_fencing_token", fencing_token_once_the_grant_waits)
+
+    def racer(i):
+        if i == 0:
+            return place_pending_requests()
+        assert pass_inside.wait(10)
+        return services.lease_create(data=body, client=client_user, actor=Actor.system("client"))[1]
+
+    outcome = race(racer, 2, timeout=30)
+    assert outcome.errors == [], outcome.errors
+    assert Lease.objects.filter(workload_id="job-2", state__in=["granted", "active"]).count() == 1
+    assert LeaseRequest.objects.get(pk=request.pk).state in ("placed", "cancelled")
