@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -124,8 +124,13 @@ def reconcile_heartbeat(
     if node.lifecycle != Lifecycle.DRAINING:
         not_live = []
     # Lease rows before evidence rows, the order a lease's end takes them (end_lease, under a
-    # drain's or a sweep's lock): the other order deadlocked with a drain revoking a lease.
+    # drain's or a sweep's lock), and the lease rows all at once, oldest first, as a drain locks
+    # them (maintenance.progress.live_leases): either other order deadlocked with a drain.
+    touched = [*healthy, *counted, *not_live]
     with transaction.atomic(savepoint=False) if (live or not_live) else nullcontext():
+        if touched and connection.features.has_select_for_update:
+            locking = Lease.objects.select_for_update(no_key=True).filter(pk__in=touched)
+            list(locking.order_by("granted_at", "pk").values_list("pk", flat=True))
         if healthy:
             seen_qs = Lease.objects.filter(pk__in=healthy, state__in=LIVE_LEASE_STATES)
             seen_qs.update(missed_reports=0, last_reported_at=now)

@@ -40,7 +40,7 @@ def validate_deadline(deadline: datetime, *, now) -> None:
 def live_leases(node: Node, *, lock: bool = False) -> list[Lease]:
     """Live leases on ``node``, oldest first; ``lock`` takes their row locks (inside a transaction)."""
     qs = Lease.objects.filter(node=node, state__in=LIVE_LEASE_STATES).order_by("granted_at", "pk")
-    return list(qs.select_for_update() if lock else qs)
+    return list(qs.select_for_update(no_key=True) if lock else qs)
 
 
 def unconfirmed_leases(node: Node) -> list[Lease]:
