@@ -86,7 +86,8 @@ def place_pending_requests(*, now=None, actor: Actor | None = None) -> dict:
                 state=LeaseRequestState.CANCELLED, message=str(exc.detail), version=F("version") + 1
             )
             continue
-        if Lease.objects.filter(workload_id=spec.workload_id, state__in=LIVE_LEASE_STATES).exists():
+        live = Lease.objects.filter(workload_id=spec.workload_id, state__in=LIVE_LEASE_STATES)
+        if live.exists():
             pending += 1  # the workload still runs elsewhere; wait until that lease ends
             continue
         try:
@@ -102,11 +103,19 @@ def place_pending_requests(*, now=None, actor: Actor | None = None) -> dict:
                 now=now,
                 lease_request=request,
             )
-        except IntegrityError:
-            # A grant for the workload committed since the check above (a direct request, or a
-            # pass placing another of its requests): wait for that lease, as above.
-            logger.info("lease request %s: its workload got a live lease meanwhile; it waits", request.pk)
+        except IntegrityError as exc:
             pending += 1
+            if live.exists():
+                # A grant for the workload committed since the check above (a direct request, or
+                # a pass placing another of its requests): wait for that lease, as above.
+                logger.info("lease request %s: its workload got a live lease meanwhile; it waits", request.pk)
+                continue
+            # Anything else (a fencing sequence behind the workload's leases…) would fail every
+            # pass the same way: say so where the client and the operator look, and go on.
+            logger.exception("lease request %s could not be placed", request.pk)
+            LeaseRequest.objects.filter(pk=request.pk, state=LeaseRequestState.PENDING).update(
+                last_attempt_at=now, attempts=F("attempts") + 1, message=f"placement failed: {exc}"[:2000]
+            )
             continue
         if lease is not None:
             placed += 1

@@ -163,3 +163,25 @@ def test_two_queue_passes_at_once_place_a_request_once(client_api, node):
     assert request.state == "placed"
     assert Lease.objects.filter(workload_id="job-2").get() == request.lease
     assert NodeResource.objects.get(node=node, name="cpu").allocated == 8000
+
+
+def test_a_request_that_fails_for_another_reason_says_so_instead_of_waiting_silently(node, caplog):
+    """A fencing sequence behind the workload's leases (a restored table, a hand fix) makes every
+    grant of it fail on the token index: the pass logs it and writes it on the request."""
+    import logging
+
+    from django.utils import timezone
+
+    now = timezone.now()
+    Lease.objects.create(
+        workload_id="job-2", fencing_token=1, node=node, node_incarnation=node.incarnation, pool=node.pool,
+        state="released", resources={}, ttl_seconds=60, expires_at=now, granted_at=now, ended_at=now,
+    )  # fmt: skip
+    spec = {"workload_id": "job-2", "pool": "general", "resources": {"cpu": "1"}, "queue": True}
+    request = LeaseRequest.objects.create(workload_id="job-2", pool=node.pool, spec=spec)
+    with caplog.at_level(logging.ERROR, logger="leases.sweeps"):
+        assert place_pending_requests() == {"placed": 0, "pending": 1}
+    request.refresh_from_db()
+    assert (request.state, request.attempts) == ("pending", 1)
+    assert request.message.startswith("placement failed:") and "fencing_token" in request.message
+    assert [r.getMessage() for r in caplog.records] == [f"lease request {request.pk} could not be placed"]
