@@ -249,6 +249,10 @@ def evict_noexecute(*, now=None, actor: Actor | None = None) -> int:
             deadline = lease.granted_at
         if deadline is not None and deadline <= now:
             reason = "evicted: the node has a NoExecute taint this lease does not tolerate (any longer)"
-            if end_lease(lease.pk, to_state=LeaseState.REVOKED, actor=actor, reason=reason, now=now) is not None:
-                evicted += 1
+            try:
+                ended = end_lease(lease.pk, to_state=LeaseState.REVOKED, actor=actor, reason=reason, now=now)
+            except Exception:  # one bad row must not stop the sweep, as in expire_leases
+                logger.exception("could not evict lease %s", lease.pk)
+                continue
+            evicted += ended is not None
     return evicted

@@ -23,6 +23,7 @@ clears them.
 
 from __future__ import annotations
 
+import logging
 from datetime import datetime
 
 from django.db import transaction
@@ -35,6 +36,8 @@ from fleet.models import Node, NodeHold
 from nodepool.api.permissions import is_operator
 from nodepool.api.problems import Conflict, Forbidden, NotFound, Unprocessable
 from nodepool.api.versioning import check_version
+
+logger = logging.getLogger(__name__)
 
 USER_PREFIX, DRAIN_PREFIX, SYSTEM_PREFIX = "user:", "drain:", "system:"
 OWNER_MAX = 200
@@ -274,7 +277,8 @@ def expire_holds(*, now=None, actor: Actor | None = None, limit: int = 500) -> i
     """End every active hold whose ``expires_at`` has passed; returns how many. Safe to run twice at once.
 
     Each node is handled in its own transaction under its row lock; a hold already removed by a
-    concurrent run is skipped (the filter re-reads it under the lock).
+    concurrent run is skipped (the filter re-reads it under the lock). A node that fails is logged
+    and left for the next run; the others' holds still end.
     """
     now = now or timezone.now()
     actor = actor or Actor.system("maintenance.expire_holds")
@@ -286,15 +290,18 @@ def expire_holds(*, now=None, actor: Actor | None = None, limit: int = 500) -> i
     )
     count = 0
     for node_id in node_ids:
-        with transaction.atomic():
-            locked = _lock(node_id)
-            due = list(
-                NodeHold.objects.select_for_update().filter(
-                    Q(expires_at__lte=now), node=locked, removed_at__isnull=True, expires_at__isnull=False
+        try:
+            with transaction.atomic():
+                locked = _lock(node_id)
+                due = list(
+                    NodeHold.objects.select_for_update().filter(
+                        Q(expires_at__lte=now), node=locked, removed_at__isnull=True, expires_at__isnull=False
+                    )
                 )
-            )
-            if due:
-                count += len(_remove(locked, due, actor=actor, reason="hold expired", now=now, force=False))
+                if due:
+                    count += len(_remove(locked, due, actor=actor, reason="hold expired", now=now, force=False))
+        except Exception:  # one node's failure must not keep every other node's holds in place
+            logger.exception("the expired holds of node %s could not be removed; the next sweep tries again", node_id)
     return count
 
 

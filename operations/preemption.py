@@ -181,11 +181,18 @@ def requeue_evicted_lease(sender, *, lease, actor, now, to_state=None, **kwargs)
 
 
 def sweep(*, actor: Actor, now=None) -> int:
-    """Advance every open preemption (:func:`follow`). Returns how many were closed."""
-    return sum(
-        follow(preemption_id=pk, actor=actor, now=now)
-        for pk in Preemption.objects.filter(state=PreemptionState.DRAINING).values_list("pk", flat=True)
-    )
+    """Advance every open preemption (:func:`follow`). Returns how many were closed.
+
+    One that fails (a lock timeout, a deadlock victim) is logged and tried again next sweep; the
+    others are still followed.
+    """
+    closed = 0
+    for pk in Preemption.objects.filter(state=PreemptionState.DRAINING).values_list("pk", flat=True):
+        try:
+            closed += follow(preemption_id=pk, actor=actor, now=now)
+        except Exception:
+            logger.exception("preemption %s could not be followed; the next sweep tries again", pk)
+    return closed
 
 
 def follow(*, preemption_id, actor: Actor, now=None) -> bool:

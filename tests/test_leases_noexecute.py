@@ -161,3 +161,22 @@ def test_toleration_seconds_count_control_plane_time_across_a_clock_jump(client_
     run_for(time_machine, 10)
     assert evict_noexecute() == 1
     assert Lease.objects.get(pk=lease.pk).state == LeaseState.REVOKED
+
+
+def test_a_lease_that_cannot_be_evicted_does_not_keep_the_others_running(client_user, node, monkeypatch, caplog):
+    from leases import services
+
+    first, second = grant(client_user, "first"), grant(client_user, "second")
+    taint(node, TAINT)
+    end_lease = services.end_lease
+
+    def fails_for_the_first(lease_id, **kwargs):
+        if lease_id == first.pk:
+            raise RuntimeError("a deadlock victim")
+        return end_lease(lease_id, **kwargs)
+
+    monkeypatch.setattr(services, "end_lease", fails_for_the_first)
+    assert evict_noexecute() == 1
+    assert Lease.objects.get(pk=second.pk).state == LeaseState.REVOKED
+    assert Lease.objects.get(pk=first.pk).state != LeaseState.REVOKED
+    assert f"could not evict lease {first.pk}" in caplog.text

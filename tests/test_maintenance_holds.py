@@ -257,3 +257,22 @@ def test_two_actors_cordoning_and_one_uncordoning_at_once_keep_cordoned_in_step_
     assert sorted(active_owners(node)) == ["system:upgrade", "user:olivia"]
     assert node.cordoned is True
     assert node.version == 5  # one bump per change, none lost
+
+
+def test_a_node_whose_expired_holds_cannot_be_removed_does_not_keep_the_others_cordoned(monkeypatch, caplog):
+    now = timezone.now()
+    stuck, other = make_schedulable_node()[0], make_schedulable_node()[0]
+    for n in (stuck, other):
+        holds.place_hold(n, "system:health-check", "flapping", now + timedelta(minutes=5), now=now)
+    remove = holds._remove
+
+    def fails_on_the_stuck_node(locked, *args, **kwargs):
+        if locked.pk == stuck.pk:
+            raise RuntimeError("a deadlock victim")
+        return remove(locked, *args, **kwargs)
+
+    monkeypatch.setattr(holds, "_remove", fails_on_the_stuck_node)
+    assert holds.expire_holds(now=now + timedelta(minutes=5)) == 1
+    assert Node.objects.get(pk=other.pk).cordoned is False
+    assert Node.objects.get(pk=stuck.pk).cordoned is True
+    assert f"the expired holds of node {stuck.pk} could not be removed" in caplog.text

@@ -200,3 +200,26 @@ def test_a_provider_notice_must_be_signed_with_the_pools_secret_and_is_not_repla
     assert (replay.status_code, replay.json()["code"]) == (403, "replayed")
     unsigned = client.post(url, payload, content_type="application/json")
     assert unsigned.status_code == 403
+
+
+def test_a_preemption_that_cannot_be_followed_does_not_stop_the_others(monkeypatch, caplog):
+    pool = PoolFactory(name="spot-sweep")
+    now = timezone.now()
+    stuck, other = (
+        Preemption.objects.create(
+            node=make_schedulable_node(pool)[0], pool=pool, source="agent", deadline=now, received_at=now
+        )
+        for _ in range(2)
+    )
+    follow, followed = preemption_service.follow, []
+
+    def fails_for_the_stuck_one(*, preemption_id, **kwargs):
+        if preemption_id == stuck.pk:
+            raise RuntimeError("a deadlock victim")
+        followed.append(preemption_id)
+        return follow(preemption_id=preemption_id, **kwargs)
+
+    monkeypatch.setattr(preemption_service, "follow", fails_for_the_stuck_one)
+    preemption_service.sweep(actor=preemption_service.Actor.system("test"))
+    assert followed == [other.pk]
+    assert f"preemption {stuck.pk} could not be followed" in caplog.text
