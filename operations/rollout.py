@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from fleet.choices import Lifecycle
@@ -92,13 +92,17 @@ def advance(*, upgrade_id, actor: Actor | None = None, now=None) -> bool:
 
 
 def _guarded(function, row, upgrade, actor, now):
-    """Run one node's step in a savepoint: a refusal (a racing operator action, 409/412) is
-    logged and retried next tick, and never undoes the other nodes' steps."""
+    """Run one node's step in a savepoint: a refusal (a racing operator action, 409/412) or a
+    database error (a deadlock victim, a lock timeout: the savepoint is rolled back, so the tick's
+    transaction goes on) is logged and retried next tick, and never undoes the other nodes' steps."""
     try:
         with transaction.atomic():
             return function(row, upgrade, actor, now)
     except Problem as exc:
         logger.info("upgrade %s: node %s not moved this tick: %s", upgrade.pk, row.node_id, exc.detail)
+        return False
+    except DatabaseError:
+        logger.exception("upgrade %s: node %s not moved this tick", upgrade.pk, row.node_id)
         return False
 
 

@@ -289,3 +289,32 @@ def test_a_named_canary_pool_is_upgraded_first(operator_api, django_capture_on_c
         assert node.agent_version == "2.0.0"
     first = UpgradeNode.objects.filter(upgrade_id=upgrade["id"]).order_by("started_at").first()
     assert first.node_id == canary_nodes[0][0].pk
+
+
+def test_a_database_error_on_one_node_is_retried_next_tick_and_the_others_go_on(
+    operator_api, django_capture_on_commit_callbacks, monkeypatch, caplog
+):
+    from django.db import OperationalError
+
+    pool, nodes = ready_pool("general", 3)
+    upgrade = create(operator_api, pool, canary_nodes=2, max_unavailable_nodes="2")
+    start, victim = rollout._start, []
+
+    def a_deadlock_victim_first(row, *args):
+        if not victim:
+            victim.append(row.node_id)
+            Node.objects.filter(pk=row.node_id).update(cordoned=True)  # written, then undone
+            raise OperationalError("deadlock detected")
+        return start(row, *args)
+
+    monkeypatch.setattr(rollout, "_start", a_deadlock_victim_first)
+    with django_capture_on_commit_callbacks(execute=True):
+        act(operator_api, upgrade["id"], "start", upgrade["version"])
+    assert victim, "the start's own tick tried the canaries"
+    rows = dict(UpgradeNode.objects.filter(upgrade_id=upgrade["id"]).values_list("node_id", "state"))
+    assert rows[victim[0]] == UpgradeNodeState.WAITING and not Node.objects.get(pk=victim[0]).cordoned
+    assert sum(state != UpgradeNodeState.WAITING for state in rows.values()) == 1, "the other canary started"
+    assert f"node {victim[0]} not moved this tick" in caplog.text
+    with django_capture_on_commit_callbacks(execute=True):
+        rollout.advance(upgrade_id=upgrade["id"])
+    assert UpgradeNode.objects.get(upgrade_id=upgrade["id"], node_id=victim[0]).state != UpgradeNodeState.WAITING
