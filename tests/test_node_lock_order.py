@@ -76,13 +76,34 @@ def test_a_checkpoint_report_and_a_quarantine_of_its_node_both_complete(monkeypa
     assert lease.checkpoints.filter(state="taken").count() == 1
 
 
-def _someone_waits_for_a_row_lock() -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_locks WHERE NOT granted"
-            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-        )
-        return bool(cursor.fetchone()[0])
+def _wait_until_another_transaction_waits_for_a_lock(seconds: float = 5) -> None:
+    """Hold this racer (and the row locks its transaction has) until the other racer is blocked."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_locks WHERE NOT granted"
+                " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            )
+            if cursor.fetchone()[0]:
+                return
+        time.sleep(0.01)
+
+
+def _status_report_races_a_drain(node, lease, drain, report_inside: threading.Event):
+    """A status report listing ``lease``, and ``drain``'s evaluation once ``report_inside`` is set."""
+    reported = [{"lease_id": str(lease.pk), "fencing_token": lease.fencing_token}]
+
+    def racer(i):
+        if i == 0:
+            reporting = Node.objects.select_related("pool").get(pk=node.pk)
+            return reconcile_heartbeat(
+                reporting, incarnation=node.incarnation, reported=reported, restarted=False, actor=Actor.system("t")
+            )
+        assert report_inside.wait(10)
+        return drains.evaluate_drain(drain_id=drain.pk, actor=Actor.system(outofservice.AUTOSCALER))
+
+    return race(racer, 2, timeout=30)
 
 
 def test_a_status_report_and_a_drain_revoking_its_lease_both_complete(monkeypatch):
@@ -112,23 +133,10 @@ def test_a_status_report_and_a_drain_revoking_its_lease_both_complete(monkeypatc
     def record_then_wait_for_the_drain(**kwargs):
         record_status_report(**kwargs)
         report_holds_rows.set()  # the report's writes so far are uncommitted: their rows stay locked
-        deadline = time.monotonic() + 5
-        while not _someone_waits_for_a_row_lock() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        _wait_until_another_transaction_waits_for_a_lock()
 
     monkeypatch.setattr(evidence, "record_status_report", record_then_wait_for_the_drain)
-    reported = [{"lease_id": str(lease.pk), "fencing_token": lease.fencing_token}]
-
-    def racer(i):
-        if i == 0:
-            reporting = Node.objects.select_related("pool").get(pk=node.pk)
-            return reconcile_heartbeat(
-                reporting, incarnation=node.incarnation, reported=reported, restarted=False, actor=Actor.system("t")
-            )
-        assert report_holds_rows.wait(10)
-        return drains.evaluate_drain(drain_id=drain.pk, actor=Actor.system(outofservice.AUTOSCALER))
-
-    outcome = race(racer, 2, timeout=30)
+    outcome = _status_report_races_a_drain(node, lease, drain, report_holds_rows)
     assert outcome.errors == [], outcome.errors
     lease.refresh_from_db()
     assert lease.state == "revoked"
@@ -157,24 +165,11 @@ def test_a_status_report_with_an_unlisted_older_lease_and_a_drain_both_complete(
     def f_then_wait_for_the_drain(name, *args, **kwargs):
         if name == "missed_reports":  # built between the listed leases' UPDATE and the unlisted ones'
             listed_written.set()
-            deadline = time.monotonic() + 5
-            while not _someone_waits_for_a_row_lock() and time.monotonic() < deadline:
-                time.sleep(0.01)
+            _wait_until_another_transaction_waits_for_a_lock()
         return F(name, *args, **kwargs)
 
     monkeypatch.setattr(reconcile, "F", f_then_wait_for_the_drain)
-    reported = [{"lease_id": str(newer.pk), "fencing_token": newer.fencing_token}]
-
-    def racer(i):
-        if i == 0:
-            reporting = Node.objects.select_related("pool").get(pk=node.pk)
-            return reconcile_heartbeat(
-                reporting, incarnation=node.incarnation, reported=reported, restarted=False, actor=Actor.system("t")
-            )
-        assert listed_written.wait(10)
-        return drains.evaluate_drain(drain_id=drain.pk, actor=Actor.system(outofservice.AUTOSCALER))
-
-    outcome = race(racer, 2, timeout=30)
+    outcome = _status_report_races_a_drain(node, newer, drain, listed_written)
     assert outcome.errors == [], outcome.errors
     assert Lease.objects.get(pk=older.pk).missed_reports == 1
 
@@ -203,9 +198,7 @@ def test_a_queue_pass_and_the_clients_own_grant_of_a_requeued_workload_both_comp
     def fencing_token_once_the_grant_waits(workload_id):
         if threading.current_thread().name == "racer-0":  # the pass, with what it has locked so far
             pass_inside.set()
-            deadline = time.monotonic() + 5
-            while not _someone_waits_for_a_row_lock() and time.monotonic() < deadline:
-                time.sleep(0.01)
+            _wait_until_another_transaction_waits_for_a_lock()
         return next_fencing_token(workload_id)
 
     monkeypatch.setattr(services, "_next_fencing_token", fencing_token_once_the_grant_waits)

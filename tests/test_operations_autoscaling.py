@@ -178,14 +178,20 @@ def test_a_failing_provider_is_retried_a_bounded_number_of_times_and_leaves_noth
     assert any(r["action"] == "delete" for r in failing.requests)
 
 
-def test_an_idle_machine_is_drained_and_deleted_but_never_below_min_nodes(operator_api, receiver):
+def idle_machines(api, receiver, **settings):
+    """Pool ``general`` on the webhook provider with two ready, idle machines m-0 (older) and m-1."""
     pool = PoolFactory(name="general")
-    configure(operator_api, pool, provider="webhook", provider_url=receiver.url, provider_secret="hook-secret",
-              min_nodes=1, scale_down_after=60, scale_down_cooldown=0, drain_policy="terminate")  # fmt: skip
-    nodes = [make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})[0] for _ in range(2)]
-    for n, node in enumerate(nodes):
+    configure(api, pool, provider="webhook", provider_url=receiver.url, provider_secret="hook-secret",
+              scale_down_cooldown=0, drain_policy="terminate", **settings)  # fmt: skip
+    for n in range(2):
+        node = make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})[0]
         ProviderMachine.objects.create(pool=pool, provider="webhook", name=f"m-{n}", node=node, state="ready",
-                                       requested_at=timezone.now() - timedelta(minutes=5))  # fmt: skip
+                                       requested_at=timezone.now() - timedelta(minutes=5 - n))  # fmt: skip
+    return pool
+
+
+def test_an_idle_machine_is_drained_and_deleted_but_never_below_min_nodes(operator_api, receiver):
+    pool = idle_machines(operator_api, receiver, min_nodes=1, scale_down_after=60)
     now = timezone.now()
     assert autoscaler.scale_down(pool_id=pool.pk, actor=ACTOR, now=now) == 0  # underused from now on
     assert autoscaler.scale_down(pool_id=pool.pk, actor=ACTOR, now=now + timedelta(seconds=30)) == 0
@@ -322,13 +328,7 @@ def test_a_node_changed_under_scale_down_is_skipped_and_the_next_idle_one_goes(o
     node's version): the pass names it and moves on, instead of failing (a traceback in the worker)."""
     from maintenance import holds
 
-    pool = PoolFactory(name="general")
-    configure(operator_api, pool, provider="webhook", provider_url=receiver.url, provider_secret="hook-secret",
-              min_nodes=0, scale_down_after=0, scale_down_cooldown=0, drain_policy="terminate")  # fmt: skip
-    nodes = [make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})[0] for _ in range(2)]
-    for n, node in enumerate(nodes):
-        ProviderMachine.objects.create(pool=pool, provider="webhook", name=f"m-{n}", node=node, state="ready",
-                                       requested_at=timezone.now() - timedelta(minutes=5 - n))  # fmt: skip
+    pool = idle_machines(operator_api, receiver, min_nodes=0, scale_down_after=0)
     real, held = autoscaler.replaceable, []
 
     def an_operator_holds_the_first_node_meanwhile(node):
