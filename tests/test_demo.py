@@ -106,3 +106,38 @@ def test_the_one_shot_demo_passes_every_step_and_stops_every_process(tmp_path):
     assert set(re.findall(r"(\w+) \(", stopped)) == {"web", "worker", "beat", "agent"}
     assert "None" not in stopped  # every process ended (killed at worst), none left behind
     assert not port_in_use(port)
+
+
+@pytest.mark.django_db
+def test_a_second_stop_signal_while_stopping_does_not_leave_the_children_running(tmp_path, monkeypatch):
+    """Ctrl-C, then SIGTERM to the demo's process group while it stops its children: the second
+    signal used to interrupt the cleanup with a traceback and leave web, worker, beat and agent up."""
+    import io
+    import signal
+
+    from nodepool.demo.runner import Demo
+
+    demo = Demo(var_dir=tmp_path, nodes=20, port=free_port(), once=True, seed=1, timeout=5, web_workers=1,
+                agent=False, progress=False, out=io.StringIO())  # fmt: skip
+    stopped = []
+
+    def interrupted(api):
+        raise KeyboardInterrupt  # the first Ctrl-C, while the processes start
+
+    def stop_all_with_a_second_signal():
+        os.kill(os.getpid(), signal.SIGTERM)  # delivered here, in the middle of stopping
+        stopped.append("web")
+        return {"web": 0}
+
+    monkeypatch.setattr(demo, "start_processes", interrupted)
+    monkeypatch.setattr(demo.supervisor, "stop_all", stop_all_with_a_second_signal)
+    # As manage.py demo does: SIGTERM stops the demo as Ctrl-C does.
+    previous = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        assert demo.run() is False
+    except KeyboardInterrupt:
+        pytest.fail("the second signal cut the demo's cleanup short")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert stopped == ["web"]
+    assert "stopped: web (0)" in demo.out.getvalue()

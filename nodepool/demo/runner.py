@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
+import signal
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,6 +19,25 @@ from . import processes, report, setup
 from .client import Api, TimedOut, poll
 from .processes import Supervisor
 from .story import Story
+
+
+@contextlib.contextmanager
+def stop_signals_ignored():
+    """Ignore SIGINT and SIGTERM for the block (main thread only; elsewhere nothing changes).
+
+    Stopping takes a few seconds (the fleet, then web, worker, beat and agent, each with a bounded
+    wait and SIGKILL after it): a second Ctrl-C, or a SIGTERM sent both to the demo and to its
+    process group, must not cut that short and leave the children running.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {number: signal.signal(number, signal.SIG_IGN) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for number, handler in saved.items():
+            signal.signal(number, handler)
 
 
 class Demo:
@@ -101,14 +123,15 @@ class Demo:
         except KeyboardInterrupt:
             self.say("\nstopping…")
         finally:
-            if story is not None:
-                from .operations_story import stop_extra
+            with stop_signals_ignored():
+                if story is not None:
+                    from .operations_story import stop_extra
 
-                stop_extra(story)
-            if fleet is not None:
-                fleet.close()
-            api.close()
-            stopped = self.supervisor.stop_all()
+                    stop_extra(story)
+                if fleet is not None:
+                    fleet.close()
+                api.close()
+                stopped = self.supervisor.stop_all()
             self.say("stopped: " + ", ".join(f"{n} ({s})" for n, s in stopped.items()))
         return ok
 
