@@ -554,18 +554,23 @@ def scale_down(*, pool_id, actor: Actor, now) -> int:
                 continue
             node = machine.node
             try:
-                outofservice.take_out_of_service(
-                    node=node,
-                    owner=outofservice.AUTOSCALER,
-                    policy=ops.drain_policy,
-                    reason=f"scale-down: below {ops.scale_down_utilization:.0%} for {ops.scale_down_after}s",
-                    timeout=ops.drain_timeout,
-                    now=now,
-                )
+                with transaction.atomic():  # the machine's move and the node's drain, or neither
+                    # A following pass (which takes no pool lock) may have moved the machine since
+                    # it was read, when its node was lost or retired: then it is not ours to remove.
+                    if not _moved(machine, state=MachineState.DRAINING):
+                        reasons.append(f"machine {machine.name}: moved on meanwhile")
+                        continue
+                    outofservice.take_out_of_service(
+                        node=node,
+                        owner=outofservice.AUTOSCALER,
+                        policy=ops.drain_policy,
+                        reason=f"scale-down: below {ops.scale_down_utilization:.0%} for {ops.scale_down_after}s",
+                        timeout=ops.drain_timeout,
+                        now=now,
+                    )
             except Problem as exc:  # the node changed since it was read (an operator, a rule): not now
                 reasons.append(f"node {node}: {exc.detail}")
                 continue
-            ProviderMachine.objects.filter(pk=machine.pk).update(state=MachineState.DRAINING)
             ops.last_scale_down_at = now
             ops.underused_since = {k: v for k, v in underused.items() if k != str(node.pk)}
             ops.save(update_fields=["last_scale_down_at", "underused_since", "updated_at"])

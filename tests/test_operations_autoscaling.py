@@ -344,6 +344,26 @@ def test_a_node_changed_under_scale_down_is_skipped_and_the_next_idle_one_goes(o
     assert decision.data["machine"] == "m-1"
 
 
+def test_a_machine_moved_on_under_scale_down_is_left_alone(operator_api, receiver, monkeypatch):
+    """A following pass (no pool lock) marks a machine failed between scale-down's read and its
+    move: scale-down neither drains the node nor overwrites the machine's state, and takes the next."""
+    pool = idle_machines(operator_api, receiver, min_nodes=0, scale_down_after=0)
+    real, moved = autoscaler.replaceable, []
+
+    def the_first_machine_fails_meanwhile(node):
+        if not moved:
+            moved.append(ProviderMachine.objects.filter(node=node).update(state="failed"))
+        return real(node)
+
+    monkeypatch.setattr(autoscaler, "replaceable", the_first_machine_fails_meanwhile)
+    assert autoscaler.scale_down(pool_id=pool.pk, actor=ACTOR, now=timezone.now()) == 1
+    first, second = ProviderMachine.objects.get(name="m-0"), ProviderMachine.objects.get(name="m-1")
+    assert first.state == "failed"
+    assert not first.node.reload().cordoned
+    assert second.state == "draining"
+    assert second.node.reload().cordoned
+
+
 def test_two_passes_following_the_same_machine_move_it_and_say_so_once(operator_api, receiver):
     """Passes do not lock each other out of following machines: one that read a machine before
     another moved it changes nothing and writes no second event."""
