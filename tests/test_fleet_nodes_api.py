@@ -6,6 +6,7 @@ from fleet.choices import Lifecycle
 from fleet.credentials import issue_credential
 from fleet.events import Actor, record_event
 from fleet.models import AdmissionCheck, Node
+from nodepool.api.versioning import etag_for
 from tests.factories import NodeFactory, make_schedulable_node, set_capacity, set_lifecycle
 from tests.fleet_support import make_pool
 
@@ -28,7 +29,7 @@ def test_node_detail_shows_every_dimension(operator_api):
     node, _ = make_schedulable_node(make_pool(name="general"), labels={"zone": "a"})
     response = operator_api.get(f"{NODES}/{node.pk}")
     assert response.status_code == 200
-    assert response["ETag"] == f'"{node.version}"'
+    assert response["ETag"] == etag_for(node.version, response.json())
     body = response.json()
     for key in ("lifecycle", "liveness", "ready", "health", "conditions", "incarnation", "version", "pool"):
         assert key in body

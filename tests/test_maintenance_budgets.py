@@ -13,6 +13,7 @@ from leases import services as lease_services
 from leases.models import Lease
 from maintenance import drains, tasks
 from maintenance.models import DisruptionBudget, Drain
+from nodepool.api.versioning import etag_for
 from tests.factories import PoolFactory, make_schedulable_node
 from tests.maintenance_helpers import act, allocated, make_lease
 from tests.races import Hold, race
@@ -240,7 +241,8 @@ def test_operators_manage_budgets_with_versions(operator_api, client_api, owner_
     assert operator_api.patch(url, {"max_unavailable": 2}, HTTP_IF_MATCH='"3"').status_code == 412
     changed = operator_api.patch(url, {"max_unavailable": None, "min_available": 2}, HTTP_IF_MATCH='"1"')
     assert changed.status_code == 200
-    assert (changed.json()["min_available"], changed.json()["version"], changed["ETag"]) == (2, 2, '"2"')
+    assert (changed.json()["min_available"], changed.json()["version"]) == (2, 2)
+    assert changed["ETag"] == etag_for(2, changed.json())
     assert operator_api.delete(url, HTTP_IF_MATCH='"1"').status_code == 412
     assert operator_api.delete(url, HTTP_IF_MATCH='"2"').status_code == 204
     assert not DisruptionBudget.objects.exists()

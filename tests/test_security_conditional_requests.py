@@ -56,3 +56,47 @@ def test_if_none_match_on_get_gives_304_when_the_version_is_unchanged(operator_a
     for response in (same, weak, star):
         assert response.status_code == 304 and response["ETag"] == etag and response.content == b""
     assert other.status_code == 200 and other.json()["id"] == str(node.pk)
+
+
+@pytest.mark.django_db
+def test_a_representation_that_moved_without_the_version_is_sent_again_not_304(operator_api, client_api):
+    """A grant changes the node's free capacity and recent events but not its version: a GET with
+    the ETag read before the grant gets the new representation (200), not a stale 304. The ETag
+    covers the representation; If-Match still names the version, so the older ETag acts."""
+    pool = PoolFactory()
+    node, _ = make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**30})
+    before = operator_api.get(f"/api/v1/nodes/{node.pk}")
+    granted = client_api.post(
+        "/api/v1/node-leases", {"pool": pool.name, "workload_id": "w-1", "resources": {"cpu": "1"}}, format="json"
+    )
+    assert granted.status_code == 201
+
+    again = operator_api.get(f"/api/v1/nodes/{node.pk}", HTTP_IF_NONE_MATCH=before["ETag"])
+    assert again.status_code == 200
+    assert again.json()["capacity"]["cpu"]["free"] == 3000
+    assert again.json()["version"] == before.json()["version"]
+    assert again["ETag"] != before["ETag"]
+    assert operator_api.get(f"/api/v1/nodes/{node.pk}", HTTP_IF_NONE_MATCH=again["ETag"]).status_code == 304
+
+    cordoned = operator_api.post(
+        f"/api/v1/nodes/{node.pk}/cordon", {"reason": "look"}, format="json", HTTP_IF_MATCH=before["ETag"]
+    )
+    assert cordoned.status_code == 200
+    stale = operator_api.post(
+        f"/api/v1/nodes/{node.pk}/uncordon", {"reason": "done"}, format="json", HTTP_IF_MATCH=before["ETag"]
+    )
+    assert stale.status_code == 412
+    weak = operator_api.post(
+        f"/api/v1/nodes/{node.pk}/uncordon", {"reason": "done"}, format="json", HTTP_IF_MATCH=f"W/{cordoned['ETag']}"
+    )
+    assert weak.status_code == 412
+
+
+@pytest.mark.parametrize(
+    ("opaque", "version"),
+    [("7", 7), ("7.0a1b2c3d4e5f", 7), ("7.", None), ("7.XYZ", None), ("x7", None), (str(2**63), None), ("", None)],
+)
+def test_if_match_reads_the_version_of_the_tags_it_issues_only(opaque, version):
+    from nodepool.api.versioning import version_in_tag
+
+    assert version_in_tag(opaque) == version

@@ -1,20 +1,25 @@
 """Optimistic concurrency for operator actions: ``version``, ``ETag`` and ``If-Match``.
 
 Every mutable resource has an integer ``version`` that each change increments. ``GET`` answers
-with ``ETag: "<version>"``; an operator action must say which version it acts on, either with
-``If-Match: "<version>"`` or with an ``expected_version`` member in the JSON body.
+with ``ETag: "<version>.<digest>"`` (:func:`etag_for`); an operator action must say which version it
+acts on, either with ``If-Match`` (that ETag, or ``"<version>"``) or with an ``expected_version``
+member in the JSON body.
 
 Rule (RFC 9110 §13.1.1 and RFC 6585 §3): a stale version gets 412, a missing one 428.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
+from typing import Any
 
 from django.db import router, transaction
 from django.db.transaction import TransactionManagementError
 from rest_framework import status
 from rest_framework.response import Response
+from rest_framework.utils.encoders import JSONEncoder
 
 from .problems import NotFound, PreconditionFailed, PreconditionRequired, Problem
 
@@ -68,16 +73,43 @@ def etags_match(a: tuple[bool, str], b: tuple[bool, str], *, weak: bool) -> bool
     return not a[0] and not b[0] and a[1] == b[1]
 
 
-def etag_for(version: int) -> str:
-    """The ETag header value for ``version`` (a strong validator: ``"7"``)."""
-    return f'"{version}"'
+# An entity tag this module issues: the version, then (for a representation) its digest.
+_VERSION_TAG = re.compile(r"([0-9]{1,19})(?:\.[0-9a-f]{1,64})?")
+
+
+def etag_for(version: int, representation: Any = None) -> str:
+    """The ``ETag`` header value of a response carrying one object: a strong validator.
+
+    ``"<version>"`` alone names the object's versioned state. With ``representation`` (the
+    response's data, as DRF's JSON renderer encodes it) it is ``"<version>.<digest>"``, the digest 12 hex digits of
+    BLAKE2b over the canonical JSON: a strong validator must change whenever the representation
+    does (RFC 9110 §8.8.3), and what a GET shows can move without the version — a node's free
+    capacity as leases come and go, its liveness, its recent events. ``If-None-Match`` then answers
+    304 only for the very representation the client holds, while ``If-Match`` still compares the
+    version alone (:func:`version_in_tag`): a heartbeat between an operator's read and action must
+    not fail the action.
+    """
+    if representation is None:
+        return f'"{version}"'
+    canonical = json.dumps(representation, sort_keys=True, separators=(",", ":"), cls=JSONEncoder)
+    return f'"{version}.{hashlib.blake2b(canonical.encode(), digest_size=6).hexdigest()}"'
+
+
+def version_in_tag(opaque: str) -> int | None:
+    """The version an entity tag's opaque part names (``7`` or ``7.<digest>``, as :func:`etag_for`
+    issues them), or None for any other tag (which then never matches: 412)."""
+    match = _VERSION_TAG.fullmatch(opaque)
+    if match is None or int(match.group(1)) >= 2**63:
+        return None
+    return int(match.group(1))
 
 
 def expected_version(request) -> ExpectedVersion:
     """The version(s) the client expects, from ``If-Match`` or the body's ``expected_version``.
 
     ``If-Match`` (RFC 9110 §13.1.1) is a list of entity tags compared strongly: any strong
-    ``"<version>"`` in it may match; weak tags and other opaque tags never do (412 later).
+    ``"<version>"`` or ``"<version>.<digest>"`` in it may match, on its version alone; weak tags
+    and other opaque tags never do (412 later).
 
     Raises:
         PreconditionRequired: neither was sent, or ``If-Match: *`` (428, ``version_required``): an
@@ -101,9 +133,8 @@ def expected_version(request) -> ExpectedVersion:
                 f"If-Match must be a list of quoted entity tags such as '\"3\"', not {header[:100]!r}.",
                 "invalid_if_match",
             )
-        strong = [int(opaque) for weak, opaque in tags if not weak and opaque.isascii() and opaque.isdigit()]
-        strong = [v for v in strong if v < 2**63]
-        return ExpectedVersion(strong)
+        versions = [version_in_tag(opaque) for weak, opaque in tags if not weak]
+        return ExpectedVersion([v for v in versions if v is not None])
     value = data.get("expected_version") if isinstance(data, dict) else None
     if value is None:
         raise PreconditionRequired()
@@ -136,7 +167,7 @@ class ETagMixin:
         response = super().finalize_response(request, response, *args, **kwargs)
         data = getattr(response, "data", None)
         if 200 <= response.status_code < 300 and isinstance(data, dict) and isinstance(data.get("version"), int):
-            etag = etag_for(data["version"])
+            etag = etag_for(data["version"], data)
             response["ETag"] = etag
             if request.method in ("GET", "HEAD") and response.status_code == 200 and _none_match(request, etag):
                 not_modified = Response(status=status.HTTP_304_NOT_MODIFIED, headers={"ETag": etag})

@@ -81,7 +81,7 @@ class Api:
         return self.get(f"/nodes/{node_id}")
 
     def etag(self, path: str) -> str:
-        """The ``ETag`` of a ``GET`` (``"<version>"``, quoted), for an operator action's ``If-Match``."""
+        """The ``ETag`` of a ``GET`` (``"<version>.<digest>"``, quoted), for an operator action's ``If-Match``."""
         return self.request("GET", path).headers["ETag"]
 
     def lease(self, lease_id: str) -> dict:
