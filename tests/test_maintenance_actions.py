@@ -14,7 +14,7 @@ from fleet.credentials import issue_credential
 from fleet.models import Node, NodeEvent, NodeHold
 from leases.models import Lease
 from nodepool.api.versioning import etag_for
-from tests.factories import NodeFactory, make_schedulable_node, set_lifecycle
+from tests.factories import NodeFactory, PoolFactory, make_schedulable_node, set_lifecycle
 from tests.maintenance_helpers import act, allocated, make_lease
 from tests.races import race
 
@@ -369,3 +369,22 @@ def test_a_pending_node_made_by_the_factory_can_be_quarantined_without_credentia
 
     assert response.status_code == 200
     assert response.json()["quarantine"]["credentials_revoked"] == 0
+
+
+@pytest.mark.parametrize(
+    ("action", "body"),
+    [
+        ("cordon", {"reason": "k", "expires_in": 60}),  # expires_at, misspelt: a hold that never ends
+        ("cordon", {"reason": "k", "dry_run": True}),
+        ("quarantine", {"reason": "k", "evidnce": {}}),
+        ("retire", {"reason": "k", "force": "yes"}),  # a string never switches an option on
+        ("retire", {"reason": "k", "force": 1}),
+    ],
+)
+def test_an_unknown_member_or_a_non_boolean_option_is_refused_and_changes_nothing(operator_api, action, body):
+    node, _ = make_schedulable_node(PoolFactory())
+    response = operator_api.post(f"/api/v1/nodes/{node.pk}/{action}", body, format="json", HTTP_IF_MATCH='"1"')
+    assert response.status_code == 400
+    assert response.json()["code"] in ("unknown_field", "validation_error")
+    node.refresh_from_db()
+    assert (node.lifecycle, node.cordoned, node.version) == ("ready", False, 1)

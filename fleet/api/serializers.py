@@ -18,6 +18,7 @@ from rest_framework import serializers
 
 from nodepool.api.fields import AwareDateTimeField
 from nodepool.api.problems import Problem
+from nodepool.api.strict import PASSTHROUGH, StrictSerializer
 
 from ..capability import CapabilityError, parse_capability, parse_labels, parse_request_classes, parse_taints
 from ..labels import reserved_label_errors
@@ -39,7 +40,6 @@ PROTECTED_NODE_FIELDS = frozenset(
         "credentials", "artifacts_blocked", "restart_count", "bootstrap_token_id", "schedulable",
     }
 )  # fmt: skip
-PASSTHROUGH = frozenset({"expected_version"})
 
 
 def _raise_capability(exc: CapabilityError, prefix: str):
@@ -57,27 +57,6 @@ def _raise_capability(exc: CapabilityError, prefix: str):
     if exc.field.startswith(prefix + "."):
         raise serializers.ValidationError({exc.field[len(prefix) + 1 :]: [exc.message]}) from exc
     raise serializers.ValidationError([exc.message]) from exc
-
-
-class StrictSerializer(serializers.Serializer):
-    """Refuses members it does not declare (``unknown_field``; ``protected_field`` for node attributes)."""
-
-    protected_fields: frozenset[str] = frozenset()
-
-    def to_internal_value(self, data):
-        if not isinstance(data, dict):
-            raise Problem("The request body must be a JSON object.", "malformed_body")
-        unknown = set(data) - set(self.fields) - PASSTHROUGH
-        protected = sorted(unknown & self.protected_fields)
-        if protected:
-            raise Problem(
-                f"These attributes are set by the control plane, not by the client: {', '.join(protected)}.",
-                "protected_field",
-                fields=protected,
-            )
-        if unknown:
-            raise Problem(f"Unknown members: {', '.join(sorted(map(str, unknown)))}.", "unknown_field")
-        return super().to_internal_value(data)
 
 
 # --- pools --------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from fleet.api.nodes import active_holds, hold_dict
 from fleet.models import Node
 from nodepool.api.fields import AwareDateTimeField
 from nodepool.api.permissions import is_operator
+from nodepool.api.strict import StrictBooleanField, StrictSerializer
 
 from .. import conf
 from ..budgets import budget_status
@@ -19,8 +20,11 @@ from ..selectors import active_drain, allowed_actions, public_evidence
 REASON_MAX = 2000
 
 
-class ActionReasonSerializer(serializers.Serializer):
-    """Every operator action says why (recorded with who and when in the node's events)."""
+class ActionReasonSerializer(StrictSerializer):
+    """Every operator action says why (recorded with who and when in the node's events).
+
+    Strict (nodepool.api.strict): an unknown member is 400 ``unknown_field``, never ignored.
+    """
 
     reason = serializers.CharField(max_length=REASON_MAX, trim_whitespace=True)
     expected_version = serializers.IntegerField(required=False, min_value=0, help_text="or send If-Match")
@@ -36,7 +40,7 @@ class UncordonRequestSerializer(ActionReasonSerializer):
     owner = serializers.CharField(
         required=False, default=None, max_length=200, help_text="whose hold (default: your own); needs force"
     )
-    force = serializers.BooleanField(
+    force = StrictBooleanField(
         default=False, help_text="operators only: remove another actor's hold (or every hold); recorded"
     )
 
@@ -53,9 +57,10 @@ class DeadlineMixin(serializers.Serializer):
                 {"deadline": "Give exactly one of deadline (RFC 3339) or deadline_in (seconds)."}, "deadline_required"
             )
         if "deadline_in" in given:
-            seconds = attrs.pop("deadline_in")
-            if seconds > conf.get("DRAIN_MAX_DURATION"):
-                raise serializers.ValidationError({"deadline_in": "Too far away."}, "deadline_too_far")
+            # Capped only so that a huge count cannot overflow a datetime: the drain's own check
+            # (maintenance.progress.validate_deadline) answers a far one 422 deadline_too_far, as
+            # it does a far ``deadline``.
+            seconds = min(attrs.pop("deadline_in"), conf.get("DRAIN_MAX_DURATION") + 1)
             attrs["deadline"] = timezone.now() + timedelta(seconds=seconds)
         return attrs
 
@@ -73,13 +78,13 @@ class QuarantineRequestSerializer(ActionReasonSerializer):
 
 
 class ReleaseRequestSerializer(ActionReasonSerializer):
-    issue_credential = serializers.BooleanField(
+    issue_credential = StrictBooleanField(
         default=False, help_text="issue a new node credential now (returned once) instead of re-enrollment"
     )
 
 
 class RetireRequestSerializer(ActionReasonSerializer):
-    force = serializers.BooleanField(default=False, help_text="revoke live leases instead of refusing")
+    force = StrictBooleanField(default=False, help_text="revoke live leases instead of refusing")
 
 
 class NodeStateSerializer(serializers.ModelSerializer):

@@ -1,0 +1,69 @@
+"""Strict request bodies, shared by every app's API.
+
+A member the endpoint does not know is a 400 (``unknown_field``), never ignored: a mistyped or
+misplaced option (``"dry_run": true`` in a drain's body instead of ``?dry_run=true``,
+``"expires_in"`` for ``expires_at``) would otherwise do the real, unqualified thing. A boolean is a
+JSON ``true`` or ``false``: DRF's BooleanField also takes ``"yes"``, ``"on"`` or ``1``, and an
+option such as ``issue_credential`` or ``force`` must not be switched on by a string.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from .problems import Problem
+
+# Accepted by every strict body: the version an operator action acts on (nodepool.api.versioning).
+PASSTHROUGH = frozenset({"expected_version"})
+
+
+def refuse_unknown_members(data: Any, allowed, *, what: str = "members") -> dict:
+    """Check a request body read without a serializer; returns it.
+
+    Args:
+        data: the parsed body.
+        allowed: the member names the endpoint reads (``expected_version`` is always allowed).
+
+    Raises:
+        Problem: 400 ``malformed_body`` (not a JSON object), 400 ``unknown_field`` (with ``fields``).
+    """
+    if not isinstance(data, dict):
+        raise Problem("The request body must be a JSON object.", "malformed_body")
+    unknown = sorted(map(str, set(data) - set(allowed) - PASSTHROUGH))
+    if unknown:
+        raise Problem(f"Unknown {what}: {', '.join(unknown)}.", "unknown_field", fields=unknown)
+    return data
+
+
+class StrictSerializer(serializers.Serializer):
+    """Refuses members it does not declare (``unknown_field``; ``protected_field`` for the names in
+    ``protected_fields``, attributes only the control plane sets)."""
+
+    protected_fields: frozenset[str] = frozenset()
+
+    def to_internal_value(self, data):
+        if not isinstance(data, dict):
+            raise Problem("The request body must be a JSON object.", "malformed_body")
+        unknown = set(data) - set(self.fields) - PASSTHROUGH
+        protected = sorted(unknown & self.protected_fields)
+        if protected:
+            raise Problem(
+                f"These attributes are set by the control plane, not by the client: {', '.join(protected)}.",
+                "protected_field",
+                fields=protected,
+            )
+        refuse_unknown_members(data, self.fields)
+        return super().to_internal_value(data)
+
+
+class StrictBooleanField(serializers.BooleanField):
+    """A JSON ``true`` or ``false``, nothing else (400 ``invalid``)."""
+
+    default_error_messages = {"invalid": "Must be true or false (a JSON boolean)."}
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool):
+            return data
+        self.fail("invalid")
