@@ -41,7 +41,7 @@ from django.utils import timezone
 
 from .choices import NodeEventType
 from .events import Actor, record_event
-from .models import Benchmark, BootstrapToken, ControlPlaneClock, NodeCredential
+from .models import Benchmark, BootstrapToken, ControlPlaneClock, Node, NodeCredential
 
 logger = logging.getLogger(__name__)
 
@@ -140,6 +140,12 @@ def observe(*, now: datetime | None = None, actor: Actor | None = None) -> Gap |
         gap = None
         if previous is not None and (now - previous).total_seconds() > threshold_seconds():
             paused = (now - previous) - timedelta(seconds=interval_seconds())
+            # Every node first, in key order, like any multi-node lock: the shifts below update
+            # leases, drains and holds across the fleet in bulk, whereas a drain evaluation or a
+            # quarantine holds its node, then its drain and leases. Taking the nodes first turns
+            # what would be a deadlock with such a node action into a wait. A gap is rare; the
+            # lock lasts this one transaction.
+            list(Node.objects.select_for_update(no_key=True).order_by("pk").values_list("pk", flat=True))
             shifted = shift_deadlines(started_at=previous, paused=paused)
             for _receiver, answer in clock_gap_detected.send(
                 sender=ControlPlaneClock, started_at=previous, ended_at=now, paused=paused, actor=actor

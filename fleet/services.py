@@ -66,7 +66,10 @@ def pool_update(*, pool_id: int, expected_version: int, changes: dict[str, Any],
         NotFound (404), PreconditionFailed (412 ``version_mismatch``), Problem (400 ``invalid_pool_policy``).
     """
     with transaction.atomic():
-        pool = Pool.objects.select_for_update().filter(pk=pool_id).first()
+        # FOR NO KEY UPDATE: a node action or a grant inserting a row that names the pool (an
+        # event, a lease) takes FOR KEY SHARE on it while it holds its node; FOR UPDATE would make
+        # it wait here while this waits for its node below (a deadlock).
+        pool = Pool.objects.select_for_update(no_key=True).filter(pk=pool_id).first()
         if pool is None:
             raise NotFound("No such pool.", "pool_not_found")
         check_version(pool.version, expected_version)
@@ -76,11 +79,22 @@ def pool_update(*, pool_id: int, expected_version: int, changes: dict[str, Any],
         _validate_pool(pool)
         pool.version += 1
         pool.save(update_fields=[*changes, "version", "updated_at"])
-        if "reservations" in changes and changes["reservations"] != old_reservations:
+        reservations_changed = "reservations" in changes and changes["reservations"] != old_reservations
+        if reservations_changed or pool.labels != old_labels or pool.taints != old_taints:
+            # Every member node before any of its rows, in one order: a grant holds its node, then
+            # updates the node's resources; recomputing them first would be the opposite order.
+            lock_members(pool)
+        if reservations_changed:
             node_resources_recompute(pool=pool, actor=actor)
         if pool.labels != old_labels or pool.taints != old_taints:
             nodes_apply_pool_labels(pool=pool, old_labels=old_labels, old_taints=old_taints, actor=actor)
     return pool
+
+
+def lock_members(pool: Pool) -> None:
+    """Lock every node of ``pool`` (``FOR NO KEY UPDATE``, in primary-key order, as every
+    multi-node lock does). Call inside a transaction, before touching rows that hang off them."""
+    list(Node.objects.select_for_update(no_key=True).filter(pool=pool).order_by("pk").values_list("pk", flat=True))
 
 
 def nodes_apply_pool_labels(*, pool: Pool, old_labels: dict, old_taints: list, actor: Actor) -> int:
@@ -96,6 +110,7 @@ def nodes_apply_pool_labels(*, pool: Pool, old_labels: dict, old_taints: list, a
     nodes = (
         Node.objects.select_for_update(no_key=True)
         .filter(pool=pool)
+        .order_by("pk")
         .only("pk", "labels", "taints", "taints_added_at", "version")
     )
     for node in nodes:

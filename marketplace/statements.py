@@ -55,11 +55,17 @@ def period_of(owner_id) -> str:
 def statement_for(owner_id, at: datetime) -> Statement:
     """The owner's open statement for the period containing ``at``, created if missing; when that
     one is final, the next period's (a record that arrives late is never lost, nor put on a final
-    statement)."""
+    statement).
+
+    Locks the statement returned (``FOR NO KEY UPDATE``; call inside a transaction): a
+    finalization holds it ``FOR UPDATE`` while it reads the lines, so a line added meanwhile waits
+    and then finds the statement final, and goes to the next period's.
+    """
     kind = period_of(owner_id)
+    statements = Statement.objects.select_for_update(no_key=True)
     while True:
         start, end = period_bounds(kind, at)
-        statement = Statement.objects.filter(owner_id=owner_id, period_start=start).first()
+        statement = statements.filter(owner_id=owner_id, period_start=start).first()
         if statement is None:
             try:
                 with transaction.atomic():
@@ -67,7 +73,7 @@ def statement_for(owner_id, at: datetime) -> Statement:
                         owner_id=owner_id, period=kind, period_start=start, period_end=end
                     )
             except IntegrityError:  # created meanwhile by a racing lease end
-                statement = Statement.objects.get(owner_id=owner_id, period_start=start)
+                statement = statements.get(owner_id=owner_id, period_start=start)
         if statement.state == StatementState.OPEN:
             return statement
         at = statement.period_end

@@ -133,9 +133,10 @@ def _drain_now(node: Node, deadline, now) -> Drain | None:
 
 def _move_deadline_earlier(preemption: Preemption, deadline, actor, now) -> None:
     with transaction.atomic():
+        # The node first, as a drain does before a lease it ends updates this notice (requeue).
+        node = Node.objects.select_for_update(no_key=True).get(pk=preemption.node_id)
         Preemption.objects.filter(pk=preemption.pk).update(deadline=deadline)
         preemption.deadline = deadline
-        node = Node.objects.get(pk=preemption.node_id)
         _drain_now(node, deadline, now)
         record_event(
             node,
