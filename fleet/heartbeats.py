@@ -322,12 +322,15 @@ def _try_apply(
         values["restart_count"] = None  # incremented in SQL
 
     events = _events(node=node, report=report, conditions=conditions, health_value=node_health, skew=skew, actor=actor)
-    # With events to append (a restart among them), the UPDATE, the events and the lease
-    # reconciliation share one transaction. An unchanged heartbeat, the common case, is the single
-    # conditional UPDATE in autocommit (atomic by itself): no BEGIN/COMMIT round trips; its
-    # reconciliation then runs in its own transaction, and, being recomputed from every heartbeat,
-    # a crash between the two is repaired by the next one.
-    with transaction.atomic() if events else nullcontext():
+    # With events to append (a restart among them) or leases listed, the UPDATE, the events and
+    # the lease reconciliation share one transaction: a drain reads "this node no longer lists that
+    # ended lease" from last_status_report_at and the leases' last_reported_at together
+    # (maintenance.drains), and must never see the first without the second. A report that lists
+    # nothing and changes nothing, the common case of an idle node, is the single conditional
+    # UPDATE in autocommit (atomic by itself): no BEGIN/COMMIT round trips; its reconciliation then
+    # runs in its own transaction, and, being recomputed from every report, a crash between the
+    # two is repaired by the next one.
+    with transaction.atomic() if events or report.leases else nullcontext():
         version = _conditional_update(node=node, report=report, values=values)
         if version is None:
             return None

@@ -18,12 +18,15 @@ compare-and-swap (``state=active, deadline<=now`` → ``forced``) and, only if t
 revokes every live lease (fenced) and moves the node to maintenance. A second, late or duplicate
 timer finds the drain no longer active and does nothing: enforcement happens exactly once.
 
-**"No longer reported" rule** (agreed with the heartbeat and leases apps): the heartbeat stamps
-``Node.last_heartbeat_at`` with its receipt time, and reconciliation stamps
-``Lease.last_reported_at`` with a time at or after it for every lease id the heartbeat lists
-(live or not). A terminal lease is *unconfirmed* while ``ended_at >= node.last_heartbeat_at``
-(no heartbeat since it ended) or ``last_reported_at >= node.last_heartbeat_at`` (the latest
-heartbeat still listed it). A node that has never sent a heartbeat reports nothing.
+**"No longer reported" rule** (agreed with the heartbeat and leases apps): a status report stamps
+``Node.last_status_report_at`` with its receipt time, and reconciliation stamps
+``Lease.last_reported_at`` with a time at or after it for every lease id the report lists
+(live or not); a report that lists leases commits both in one transaction, so no evaluation sees
+the node's stamp without the leases'. A terminal lease is *unconfirmed* while
+``ended_at >= node.last_status_report_at`` (no report since it ended) or
+``last_reported_at >= node.last_status_report_at`` (the latest report still listed it). A renewal
+(``last_heartbeat_at`` only) says nothing about leases and confirms none gone
+(:func:`maintenance.progress.last_lease_report_at`). A node that has never reported reports nothing.
 """
 
 from __future__ import annotations

@@ -43,9 +43,16 @@ def live_leases(node: Node, *, lock: bool = False) -> list[Lease]:
     return list(qs.select_for_update(no_key=True) if lock else qs)
 
 
+def last_lease_report_at(node: Node):
+    """When ``node`` last said which leases it runs: its last status report. A renewal says
+    nothing about leases, so its time (in ``last_heartbeat_at``) confirms no lease gone; a node
+    that has not sent a status report since that field exists falls back to its last heartbeat."""
+    return node.last_status_report_at or node.last_heartbeat_at
+
+
 def unconfirmed_leases(node: Node) -> list[Lease]:
     """Terminal leases on ``node`` that the node may still be running (see the module's rule)."""
-    heard = node.last_heartbeat_at
+    heard = last_lease_report_at(node)
     if heard is None:
         return []
     qs = Lease.objects.filter(node=node).exclude(state__in=LIVE_LEASE_STATES)
@@ -112,7 +119,7 @@ def build_progress(
                 "lease_ids": ids(blocked),
             }
         )
-    heard = node.last_heartbeat_at
+    heard = last_lease_report_at(node)
     # No heartbeat since the lease ended says more than "the last heartbeat listed it" (it was live then).
     unheard = [lease for lease in unconfirmed if heard is not None and lease.ended_at and lease.ended_at >= heard]
     reported = [lease for lease in unconfirmed if lease not in unheard]

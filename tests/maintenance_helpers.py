@@ -1,8 +1,9 @@
 """Helpers for the maintenance tests: leases placed by hand and heartbeats simulated at the row level.
 
 The lease and heartbeat services are built on other branches; these helpers write the same rows
-they would (a lease adds its resources to ``NodeResource.allocated``; a heartbeat stamps
-``Node.last_heartbeat_at`` and ``Lease.last_reported_at`` of the leases it lists).
+they would (a lease adds its resources to ``NodeResource.allocated``; a status report stamps
+``Node.last_heartbeat_at``, ``Node.last_status_report_at`` and ``Lease.last_reported_at`` of the
+leases it lists).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def make_lease(
 def heartbeat(node: Node, *leases: Lease, at=None) -> None:
     """A heartbeat received ``at`` that lists exactly ``leases``."""
     at = at or timezone.now()
-    Node.objects.filter(pk=node.pk).update(last_heartbeat_at=at)
+    Node.objects.filter(pk=node.pk).update(last_heartbeat_at=at, last_status_report_at=at)
     Lease.objects.filter(pk__in=[lease.pk for lease in leases]).update(last_reported_at=at)
     node.refresh_from_db()
 

@@ -504,3 +504,32 @@ def test_starting_a_drain_queues_the_deadline_task_with_eta_equal_to_the_deadlin
 
     assert sent == [([str(drain.pk)], {"eta": drain.deadline})]
     assert drain.deadline == T0 + timedelta(seconds=600)
+
+
+def test_a_renewal_after_a_lease_ended_does_not_confirm_the_node_stopped_it(clock):
+    """Only a status report says which leases a node runs: a drain whose lease was revoked keeps
+    waiting through renewals (which move last_heartbeat_at), and completes on the first status
+    report that no longer lists the lease."""
+    from fleet.credentials import issue_credential
+    from operations import outofservice
+    from tests.heartbeat_helpers import send
+    from tests.test_renewals import renew
+
+    node, _ = make_schedulable_node()
+    lease = make_lease(node, "job-1", resources={"cpu": 500}, ttl=3600)
+    Lease.objects.filter(pk=lease.pk).update(command=["sleep", "600"])
+    listed = [{"lease_id": str(lease.pk), "fencing_token": lease.fencing_token, "state": "running"}]
+    assert send(node, 1, 1, leases=listed).applied
+    drain = outofservice.take_out_of_service(
+        node=node, owner=outofservice.AUTOSCALER, policy="wait", reason="scale-down", timeout=1800
+    )
+    clock.shift(5)
+    lease_services.revoke_lease(Lease.objects.get(pk=lease.pk), actor=SYSTEM, reason="done")
+    _, secret = issue_credential(node=node, issuer="test", ttl_seconds=3600)
+    clock.shift(5)
+    assert renew(node, secret, incarnation=1, sequence=2).json()["code"] == "applied"
+    assert drains.evaluate_drain(drain_id=drain.pk, actor=SYSTEM).state == "active"
+
+    clock.shift(5)
+    assert send(node, 3, 1, leases=[]).applied
+    assert drains.evaluate_drain(drain_id=drain.pk, actor=SYSTEM).state == "completed"

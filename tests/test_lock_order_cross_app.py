@@ -1,0 +1,286 @@
+"""Lock order across apps on PostgreSQL: pool edits, clock gaps, preemption notices, statement
+finalization and status reports against node actions, drains and grants (each test failed, with a
+deadlock or a wrong state, before its fix)."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from fleet import clock
+from fleet.events import Actor
+from fleet.models import ControlPlaneClock
+from leases.models import Lease
+from maintenance import drains
+from maintenance import services as maintenance
+from maintenance.models import Drain
+from operations import outofservice
+from tests.factories import make_schedulable_node
+from tests.maintenance_helpers import make_lease
+from tests.races import race
+from tests.test_node_lock_order import _wait_until_another_transaction_waits_for_a_lock
+
+pytestmark = [pytest.mark.race, pytest.mark.django_db(transaction=True)]
+
+
+def _pg():
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks are PostgreSQL's; SQLite serialises writers")
+
+
+def _a_gap_is_pending(now, minutes=10):
+    ControlPlaneClock.objects.update_or_create(pk=1, defaults={"observed_at": now - timedelta(minutes=minutes)})
+
+
+def test_a_clock_gap_and_a_drain_evaluation_both_complete(monkeypatch):
+    """observe() shifts every live lease, then every active drain; a drain evaluation locks its
+    node, its drain, then the node's leases."""
+    _pg()
+    node, _ = make_schedulable_node()
+    make_lease(node, "job-1", resources={"cpu": 500}, ttl=3600)
+    drain = outofservice.take_out_of_service(
+        node=node, owner=outofservice.AUTOSCALER, policy="wait", reason="scale-down", timeout=1800
+    )
+    now = timezone.now()
+    _a_gap_is_pending(now)
+    inside, lock_drain = threading.Event(), drains._lock_drain
+
+    def lock_drain_then_wait(drain_id):
+        locked = lock_drain(drain_id)
+        if threading.current_thread().name == "racer-0":
+            inside.set()
+            _wait_until_another_transaction_waits_for_a_lock()
+        return locked
+
+    monkeypatch.setattr(drains, "_lock_drain", lock_drain_then_wait)
+
+    def racer(i):
+        if i == 0:
+            return drains.evaluate_drain(drain_id=drain.pk, actor=Actor.system("t"), now=now)
+        assert inside.wait(10)
+        return clock.observe(now=now)
+
+    outcome = race(racer, 2, timeout=30)
+    assert outcome.errors == [], outcome.errors
+    assert outcome.results[1] is not None  # the gap was detected and paused
+
+
+def test_an_earlier_preemption_notice_and_a_drain_requeueing_a_lease_both_complete(monkeypatch):
+    """A second notice with a sooner deadline updates the Preemption row, then locks the node (to
+    move the drain's deadline); a drain evaluation locks the node, revokes a lease, and its
+    lease_ended receiver (requeue_evicted_lease) updates the same Preemption row."""
+    _pg()
+    from operations import preemption
+    from operations.models import PoolOperations, Preemption
+    from tests.conftest import CLIENTS, _user
+    from tests.operations_support import ready_pool
+
+    pool, nodes = ready_pool("spot", 1)
+    PoolOperations.objects.create(pool=pool, spot=True)
+    node = nodes[0][0]
+    lease = make_lease(node, "job-1", resources={"cpu": 500}, ttl=3600)
+    Lease.objects.filter(pk=lease.pk).update(client=_user("carla-client", CLIENTS))
+    now = timezone.now()
+    notice, _ = preemption.preemption_notice(
+        node_id=node.pk, deadline=now + timedelta(seconds=600), source="agent", actor=Actor.system("t")
+    )
+    assert notice.drain_id is not None
+    # The workload answered the drain's checkpoint request: the next evaluation revokes (and requeues) it.
+    Lease.objects.filter(pk=lease.pk).update(checkpoint_requested_at=None, workload_state="checkpointed")
+    inside, lock_drain = threading.Event(), drains._lock_drain
+
+    def lock_drain_then_wait(drain_id):
+        locked = lock_drain(drain_id)
+        if threading.current_thread().name == "racer-0":
+            inside.set()
+            _wait_until_another_transaction_waits_for_a_lock()
+        return locked
+
+    monkeypatch.setattr(drains, "_lock_drain", lock_drain_then_wait)
+
+    def racer(i):
+        if i == 0:
+            return drains.evaluate_drain(drain_id=notice.drain_id, actor=Actor.system("t")).state
+        assert inside.wait(10)
+        return preemption.preemption_notice(
+            node_id=node.pk, deadline=timezone.now() + timedelta(seconds=120), source="agent", actor=Actor.system("t")
+        )[1]
+
+    outcome = race(racer, 2, timeout=30)
+    assert outcome.errors == [], outcome.errors
+    assert Lease.objects.get(pk=lease.pk).state == "revoked"
+    assert Preemption.objects.get(pk=notice.pk).leases_requeued == 1
+
+
+def test_a_lease_ending_while_its_owners_statement_is_finalized_is_not_left_on_the_final_statement(
+    owner, client_user, monkeypatch
+):
+    """finalize_statement locks the statement and reads its lines; a lease end meanwhile reads the
+    statement (unlocked: still open) and inserts its line, which waits on the statement row (the
+    foreign key's KEY SHARE) until the finalize commits, then lands on the final statement."""
+    _pg()
+    from leases.choices import LeaseState
+    from leases.services import end_lease
+    from marketplace import statements
+    from marketplace.models import Statement, StatementLine, UsageRecord
+    from marketplace.reconciliation import reconcile_usage
+    from tests.marketplace_helpers import ACTOR, grant_at
+    from tests.test_marketplace_races import ended_lease
+
+    node, record = ended_lease(owner, client_user)
+    reconcile_usage(record.pk, actor=ACTOR, now=record.settle_after)
+    other = grant_at(0, client_user, node.pool, "race-job-2", node=node)
+    statement = Statement.objects.get(owner=owner)
+    after = statement.period_end + timedelta(hours=1)
+    inside, check_version = threading.Event(), statements.check_version
+
+    def check_then_wait(*args, **kwargs):
+        check_version(*args, **kwargs)
+        inside.set()  # the statement row is locked FOR UPDATE, its lines not read yet
+        _wait_until_another_transaction_waits_for_a_lock()
+
+    monkeypatch.setattr(statements, "check_version", check_then_wait)
+
+    def racer(i):
+        if i == 0:
+            return statements.finalize_statement(
+                statement_id=statement.pk, expected_version=statement.version, actor=ACTOR, now=after
+            ).state
+        assert inside.wait(10)
+        # ended inside the period (a sweep's "now" from just before the period ended)
+        ended_at = other.granted_at + timedelta(seconds=100)
+        return end_lease(other.pk, to_state=LeaseState.REVOKED, actor=ACTOR, reason="t", now=ended_at).state
+
+    outcome = race(racer, 2, timeout=30)
+    assert outcome.errors == [], outcome.errors
+    line = StatementLine.objects.select_related("statement").get(usage_record=UsageRecord.objects.get(lease=other))
+    assert (line.statement.state, line.state) != ("final", "pending"), "a pending line on a final statement"
+
+
+def test_a_drain_does_not_complete_between_a_status_reports_node_update_and_its_lease_stamps(monkeypatch):
+    """An unchanged status report is the node row's UPDATE in autocommit (last_heartbeat_at), then
+    the lease reconciliation in its own transaction (last_reported_at). A drain evaluated between
+    the two sees a heartbeat after the lease ended and no stamp: "no longer reported", completes."""
+    _pg()
+    from leases import services as lease_services
+    from tests.heartbeat_helpers import send
+
+    node, _ = make_schedulable_node()
+    lease = make_lease(node, "job-1", resources={"cpu": 500}, ttl=3600)
+    Lease.objects.filter(pk=lease.pk).update(command=["sleep", "600"])
+    listed = [{"lease_id": str(lease.pk), "fencing_token": lease.fencing_token, "state": "running"}]
+    send(node, 1, 1, leases=listed)
+    drain = outofservice.take_out_of_service(
+        node=node, owner=outofservice.AUTOSCALER, policy="wait", reason="scale-down", timeout=1800
+    )
+    lease_services.revoke_lease(Lease.objects.get(pk=lease.pk), actor=Actor.system("t"), reason="done")
+    assert drains.evaluate_drain(drain_id=drain.pk, actor=Actor.system("t")).state == "active"
+    from fleet.models import Node
+
+    Node.objects.filter(pk=node.pk).update(status_report_not_before=None)  # no flood guard in the way
+    between, evaluated = threading.Event(), threading.Event()
+    reconcile = lease_services.reconcile_heartbeat
+
+    def reconcile_after_the_drain(*args, **kwargs):
+        between.set()  # the node row's UPDATE is committed; the lease stamps are not written yet
+        evaluated.wait(5)
+        return reconcile(*args, **kwargs)
+
+    monkeypatch.setattr(lease_services, "reconcile_heartbeat", reconcile_after_the_drain)
+
+    def racer(i):
+        if i == 0:
+            return send(node, 2, 1, leases=listed).applied  # the node still runs the ended lease
+        assert between.wait(10)
+        try:
+            return drains.evaluate_drain(drain_id=drain.pk, actor=Actor.system("t")).state
+        finally:
+            evaluated.set()
+
+    outcome = race(racer, 2, timeout=30)
+    assert outcome.errors == [], outcome.errors
+    assert outcome.results[0] is True
+    assert Lease.objects.get(pk=lease.pk).last_reported_at is not None  # the report listed it
+    assert Drain.objects.get(pk=drain.pk).state == "active", "completed while the node still reports the lease"
+
+
+def test_a_cordon_and_a_change_of_its_pools_labels_both_complete(monkeypatch):
+    """pool_update locks the pool FOR UPDATE, then every node of the pool (a label or taint
+    change); a node action locks its node, then writes an event whose pool foreign key takes FOR
+    KEY SHARE on the pool row, which FOR UPDATE excludes."""
+    _pg()
+    from fleet.services import pool_update
+    from maintenance import holds
+    from tests.factories import PoolFactory
+
+    pool = PoolFactory(name="general")
+    node, _ = make_schedulable_node(pool)
+    inside, lock = threading.Event(), holds._lock
+
+    def lock_then_wait(node_or_id):
+        locked = lock(node_or_id)
+        if threading.current_thread().name == "racer-0":
+            inside.set()
+            _wait_until_another_transaction_waits_for_a_lock()
+        return locked
+
+    monkeypatch.setattr(holds, "_lock", lock_then_wait)
+
+    def racer(i):
+        if i == 0:
+            return maintenance.cordon_node(
+                node_id=node.pk, expected_version=node.version, reason="disk", actor=Actor.system("ops")
+            ).cordoned
+        assert inside.wait(10)
+        return pool_update(
+            pool_id=pool.pk, expected_version=pool.version, changes={"labels": {"zone": "b"}}, actor=Actor.system("t")
+        ).labels
+
+    outcome = race(racer, 2, timeout=30)
+    assert outcome.errors == [], outcome.errors
+    assert outcome.results == [True, {"zone": "b"}]
+
+
+def test_a_grant_and_a_change_of_its_pools_reservations_both_complete(client_user, monkeypatch):
+    """A grant holds its node, then updates the node's resource rows; pool_update recomputed every
+    member's resource rows, then bumped the nodes' versions: the opposite order. It now locks the
+    member nodes first."""
+    _pg()
+    from fleet.services import pool_update
+    from leases import services as lease_services
+    from tests.factories import PoolFactory
+
+    pool = PoolFactory(name="general")
+    node, _ = make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})
+    inside, hold = threading.Event(), lease_services._hold_schedulable_node
+
+    def hold_then_wait(node_id):
+        held = hold(node_id)
+        if threading.current_thread().name == "racer-0":
+            inside.set()
+            _wait_until_another_transaction_waits_for_a_lock()
+        return held
+
+    monkeypatch.setattr(lease_services, "_hold_schedulable_node", hold_then_wait)
+
+    def racer(i):
+        if i == 0:
+            lease, status = lease_services.lease_create(
+                data={"pool": "general", "workload_id": "job-1", "resources": {"cpu": "1"}},
+                client=client_user,
+                actor=Actor.system("t"),
+            )
+            return status
+        assert inside.wait(10)
+        return pool_update(
+            pool_id=pool.pk, expected_version=pool.version, changes={"reservations": {"system": {"cpu": 500}}},
+            actor=Actor.system("t"),
+        ).version  # fmt: skip
+
+    outcome = race(racer, 2, timeout=30)
+    assert outcome.errors == [], outcome.errors
+    assert outcome.results == [201, 2]
