@@ -40,7 +40,7 @@ from django.utils.dateparse import parse_datetime
 
 from nodepool.api.problems import Gone, Problem
 
-from . import liveness, signals
+from . import clock, liveness, signals
 from . import secrets as node_secrets
 from .choices import ActorType, Lifecycle, Liveness, NodeEventType
 from .credentials import is_superseded, revoke_lineage_on_reuse
@@ -213,7 +213,7 @@ def _statement(vendor: str, revive: bool) -> str:
         )
         credential = (
             "c.prefix = %(prefix)s AND c.node_id = n.id AND c.secret_hash = %(digest)s "
-            "AND (c.revoked_at IS NULL OR c.revoked_at > %(now)s) AND c.expires_at > %(now)s"
+            "AND (c.revoked_at IS NULL OR c.revoked_at > %(now)s) AND c.expires_at > %(valid_at)s"
         )
         if vendor == "postgresql":
             sql = (
@@ -247,9 +247,12 @@ def _rotate(issued_at, expires_at, now: datetime) -> bool:
 
 def _try_statement(
     *, node_id, pool_id: int, prefix: str, digest: str, incarnation: int, sequence: int, now: datetime,
-    liveness_read: str,
+    liveness_read: str, valid_at: datetime | None = None,
 ) -> tuple | None:  # fmt: skip
-    """Run the conditional UPDATE once; the RETURNING row, or None when no row matched."""
+    """Run the conditional UPDATE once; the RETURNING row, or None when no row matched.
+
+    ``valid_at``: the time the credential must outlive (default ``now``); the control plane's
+    time after a forward clock jump (:func:`fleet.clock.control_plane_now`)."""
     timings = pool_timings(pool_id)
     revive = liveness_read != Liveness.ALIVE
     spacing = timings.interval * min_spacing_fraction()
@@ -257,6 +260,7 @@ def _try_statement(
     params = {
         "sequence": sequence,
         "now": db_time(now),
+        "valid_at": db_time(valid_at or now),
         "keep_after": db_time(now + timedelta(seconds=timings.stale_after)),
         "deadline": db_time(now + timedelta(seconds=timings.stale_after + deadline_slack(timings))),
         "interval": timings.interval,
@@ -302,24 +306,25 @@ def renew(*, node_id: uuid.UUID, secret: str, incarnation: int, sequence: int, r
     refusal = remembered_refusal(node_id, digest, incarnation, now)
     if refusal is not None:
         raise refusal
-    liveness_read = Liveness.ALIVE
+    liveness_read, valid_at = Liveness.ALIVE, now
     for _attempt in range(MAX_ATTEMPTS):
         if pool_id is not None:
             if liveness_read == Liveness.ALIVE:
                 row = _try_statement(
                     node_id=node_id, pool_id=pool_id, prefix=prefix, digest=digest, incarnation=incarnation,
-                    sequence=sequence, now=now, liveness_read=liveness_read,
+                    sequence=sequence, now=now, liveness_read=liveness_read, valid_at=valid_at,
                 )  # fmt: skip
             else:
                 row = _revive(
                     node_id=node_id, pool_id=pool_id, prefix=prefix, digest=digest, incarnation=incarnation,
                     sequence=sequence, now=now, liveness_read=liveness_read, request_id=request_id,
+                    valid_at=valid_at,
                 )  # fmt: skip
             if row is not None:
                 flags = int(row[0]) | (Instruction.ROTATE_CREDENTIAL if _rotate(row[1], row[2], now) else 0)
                 return RenewalOutcome(True, APPLIED, liveness.next_heartbeat_in(pool_timings(pool_id)), flags)
         # The statement matched nothing (or this process did not know the node's pool): find out why.
-        pool_id, liveness_read, refusal = _diagnose(
+        pool_id, liveness_read, refusal, valid_at = _diagnose(
             node_id=node_id, prefix=prefix, secret=secret, incarnation=incarnation, sequence=sequence, now=now,
             request_id=request_id,
         )  # fmt: skip
@@ -330,9 +335,11 @@ def renew(*, node_id: uuid.UUID, secret: str, incarnation: int, sequence: int, r
 
 def _diagnose(
     *, node_id, prefix, secret, incarnation, sequence, now, request_id=""
-) -> tuple[int | None, str, RenewalOutcome | None]:
+) -> tuple[int | None, str, RenewalOutcome | None, datetime]:
     """Why the statement matched nothing: raises the refusal, returns a not-applied outcome, or
-    returns ``(pool_id, liveness, None)`` for another attempt (pool learnt, node to revive)."""
+    returns ``(pool_id, liveness, None, valid_at)`` for another attempt (pool learnt, node to
+    revive, or a credential that looks expired but holds at the control plane's time: a forward
+    clock jump the sweep has not noticed yet, judged as fleet.authentication judges it)."""
     credential = (
         NodeCredential.objects.select_related("node")
         .only(
@@ -360,8 +367,11 @@ def _diagnose(
             "this node is now revoked. Enroll again with a bootstrap token.",
             "credential_superseded",
         )
+    valid_at = now
     if credential.expires_at <= now:
-        raise CredentialRefused("This node credential expired; re-enroll or rotate sooner.", "credential_expired")
+        valid_at = clock.control_plane_now(now)
+        if credential.expires_at <= valid_at:
+            raise CredentialRefused("This node credential expired; re-enroll or rotate sooner.", "credential_expired")
     node = credential.node
     if str(node.pk) != str(node_id):
         raise ForeignCredential("A node credential may act only on its own node.")
@@ -374,10 +384,10 @@ def _diagnose(
     )
     next_in = liveness.next_heartbeat_in(timings)
     if code in (DUPLICATE_SEQUENCE, STALE_SEQUENCE, STALE_INCARNATION):
-        return node.pool_id, node.liveness, RenewalOutcome(False, code, next_in, int(node.instructions))
+        return node.pool_id, node.liveness, RenewalOutcome(False, code, next_in, int(node.instructions)), valid_at
     if incarnation > node.incarnation:
         flags = int(node.instructions) | Instruction.STATUS_REPORT
-        return node.pool_id, node.liveness, RenewalOutcome(False, STATUS_REPORT_REQUIRED, next_in, flags)
+        return node.pool_id, node.liveness, RenewalOutcome(False, STATUS_REPORT_REQUIRED, next_in, flags), valid_at
     if (
         node.renewal_not_before is not None
         and node.renewal_not_before > now
@@ -389,7 +399,7 @@ def _diagnose(
         _REFUSED_UNTIL[node.pk] = (node_secrets.hash_secret(secret), incarnation, timings.interval,
                                    node.renewal_not_before)  # fmt: skip
         raise _too_many((node.renewal_not_before - now).total_seconds(), timings.interval)
-    return node.pool_id, node.liveness, None
+    return node.pool_id, node.liveness, None, valid_at
 
 
 def has_refusals() -> bool:
@@ -430,13 +440,15 @@ _NODE_FIELDS = (
 )  # fmt: skip
 
 
-def _revive(*, node_id, pool_id, prefix, digest, incarnation, sequence, now, liveness_read, request_id) -> tuple | None:
+def _revive(
+    *, node_id, pool_id, prefix, digest, incarnation, sequence, now, liveness_read, request_id, valid_at=None
+) -> tuple | None:
     """The renewal of a node that was not ``alive``: the same statement (compare-and-swap on the
     liveness read) plus its liveness event, in one transaction."""
     with transaction.atomic():
         row = _try_statement(
             node_id=node_id, pool_id=pool_id, prefix=prefix, digest=digest, incarnation=incarnation,
-            sequence=sequence, now=now, liveness_read=liveness_read,
+            sequence=sequence, now=now, liveness_read=liveness_read, valid_at=valid_at,
         )  # fmt: skip
         if row is not None:
             actor = Actor(ActorType.NODE, f"node:{node_id}", request_id=request_id)

@@ -148,6 +148,10 @@ def test_revoked_expired_unknown_and_missing_credentials_get_401(node_secret, ti
         ('{"incarnation": 1, "sequence": 9007199254740992}', 400, "validation_error"),
         ('{"incarnation": 1, "sequence": 1, "ready": true}', 400, "validation_error"),
         ('{"incarnation": 1, "sequence": 1, "pad": "' + "x" * 300 + '"}', 413, "payload_too_large"),
+        # The strict parser of every endpoint: no guessing which of two sequences was meant.
+        ('{"incarnation": 1, "sequence": 1, "sequence": 7}', 400, "duplicate_key"),
+        ('\ufeff{"incarnation": 1, "sequence": 1}', 400, "malformed_body"),
+        ('{"incarnation": 1, "sequence": 1e2}', 400, "validation_error"),
     ],
 )
 def test_a_malformed_or_oversized_renewal_is_refused_and_nothing_is_written(node_secret, body, status, code):
@@ -221,3 +225,35 @@ def test_a_superseded_credential_after_its_overlap_revokes_the_lineage_as_on_eve
     response = renew(node, secret, sequence=1)
     assert response.status_code == 401 and response.json()["reason"] == "credential_superseded"
     assert not NodeCredential.objects.filter(node=node, revoked_at__isnull=True).exists()
+
+
+def test_a_credential_that_looks_expired_after_a_clock_jump_still_renews(node_secret, time_machine):
+    """A forward jump of the control plane's clock that no sweep has noticed yet: the renewal
+    judges the credential at control-plane time, as every node endpoint does (fleet.clock)."""
+    node, _ = node_secret
+    _, secret = issue_credential(node=node, issuer="test", ttl_seconds=3600)
+    sweep_liveness()  # the clock is observed at T0
+    time_machine.move_to(T0 + seconds(3 * 3600), tick=False)
+    response = renew(node, secret, incarnation=node.incarnation, sequence=node.sequence + 1)
+    assert response.status_code == 200 and response.json()["code"] == "applied"
+    time_machine.move_to(T0 + seconds(3 * 3600 + 30), tick=False)
+    sweep_liveness()  # the gap is detected and paused: the credential's deadline moved with it
+    response = renew(node, secret, incarnation=node.incarnation, sequence=node.sequence + 2)
+    assert response.status_code == 200 and response.json()["code"] == "applied"
+
+
+def test_the_flood_gate_never_reads_a_chunked_body_before_the_body_limit_has(node_secret):
+    """Without a Content-Length (chunked), reading request.body in the gate cached an empty body
+    for the view: every chunked renewal on that process failed while any 429 was remembered."""
+    from django.test import RequestFactory
+
+    from fleet.api.renewal_views import RenewalFloodGate
+
+    node, secret = node_secret
+    request = RequestFactory().post(
+        f"/api/v1/nodes/{node.pk}/renewals", '{"incarnation": 1, "sequence": 2}',
+        content_type="application/json", HTTP_AUTHORIZATION=f"Node {secret}",
+    )  # fmt: skip
+    del request.META["CONTENT_LENGTH"]
+    assert RenewalFloodGate._refusal(request, str(node.pk)) is None
+    assert not hasattr(request, "_body")

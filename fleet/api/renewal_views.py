@@ -18,6 +18,7 @@ from django.http import HttpResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
+from nodepool.api.parsers import loads_strict
 from nodepool.api.problems import Problem, problem_response
 
 from .. import metrics
@@ -71,7 +72,11 @@ def renewal_view(request, pk):
     if content_type != "application/json":
         return _problem(request, 415, "unsupported_media_type", "A renewal is application/json.")
     try:
-        body = json.loads(request.body)
+        # The strict parser of every other endpoint (nodepool.api.parsers): a duplicate key, a
+        # number past 64 bits, a NUL or a byte-order mark is refused here too, not guessed at.
+        body = loads_strict(request.body.decode("utf-8"))
+    except Problem as exc:
+        return _problem(request, 400, exc.get_codes(), str(exc.detail))
     except (ValueError, UnicodeDecodeError):
         return _problem(request, 400, "malformed_body", "The body is not valid JSON.")
     errors = []
@@ -144,9 +149,12 @@ class RenewalFloodGate:
 
     @staticmethod
     def _refusal(request, node_id: str):
+        declared = request.META.get("CONTENT_LENGTH") or ""
+        if not (declared.isascii() and declared.isdigit()) or int(declared) > rn.MAX_BODY_BYTES:
+            # Chunked (no length) or odd: reading the body this early would cache what the body
+            # limit middleware has not de-chunked yet (an empty body), for this request's view.
+            return None
         try:
-            if int(request.META.get("CONTENT_LENGTH") or 0) > rn.MAX_BODY_BYTES:
-                return None
             header = request.META.get("HTTP_AUTHORIZATION", "").split()
             body = json.loads(request.body)
             incarnation = body.get("incarnation") if isinstance(body, dict) else None
