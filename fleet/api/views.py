@@ -23,7 +23,7 @@ from .. import admission, services
 from ..authentication import IsNodeSelf, node_from_request
 from ..choices import Lifecycle
 from ..events import Actor
-from ..filtersets import NodeFilterSet
+from ..filtersets import BootstrapTokenFilterSet, NodeFilterSet
 from ..models import BootstrapToken, Node, Pool
 from ..selectors import node_queryset_for
 from . import schema
@@ -91,7 +91,7 @@ class BootstrapTokenViewSet(
     serializer_class = BootstrapTokenSerializer
     permission_classes = [IsOperator]
     queryset = BootstrapToken.objects.select_related("pool", "owner", "created_by")
-    filterset_fields = ["pool__name"]
+    filterset_class = BootstrapTokenFilterSet
 
     @extend_schema(request=BootstrapTokenCreateSerializer, responses={201: BootstrapTokenSerializer})
     def create(self, request, *args, **kwargs):

@@ -31,6 +31,7 @@ from nodepool.api.versioning import ETagMixin, expected_version
 
 from .. import appeals, pricing, reconciliation, selectors, statements
 from ..choices import AppealState, DisputeDecision, StatementPeriod, UsageState
+from ..filtersets import PoolPriceFilterSet
 from ..models import OwnerSettings, PoolPrice, PoolSettlement, QuarantineGuidance
 from . import serializers as s
 
@@ -271,11 +272,8 @@ class PoolPriceList(generics.ListCreateAPIView):
 
     permission_classes = [ReadForAllWriteForOperators]
     serializer_class = s.PoolPriceSerializer
-
-    def get_queryset(self):
-        qs = PoolPrice.objects.select_related("pool")
-        pool = self.request.query_params.get("pool")
-        return qs.filter(pool__name=pool) if pool is not None else qs
+    filterset_class = PoolPriceFilterSet
+    queryset = PoolPrice.objects.select_related("pool")
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses={201: s.PoolPriceSerializer})
     def post(self, request, *args, **kwargs):

@@ -28,6 +28,7 @@ from nodepool.api.versioning import ETagMixin, expected_version
 
 from .. import preemption, providers, services, upgrades
 from ..choices import PreemptionSource
+from ..filtersets import ScaleDecisionFilterSet, UpgradeFilterSet
 from ..models import Preemption, ProviderMachine, ScaleDecision, Upgrade
 from . import serializers as s
 
@@ -54,18 +55,10 @@ class UpgradeViewSet(ETagMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin
 
     permission_classes = [IsAuthenticated, IsOperator]
     queryset = Upgrade.objects.select_related("pool", "canary_pool").order_by("-created_at")
+    filterset_class = UpgradeFilterSet
 
     def get_serializer_class(self):
         return s.UpgradeDetailSerializer if self.action == "retrieve" else s.UpgradeSerializer
-
-    def get_queryset(self):
-        qs = super().get_queryset()
-        params = self.request.query_params
-        if params.get("pool"):
-            qs = qs.filter(pool__name=params["pool"])
-        if params.get("state"):
-            qs = qs.filter(state=params["state"])
-        return qs
 
     def get_object(self):
         try:
@@ -253,11 +246,8 @@ class ScaleDecisionViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
 
     permission_classes = [IsAuthenticated, IsOperator]
     serializer_class = s.ScaleDecisionSerializer
-
-    def get_queryset(self):
-        qs = ScaleDecision.objects.select_related("pool").order_by("-created_at", "-id")
-        pool = self.request.query_params.get("pool")
-        return qs.filter(pool__name=pool) if pool else qs
+    filterset_class = ScaleDecisionFilterSet
+    queryset = ScaleDecision.objects.select_related("pool").order_by("-created_at", "-id")
 
 
 class MachineViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):

@@ -1,0 +1,31 @@
+"""Filters of the pool-operations lists: ``GET /upgrades`` and ``GET /scale-decisions``."""
+
+from __future__ import annotations
+
+import django_filters
+
+from fleet.filtersets import StrictFilterSet
+
+from .choices import UpgradeState
+from .models import ScaleDecision, Upgrade
+
+
+class UpgradeFilterSet(StrictFilterSet):
+    """``GET /upgrades?pool=&state=`` (``state`` repeated: any of them)."""
+
+    pool = django_filters.CharFilter(field_name="pool__name")
+    state = django_filters.MultipleChoiceFilter(choices=UpgradeState.choices)
+
+    class Meta:
+        model = Upgrade
+        fields = ["pool", "state"]
+
+
+class ScaleDecisionFilterSet(StrictFilterSet):
+    """``GET /scale-decisions?pool=``."""
+
+    pool = django_filters.CharFilter(field_name="pool__name")
+
+    class Meta:
+        model = ScaleDecision
+        fields = ["pool"]
