@@ -19,6 +19,7 @@ from rich.console import Console
 
 from . import describe as describe_mod
 from . import render
+from .choices import DRAIN_POLICIES
 from .client import Api, ApiError
 from .config import ConfigError, load_config
 
@@ -213,7 +214,13 @@ def parse_deadline(value: str) -> dict:
 @NODE
 @REASON
 @click.option("--deadline", required=True, help="When leases must be gone: 30m, 2h, 1d, or an RFC 3339 time.")
-@click.option("--policy", type=click.Choice(["wait", "checkpoint", "revoke"]), default="wait", show_default=True)
+@click.option(
+    "--policy",
+    type=click.Choice(DRAIN_POLICIES),
+    default="wait",
+    show_default=True,
+    help="wait: let leases finish; checkpoint: ask workloads to checkpoint and move; terminate: revoke leases now.",
+)
 @click.option("--dry-run", is_flag=True, help="Change nothing; show what would happen to each lease.")
 @EXPECTED
 @FORCE

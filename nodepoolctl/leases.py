@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from .choices import RELEASE_OUTCOMES
 from .client import ApiError
 from .render import dump
 
@@ -84,8 +85,7 @@ def lease_renew(obj, lease_id, ttl_seconds):
 
 @lease.command("release")
 @click.argument("lease_id")
-@click.option("--outcome", type=click.Choice(["succeeded", "failed", "cancelled", "preempted", "unknown"]),
-              default="succeeded", show_default=True)  # fmt: skip
+@click.option("--outcome", type=click.Choice(RELEASE_OUTCOMES), default="succeeded", show_default=True)
 @click.pass_obj
 def lease_release(obj, lease_id, outcome):
     """End LEASE_ID and give its capacity back."""

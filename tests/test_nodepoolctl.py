@@ -150,6 +150,35 @@ def test_drain_dry_run_changes_nothing_then_drain_with_a_relative_deadline(ctl, 
     assert ctl("drain", "cpu-2", "--reason", "x", "--deadline", "soon")[0] == 2
 
 
+def test_drain_policies_are_the_apis(ctl, fleet):
+    code, text, _ = ctl("drain", "cpu-2", "--reason", "retire", "--deadline", "1h", "--policy", "terminate")
+    assert code == 0 and text.startswith("node/cpu-2 draining"), text
+    assert Drain.objects.get().policy == "terminate"
+    code, _, stderr = ctl("drain", "cpu-1", "--reason", "x", "--deadline", "1h", "--policy", "revoke")
+    assert code == 2 and "'revoke' is not one of 'wait', 'checkpoint', 'terminate'" in stderr
+
+
+def test_every_choice_option_offers_exactly_the_apis_values():
+    """The class of drain --policy offering "revoke" (the API says terminate): each option whose
+    values the API defines comes from nodepoolctl.choices, which must equal the server's choices."""
+    from leases.choices import ReleaseOutcome
+    from maintenance.choices import EvictionPolicy
+    from nodepoolctl.choices import DRAIN_POLICIES, RELEASE_OUTCOMES
+
+    assert list(DRAIN_POLICIES) == EvictionPolicy.values
+    assert list(RELEASE_OUTCOMES) == ReleaseOutcome.values
+
+    def choices(path: list[str], option: str) -> list[str]:
+        command = cli
+        for name in path:
+            command = command.commands[name]
+        param = next(p for p in command.params if p.name == option)
+        return list(param.type.choices)
+
+    assert choices(["drain"], "policy") == EvictionPolicy.values
+    assert choices(["lease", "release"], "outcome") == ReleaseOutcome.values
+
+
 def test_quarantine_with_evidence_and_release(ctl, fleet):
     code, text, _ = ctl("quarantine", "gpu-1", "--reason", "rootkit", "--evidence", '{"hash": "ff"}')
     assert (code, text.strip()) == (0, "node/gpu-1 quarantined")
