@@ -109,7 +109,7 @@ def _show(kind: str, objects: list[dict], output: str | None) -> None:
     elif not objects:
         click.echo("No resources found.", err=True)
     else:
-        console().print(render.table(kind, objects, wide=output == "wide"))
+        render.print_whole(console(), render.table(kind, objects, wide=output == "wide"))
 
 
 @cli.command()
@@ -147,7 +147,7 @@ def describe_node(obj: Context, node):
     leases = obj.api.list("/node-leases", node=found["id"], state=["granted", "active"])
     # The general event timeline (GET /events, newest first): the last DESCRIBE_EVENTS of them.
     page = obj.api.get("/events", node=found["id"], page_size=describe_mod.DESCRIBE_EVENTS)
-    console().print(describe_mod.describe_node(found, leases, page.get("results") or []))
+    render.print_whole(console(), describe_mod.describe_node(found, leases, page.get("results") or []))
 
 
 def _act(api: Api, node_ref: str, action: str, body: dict, *, expected: int | None, force: bool, params=None):
@@ -300,7 +300,7 @@ def top_pool(obj: Context, output):
     if output:
         click.echo(render.dump(rows, output))
     else:
-        console().print(describe_mod.top_table(rows))
+        render.print_whole(console(), describe_mod.top_table(rows))
 
 
 from .leases import lease  # noqa: E402  (the lease command group)

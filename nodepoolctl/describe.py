@@ -12,8 +12,8 @@ from .render import age, amount
 
 def _grid(rows: list[tuple[str, str]]) -> Table:
     grid = Table.grid(padding=(0, 2))
-    grid.add_column(style="bold")
-    grid.add_column(overflow="fold")
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column(no_wrap=True, overflow="ellipsis")
     for key, value in rows:
         grid.add_row(f"{key}:", value)
     return grid
@@ -36,7 +36,7 @@ def _table(headers: list[str], rows: list[list[str]], empty: str = "<none>"):
         return Text(f"  {empty}")
     out = Table(box=None, header_style="bold", pad_edge=True)
     for header in headers:
-        out.add_column(header, overflow="fold")
+        out.add_column(header, no_wrap=True, overflow="ellipsis")
     for row in rows:
         out.add_row(*row)
     return out
@@ -151,7 +151,7 @@ def top_table(rows: list[dict]) -> Table:
         "MEMORY%",
         "GPU FREE",
     ):
-        out.add_column(header)
+        out.add_column(header, no_wrap=True, overflow="ellipsis")
     for row in rows:
         cells = [row["pool"], str(row["nodes"]), str(row["schedulable"])]
         for resource in ("cpu", "memory"):

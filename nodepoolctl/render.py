@@ -9,6 +9,8 @@ from datetime import UTC, datetime
 from decimal import Decimal
 
 import yaml
+from rich.console import Console, RenderableType
+from rich.measure import Measurement
 from rich.table import Table
 
 BINARY = [("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)]
@@ -149,14 +151,33 @@ KINDS: dict[str, tuple[Callable[[dict], str], list[Column], list[Column]]] = {
 
 
 def table(kind: str, objects: list[dict], *, wide: bool = False) -> Table:
+    """The objects one row each. A cell is never folded onto a second line (``LIVENES``/``S``, an
+    id cut in two): printed with :func:`print_whole` every cell is whole; squeezed into a narrower
+    console (``watch`` on a terminal) a cell is cut short with an ellipsis, still on its row."""
     _, columns, extra = KINDS[kind]
     columns = columns + extra if wide else columns
     out = Table(box=None, header_style="bold", pad_edge=False)
     for header, _ in columns:
-        out.add_column(header, overflow="fold")
+        out.add_column(header, no_wrap=True, overflow="ellipsis")
     for obj in objects:
         out.add_row(*(str(get(obj)) for _, get in columns))
     return out
+
+
+WIDEST = 100_000  # characters: any table's natural width is below this
+
+
+def natural_width(console: Console, renderable: RenderableType) -> int:
+    """How wide ``renderable`` is when every cell is as wide as its content."""
+    return max(1, Measurement.get(console, console.options.update_width(WIDEST), renderable).maximum)
+
+
+def print_whole(console: Console, renderable: RenderableType) -> None:
+    """Print with columns as wide as their content (kubectl): one row per line, no cell folded or
+    cut, whatever the width of the terminal (it wraps a longer line) or of ``COLUMNS`` when the
+    output is a pipe or a file, which scripts read line by line."""
+    console.width = max(console.width, natural_width(console, renderable))
+    console.print(renderable)
 
 
 def dump(objects: list[dict] | dict, output: str) -> str:

@@ -9,7 +9,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from .render import table
+from .render import natural_width, table
 
 
 @click.group()
@@ -32,7 +32,12 @@ def watch_nodes(obj, selector, pool, interval, count, output):
     def frame():
         nodes = obj.api.list("/nodes", pool=pool, label=selector)
         stamp = Text(f"{time.strftime('%H:%M:%S')}  {len(nodes)} node(s), every {interval:g}s", style="dim")
-        return Group(stamp, table("node", nodes, wide=output == "wide"))
+        view = Group(stamp, table("node", nodes, wide=output == "wide"))
+        if not console.is_terminal:
+            # A pipe or a file gets whole cells, as `get` prints them; a terminal's redrawn frame
+            # must fit its width, so there a long cell is cut short with an ellipsis (never folded).
+            console.width = max(console.width, natural_width(console, view))
+        return view
 
     try:
         with Live(frame(), console=console, auto_refresh=False) as live:

@@ -61,6 +61,30 @@ def test_get_nodes_as_a_table_json_yaml_and_names(ctl, fleet):
     assert str(fleet["gpu-1"].pk) in wide and "accel=a16" in wide
 
 
+def test_tables_in_a_pipe_keep_every_cell_whole_one_row_per_line(ctl, fleet, monkeypatch):
+    """Output captured (not a terminal) and 40 columns: headers and ids were folded (``LIVENES``/``S``,
+    an id over two lines). Now columns are as wide as their content, as kubectl prints them."""
+    long = "rack1-very-long-hostname-0001.example.internal"
+    Node.objects.filter(pk=fleet["cpu-1"].pk).update(hostname=long, labels={"zone": "b", "rack": "r" * 30})
+    monkeypatch.setenv("COLUMNS", "40")
+
+    for args in (["get", "nodes"], ["get", "nodes", "-o", "wide"], ["watch", "nodes", "--count", "1", "-o", "wide"]):
+        code, text, _ = ctl(*args)
+        assert code == 0, args
+        lines = [line for line in text.splitlines() if line.strip() and "node(s), every" not in line]
+        assert len(lines) == 1 + len(fleet), (args, text)
+        assert lines[0].split()[:4] == ["NAME", "POOL", "STATUS", "LIVENESS"], args
+        row = next(line for line in lines if line.startswith(long))
+        if "-o" in args:
+            assert str(fleet["cpu-1"].pk) in row and "rack=" + "r" * 30 in row, args
+
+    code, text, _ = ctl("top", "pool")
+    assert code == 0 and text.splitlines()[0].split()[:3] == ["POOL", "NODES", "SCHEDULABLE"]
+    assert "MEMORY USED/ALLOC" in text.splitlines()[0] and len(text.splitlines()) == 3
+    code, text, _ = ctl("describe", "node", str(fleet["cpu-1"].pk))
+    assert code == 0 and long in text and str(fleet["cpu-1"].pk) in text and "r" * 30 in text
+
+
 def test_get_nodes_by_selector_and_pool(ctl, fleet):
     assert ctl("get", "nodes", "-l", "zone in (a,b),!accel", "-o", "name")[1].split() == ["node/cpu-1"]
     assert sorted(ctl("get", "nodes", "--pool", "general", "-o", "name")[1].split()) == ["node/cpu-1", "node/cpu-2"]
