@@ -150,6 +150,38 @@ def describe_node(obj: Context, node):
     render.print_whole(console(), describe_mod.describe_node(found, leases, page.get("results") or []))
 
 
+def rfc3339(value: str) -> str:
+    """``value`` if it is an RFC 3339 time with a UTC offset or ``Z`` (the API refuses a time
+    without one: 400 timezone_required), else a usage error (exit 2) saying what is expected."""
+    try:
+        moment = datetime.fromisoformat(value.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not an RFC 3339 time such as 2026-12-01T06:00:00Z") from None
+    if moment.tzinfo is None:
+        raise click.BadParameter(f"{value!r} has no UTC offset: add Z or +HH:MM (2026-12-01T06:00:00Z)")
+    return value.strip()
+
+
+def _time_option(ctx, param, value: str | None) -> str | None:
+    return None if value is None else rfc3339(value)
+
+
+def parse_deadline(value: str) -> dict:
+    """``2h`` / ``90m`` / ``45s`` / ``1d`` → ``{"deadline_in": seconds}``; RFC 3339 → ``{"deadline": value}``."""
+    if match := DURATION.match(value.strip()):
+        return {"deadline_in": int(match.group(1)) * UNITS[match.group(2)]}
+    try:
+        return {"deadline": rfc3339(value)}
+    except click.BadParameter as exc:
+        raise click.BadParameter(
+            f"a duration (30m, 2h, 1d) or an RFC 3339 time with an offset: {exc.message}"
+        ) from None
+
+
+def _deadline_option(ctx, param, value: str) -> dict:
+    return parse_deadline(value)
+
+
 def _act(api: Api, node_ref: str, action: str, body: dict, *, expected: int | None, force: bool, params=None):
     """POST a node action with the node's version as If-Match; one retry on 412 with ``force``."""
     node = api.node(node_ref)
@@ -171,7 +203,12 @@ def _name(node: dict) -> str:
 @cli.command()
 @NODE
 @REASON
-@click.option("--expires-at", default=None, help="RFC 3339 time at which your hold ends by itself.")
+@click.option(
+    "--expires-at",
+    default=None,
+    callback=_time_option,
+    help="RFC 3339 time with an offset (2026-12-01T06:00:00Z) at which your hold ends by itself.",
+)
 @EXPECTED
 @FORCE
 @click.pass_obj
@@ -199,21 +236,15 @@ def uncordon(obj: Context, node, reason, owner, override, expected_version, forc
     click.echo(f"{_name(found)} uncordoned" if not still else f"{_name(found)} still cordoned by {holds}")
 
 
-def parse_deadline(value: str) -> dict:
-    """``2h`` / ``90m`` / ``45s`` / ``1d`` → ``{"deadline_in": seconds}``; RFC 3339 → ``{"deadline": value}``."""
-    if match := DURATION.match(value.strip()):
-        return {"deadline_in": int(match.group(1)) * UNITS[match.group(2)]}
-    try:
-        datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise click.BadParameter("a duration (30m, 2h, 1d) or an RFC 3339 time") from None
-    return {"deadline": value}
-
-
 @cli.command()
 @NODE
 @REASON
-@click.option("--deadline", required=True, help="When leases must be gone: 30m, 2h, 1d, or an RFC 3339 time.")
+@click.option(
+    "--deadline",
+    required=True,
+    callback=_deadline_option,
+    help="When leases must be gone: 30m, 2h, 1d, or an RFC 3339 time with an offset.",
+)
 @click.option(
     "--policy",
     type=click.Choice(DRAIN_POLICIES),
@@ -227,7 +258,7 @@ def parse_deadline(value: str) -> dict:
 @click.pass_obj
 def drain(obj: Context, node, reason, deadline, policy, dry_run, expected_version, force):
     """Drain NODE: no new work, its leases end by the deadline per the policy, then maintenance."""
-    body = {"reason": reason, "policy": policy, **parse_deadline(deadline)}
+    body = {"reason": reason, "policy": policy, **deadline}
     params = {"dry_run": "true"} if dry_run else None
     found, response = _act(obj.api, node, "drain", body, expected=expected_version, force=force, params=params)
     data = response.json()

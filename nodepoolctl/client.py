@@ -33,13 +33,35 @@ def _problem(response: httpx.Response) -> ApiError:
     if isinstance(body, dict):
         code = str(body.get("code") or "")
         detail = body.get("detail") or body.get("title") or ""
-        errors = body.get("errors")
-        if isinstance(errors, dict) and errors:
-            detail = f"{detail} " + "; ".join(f"{k}: {v}" for k, v in errors.items())
+        messages = _field_messages(body.get("errors"))
+        if messages and code == "validation_error":
+            # The detail only names the fields ("Invalid input in: deadline_in."): say what is wrong.
+            detail = messages
+        elif messages and messages not in str(detail):
+            detail = f"{detail} ({messages})"
         text = " ".join(str(detail).split())
         return ApiError(f"{response.status_code} {code}: {text}".strip(), status=response.status_code, code=code)
     text = " ".join(response.text.split())[:200]
     return ApiError(f"{response.status_code} {response.reason_phrase}: {text}", status=response.status_code)
+
+
+def _field_messages(errors) -> str:
+    """``deadline_in: Too far away.; reason: This field is required.`` from a problem's ``errors``:
+    a list of ``{"field", "code", "message"}`` (nodepool), or a ``{field: message}`` mapping."""
+    if isinstance(errors, dict):
+        errors = [{"field": k, "message": v} for k, v in errors.items()]
+    if not isinstance(errors, list):
+        return ""
+    parts = []
+    for error in errors:
+        if isinstance(error, dict):
+            field, message = error.get("field") or "", error.get("message") or error.get("code") or ""
+            if isinstance(message, list):
+                message = " ".join(str(m) for m in message)
+            parts.append(f"{field}: {message}" if field else str(message))
+        elif error:
+            parts.append(str(error))
+    return "; ".join(part for part in parts if part)
 
 
 def is_uuid(value: str) -> bool:

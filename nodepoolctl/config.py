@@ -2,7 +2,8 @@
 
 Precedence (first wins): ``--url`` / ``--token`` options, the environment (``NODEPOOL_URL``,
 ``NODEPOOL_TOKEN``), then the config file: ``$NODEPOOLCTL_CONFIG``, else
-``$XDG_CONFIG_HOME/nodepool/config.toml`` (``~/.config/nodepool/config.toml``)::
+``$XDG_CONFIG_HOME/nodepool/config.toml`` (``~/.config/nodepool/config.toml``). The default file
+may be absent; a file named by ``NODEPOOLCTL_CONFIG`` must exist::
 
     url = "http://127.0.0.1:8000"
     token = "0123456789abcdef..."
@@ -36,8 +37,11 @@ def config_path() -> Path:
     return base / "nodepool" / "config.toml"
 
 
-def _file_values(path: Path) -> dict:
+def _file_values(path: Path, *, named: bool) -> dict:
     if not path.exists():
+        if named:
+            # Named on purpose: reading no file would quietly talk to another server (or none).
+            raise ConfigError(f"{path}: no such config file (named by NODEPOOLCTL_CONFIG)")
         return {}
     try:
         values = tomllib.loads(path.read_text())
@@ -53,10 +57,11 @@ def load_config(*, url: str | None = None, token: str | None = None) -> Config:
     """The effective configuration; see the module docstring for the precedence.
 
     Raises:
-        ConfigError: the config file exists but is not valid TOML of the right shape.
+        ConfigError: the config file exists but is not valid TOML of the right shape, or the file
+            that ``NODEPOOLCTL_CONFIG`` names does not exist (the default file may be absent).
     """
     path = config_path()
-    values = _file_values(path)
+    values = _file_values(path, named=bool(os.environ.get("NODEPOOLCTL_CONFIG")))
     final_url = url or os.environ.get("NODEPOOL_URL") or values.get("url") or DEFAULT_URL
     final_token = token or os.environ.get("NODEPOOL_TOKEN") or values.get("token")
     return Config(url=final_url.rstrip("/"), token=final_token, source=str(path) if values else "environment")

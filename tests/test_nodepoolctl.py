@@ -27,7 +27,9 @@ from tests.processes import VENV_BIN
 def ctl(live_server, operator, monkeypatch, tmp_path):
     """Run nodepoolctl as the operator against the live server; returns (exit code, stdout, stderr)."""
     _, token = create_user_token(operator)
-    monkeypatch.setenv("NODEPOOLCTL_CONFIG", str(tmp_path / "absent.toml"))
+    # No config file: the default place (under XDG_CONFIG_HOME) may be absent; a named one may not.
+    monkeypatch.delenv("NODEPOOLCTL_CONFIG", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     monkeypatch.setenv("COLUMNS", "250")  # Rich tables: no wrapping of the columns under test
 
     def run(*args: str, token: str = token):
@@ -203,6 +205,49 @@ def test_every_choice_option_offers_exactly_the_apis_values():
     assert choices(["lease", "release"], "outcome") == ReleaseOutcome.values
 
 
+def test_a_validation_error_prints_each_fields_message(ctl, fleet):
+    code, stdout, stderr = ctl("drain", "cpu-1", "--reason", "x", "--deadline", "3650d")
+    assert code == 1 and stdout == ""
+    assert stderr.strip() == "error: 400 validation_error: deadline_in: Too far away."
+    assert not Drain.objects.exists()
+
+
+def test_a_time_without_an_offset_or_not_a_time_is_a_usage_error(ctl, fleet):
+    for args in (
+        ["cordon", "cpu-1", "--reason", "r", "--expires-at", "tomorrow"],
+        ["cordon", "cpu-1", "--reason", "r", "--expires-at", "2026-12-01T06:00:00"],
+        ["drain", "cpu-1", "--reason", "r", "--deadline", "2026-12-01T06:00:00"],
+    ):
+        code, stdout, stderr = ctl(*args)
+        assert code == 2 and stdout == "", args
+        assert "Invalid value for '--" in stderr and ("RFC 3339" in stderr or "UTC offset" in stderr), stderr
+    assert "has no UTC offset" in ctl("cordon", "cpu-1", "--reason", "r", "--expires-at", "2026-12-01T06:00:00")[2]
+    assert Node.objects.get(pk=fleet["cpu-1"].pk).cordoned is False
+    later = (timezone.now() + timedelta(hours=1)).isoformat()
+    assert ctl("cordon", "cpu-1", "--reason", "r", "--expires-at", later)[0] == 0
+
+
+def test_problem_errors_become_one_line_of_field_messages():
+    import httpx
+
+    from nodepoolctl.client import _problem
+
+    def problem(body: dict) -> str:
+        return str(_problem(httpx.Response(400, json={"status": 400, **body})))
+
+    errors = [{"field": "deadline_in", "code": "deadline_too_far", "message": "Too far away."},
+              {"field": "", "code": "invalid", "message": "Something else."}]  # fmt: skip
+    assert problem({"code": "validation_error", "detail": "Invalid input in: deadline_in.", "errors": errors}) == (
+        "400 validation_error: deadline_in: Too far away.; Something else."
+    )
+    filtered = {"code": "invalid_filter", "detail": "Invalid filter.", "errors": errors[:1]}
+    assert problem(filtered) == "400 invalid_filter: Invalid filter. (deadline_in: Too far away.)"
+    assert problem({"code": "x", "detail": "d", "errors": {"a": "b"}}) == "400 x: d (a: b)"
+    assert problem({"code": "invalid_filter", "detail": "label selector 'x': bad"}) == (
+        "400 invalid_filter: label selector 'x': bad"
+    )
+
+
 def test_quarantine_with_evidence_and_release(ctl, fleet):
     code, text, _ = ctl("quarantine", "gpu-1", "--reason", "rootkit", "--evidence", '{"hash": "ff"}')
     assert (code, text.strip()) == (0, "node/gpu-1 quarantined")
@@ -264,6 +309,21 @@ def test_config_comes_from_options_then_environment_then_the_file(tmp_path, monk
     path.write_text("url = \n")
     with pytest.raises(ConfigError):
         load_config()
+
+
+def test_a_config_file_named_but_missing_is_an_error(tmp_path, monkeypatch):
+    missing = tmp_path / "missing.toml"
+    monkeypatch.setenv("NODEPOOLCTL_CONFIG", str(missing))
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config()
+    result = CliRunner().invoke(cli, ["get", "nodes"])
+    assert result.exit_code == 1 and result.stdout == ""
+    assert result.stderr.startswith(f"error: {missing}: no such config file")
+    # The default place may be absent: no file there is the defaults, not an error.
+    monkeypatch.delenv("NODEPOOLCTL_CONFIG")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    monkeypatch.delenv("NODEPOOL_URL", raising=False)
+    assert load_config().url == "http://127.0.0.1:8000"
 
 
 def test_help_on_every_command_and_group():
