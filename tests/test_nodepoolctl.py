@@ -206,9 +206,12 @@ def test_every_choice_option_offers_exactly_the_apis_values():
 
 
 def test_a_validation_error_prints_each_fields_message(ctl, fleet):
-    code, stdout, stderr = ctl("drain", "cpu-1", "--reason", "x", "--deadline", "3650d")
+    code, stdout, stderr = ctl("drain", "cpu-1", "--reason", "x" * 2001, "--deadline", "1h")
     assert code == 1 and stdout == ""
-    assert stderr.strip() == "error: 400 validation_error: deadline_in: Too far away."
+    assert stderr.strip() == "error: 400 validation_error: reason: Ensure this field has no more than 2000 characters."
+    code, _, stderr = ctl("drain", "cpu-1", "--reason", "x", "--deadline", "3650d")
+    assert code == 1
+    assert stderr.strip() == "error: 422 deadline_too_far: The drain deadline may be at most 2592000 seconds away."
     assert not Drain.objects.exists()
 
 
