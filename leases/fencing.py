@@ -283,6 +283,10 @@ def fencing_validate(*, data: Any, may_see=None) -> dict:
     live = latest if latest.state in LIVE_LEASE_STATES else None
     if live is None:
         live = Lease.objects.filter(workload_id=workload_id, state__in=LIVE_LEASE_STATES).first()
+        if live is not None and may_see is not None and not may_see(live):
+            # Workload ids are one namespace across clients: a live lease the caller may not see is
+            # never named (the same 404 as an unseen latest lease).
+            raise NotFound("No lease of this workload is visible to you.")
     valid = live is not None and live.fencing_token == token and token == current
     return {
         "valid": valid,

@@ -395,13 +395,13 @@ def _create(*, data, client, actor, idempotency_key: str, request_hash: str, now
         replay = _replay(client, idempotency_key, request_hash) if idempotency_key else None
         if replay:
             return replay
-        _refuse_second_live_lease(spec.workload_id)
+        _refuse_second_live_lease(spec.workload_id, client)
         raise Conflict("A concurrent request for this workload won; retry.", "concurrent_modification") from None
     if lease is not None:
         return lease, 201
     # Checked here rather than up front: the partial unique index already refuses a second live
     # lease when a node fits, so only the nothing-fits answer needs to look.
-    _refuse_second_live_lease(spec.workload_id)
+    _refuse_second_live_lease(spec.workload_id, client)
     explanation = explanation or placement.diagnose(pool, spec, now=now)
     lease_metrics.placement_failed(pool=pool.name, reasons=explanation["reasons"])
     if not spec.queue:
@@ -437,14 +437,26 @@ def _create(*, data, client, actor, idempotency_key: str, request_hash: str, now
     return request, 202
 
 
-def _refuse_second_live_lease(workload_id: str) -> None:
+def _refuse_second_live_lease(workload_id: str, user) -> None:
+    """409 ``workload_has_live_lease`` when the workload already holds a live lease.
+
+    Workload ids are one namespace across clients, so the live lease may be another client's: only
+    its own client and operators are told which lease it is (``lease_id``); anyone else gets the
+    same code with a message that names no lease (another tenant's object is never named).
+    """
     live = Lease.objects.filter(workload_id=workload_id, state__in=LIVE_LEASE_STATES).first()
-    if live is not None:
+    if live is None:
+        return
+    if is_operator(user) or live.client_id == getattr(user, "pk", None):
         raise Conflict(
             f"Workload {workload_id!r} already holds live lease {live.pk}; release it first.",
             "workload_has_live_lease",
             lease_id=str(live.pk),
         )
+    raise Conflict(
+        f"Workload id {workload_id!r} is in use; choose another.",
+        "workload_has_live_lease",
+    )
 
 
 def _refuse_impossible(pool: Pool, spec: PlacementSpec) -> None:
