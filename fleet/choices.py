@@ -99,3 +99,9 @@ class NodeEventType(models.TextChoices):
     USAGE = "usage", "usage evidence or reconciliation"
     STATEMENT = "statement", "owner statement"
     APPEAL = "appeal", "quarantine appeal"
+
+
+# Event types only the node's owner and operators may read (fleet.api.events): an appeal carries the
+# owner's statement and the operator's resolution (free text), a statement event the owner's money.
+# A lease client, even one whose leases ran on the node, never reads them.
+OWNER_PRIVATE_EVENT_TYPES = frozenset({NodeEventType.APPEAL, NodeEventType.STATEMENT})

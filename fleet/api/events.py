@@ -1,13 +1,20 @@
 """Events: ``GET /events`` (the fleet's event stream) and ``GET /nodes/{id}/events`` (a node's timeline).
 
 Scoping: operators see every event; marketplace owners only the events of their own nodes;
-lease clients node events that are not about a lease, and their own leases' events.
+lease clients node events that are not about a lease, and their own leases' events, never the
+owner-private types (:data:`fleet.choices.OWNER_PRIVATE_EVENT_TYPES`: appeals, statements).
+What a caller reads of an event's ``data`` is redacted too (:func:`data_for`): lease ids listed in
+it (a drain's ``checkpoint_leases``, ``waiting_on[].lease_ids``…) are shown to a lease client only
+when they are its own; operators and the node's owner read them all.
 Filters: :class:`fleet.filtersets.EventFilterSet`.
 """
 
 from __future__ import annotations
 
-from django.db.models import Q
+import copy
+
+from django.core.exceptions import ValidationError
+from django.db.models import F, Q
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, serializers
 from rest_framework.permissions import BasePermission
@@ -16,6 +23,7 @@ from nodepool.api.pagination import EventCursorPagination, TimelineCursorPaginat
 from nodepool.api.permissions import is_client, is_operator, is_owner
 from nodepool.api.problems import NotFound
 
+from ..choices import OWNER_PRIVATE_EVENT_TYPES
 from ..filtersets import EventFilterSet
 from ..models import NodeEvent
 from ..selectors import node_queryset_for
@@ -33,6 +41,15 @@ class EventSerializer(serializers.ModelSerializer):
             "id", "created_at", "type", "summary", "node_id", "pool", "lease_id", "workload_id", "subject_type",
             "subject_id", "from_state", "to_state", "actor_type", "actor", "reason", "request_id", "data",
         ]  # fmt: skip
+
+    def to_representation(self, event: NodeEvent) -> dict:
+        body = super().to_representation(event)
+        request = self.context.get("request")
+        if request is not None:  # an API answer: the data as this caller may read it
+            owner_id = getattr(event, "node_owner_pk", None)
+            cache = self.context.setdefault("event_visibility", {})
+            body["data"] = data_for(request.user, event, node_owner_id=owner_id, cache=cache)
+        return body
 
     def get_summary(self, event: NodeEvent) -> str:
         """One line a person reads in a timeline: ``liveness alive → stale: missed heartbeats``."""
@@ -66,7 +83,8 @@ def events_for(user):
 
     A lease client reads node events, but of the events about leases only its own: another
     client's lease events carry that lease's id, workload and fencing token, which a client must
-    not learn (the same rule as ``POST /fencing/validate``).
+    not learn (the same rule as ``POST /fencing/validate``). Owner-private event types (appeals,
+    statements) are read only by the node's owner and operators.
     """
     events = NodeEvent.objects.select_related("pool")
     if is_operator(user):
@@ -75,15 +93,102 @@ def events_for(user):
     if is_owner(user):
         scope |= Q(node__owner=user)
     if is_client(user):
-        scope |= (Q(node__isnull=False) & ~ABOUT_A_LEASE) | Q(lease_id__in=_own_lease_ids(user))
-    return events.filter(scope)
+        client_scope = (Q(node__isnull=False) & ~ABOUT_A_LEASE) | Q(lease_id__in=_own_lease_ids(user))
+        scope |= client_scope & ~Q(type__in=OWNER_PRIVATE_EVENT_TYPES)
+    # The node's owner, for data_for (one join, no query per event).
+    return events.filter(scope).annotate(node_owner_pk=F("node__owner_id"))
+
+
+# Keys of an event's data (at any depth) holding a list of lease ids.
+LEASE_ID_LIST_KEYS = frozenset({"checkpoint_leases", "lease_ids", "revoked_lease_ids", "at_risk", "unconfirmed"})
+
+
+def _reads_everything(user, node_owner_id) -> bool:
+    return is_operator(user) or (is_owner(user) and node_owner_id is not None and node_owner_id == user.pk)
+
+
+def _lease_ids_in(value, found: set[str]) -> set[str]:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key in LEASE_ID_LIST_KEYS and isinstance(item, list):
+                found.update(str(x) for x in item)
+            elif key == "lease_id" and item is not None:
+                found.add(str(item))
+            else:
+                _lease_ids_in(item, found)
+    elif isinstance(value, list):
+        for item in value:
+            _lease_ids_in(item, found)
+    return found
+
+
+def _own_among(user, lease_ids: set[str], cache: dict) -> dict[str, str]:
+    """``{lease id: spread group}`` of those of ``lease_ids`` that are ``user``'s own (remembered in
+    ``cache`` across the events of one response)."""
+    from django.apps import apps
+
+    known = cache.setdefault("own_lease_groups", {})  # id -> group ("" for none), None: not the user's
+    unknown = [pk for pk in lease_ids if pk not in known]
+    if unknown:
+        Lease = apps.get_model("leases", "Lease")
+        canonical = {}
+        for pk in unknown:
+            known[pk] = None
+            try:
+                canonical[pk] = str(Lease._meta.pk.to_python(pk))
+            except ValidationError:  # not a lease id: never one of the user's
+                continue
+        rows = Lease.objects.filter(client=user, pk__in=set(canonical.values())).values_list("pk", "group")
+        groups = {str(pk): group or "" for pk, group in rows}
+        for pk, key in canonical.items():
+            known[pk] = groups.get(key)
+    return {pk: known[pk] for pk in lease_ids if known[pk] is not None}
+
+
+def _redact(value, own: dict[str, str]):
+    if isinstance(value, list):
+        kept = []
+        for item in value:
+            if isinstance(item, dict) and item.get("lease_id") is not None and str(item["lease_id"]) not in own:
+                continue  # a summary of another client's lease
+            kept.append(_redact(item, own))
+        return kept
+    if not isinstance(value, dict):
+        return value
+    body = {}
+    for key, item in value.items():
+        if key in LEASE_ID_LIST_KEYS and isinstance(item, list):
+            body[key] = [x for x in item if str(x) in own]
+        else:
+            body[key] = _redact(item, own)
+    if isinstance(value.get("lease_ids"), list) and isinstance(value.get("groups"), list):
+        # Spread groups named beside lease ids (a disruption budget holding them) are the leases'
+        # clients' names: only the caller's own are shown, and the message naming them is not.
+        own_groups = {own[str(x)] for x in value["lease_ids"] if str(x) in own}
+        body["groups"] = [g for g in value["groups"] if g in own_groups]
+        if body["groups"] != value["groups"] and "message" in body:
+            body["message"] = f"Waiting on {value.get('code') or 'a disruption budget'}."
+    return body
+
+
+def data_for(user, event, *, node_owner_id, cache: dict):
+    """``event.data`` as ``user`` may read it: whole for operators and the node's owner; for anyone
+    else, lease ids listed in it (and what names them) only when they are the user's own leases."""
+    data = event.data
+    if not data or _reads_everything(user, node_owner_id):
+        return data
+    mentioned = _lease_ids_in(data, set())
+    if not mentioned:
+        return data
+    return _redact(data, _own_among(user, mentioned, cache))
 
 
 def visible_events(user, node, events, cache: dict):
-    """``events`` of ``node`` (already loaded) filtered as :func:`events_for` would: for the node
-    API's ``recent_events``. Operators and the node's owner read them all. ``cache`` (one per
-    response) keeps the client's own lease ids across the nodes of a list."""
-    if is_operator(user) or (is_owner(user) and node.owner_id == user.pk):
+    """``events`` of ``node`` (already loaded) filtered as :func:`events_for` would, and their
+    ``data`` redacted as :func:`data_for`: for the node API's ``recent_events``. Operators and the
+    node's owner read them all. ``cache`` (one per response) keeps the client's own lease ids
+    across the nodes of a list."""
+    if _reads_everything(user, node.owner_id):
         return list(events)
     if not is_client(user):
         return []
@@ -94,7 +199,16 @@ def visible_events(user, node, events, cache: dict):
     def about_a_lease(event) -> bool:
         return event.lease_id is not None or "lease_id" in (event.data or {})
 
-    return [e for e in events if not about_a_lease(e) or str(e.lease_id) in own]
+    visible = []
+    for event in events:
+        if event.type in OWNER_PRIVATE_EVENT_TYPES or (about_a_lease(event) and str(event.lease_id) not in own):
+            continue
+        redacted = data_for(user, event, node_owner_id=node.owner_id, cache=cache)
+        if redacted is not event.data:
+            event = copy.copy(event)  # the loaded (prefetched) event is not changed
+            event.data = redacted
+        visible.append(event)
+    return visible
 
 
 class EventList(generics.ListAPIView):
