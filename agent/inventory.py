@@ -127,7 +127,7 @@ def nvidia_gpus(run=subprocess.run, which=shutil.which) -> list[dict]:
             continue
         name, _, memory = (part.strip() for part in line.rpartition(","))
         mib = memory.split()[0] if memory else ""
-        gpus.append({"model": name, "memory_mib": int(mib) if mib.isdigit() else None})
+        gpus.append({"model": name, "memory_mib": int(mib) if mib.isascii() and mib.isdigit() else None})
     return gpus
 
 

@@ -135,12 +135,12 @@ def _accelerators(resources: dict[str, int], labels: dict, unmapped: list[str]) 
         model = labels.get(f"{vendor}/gpu.product", "")
         memory_mib = labels.get(f"{vendor}/gpu.memory", "")
         accelerator = {"type": name, "model": model, "memory": 0, "count": count}
-        if memory_mib.isdigit():
+        if memory_mib.isascii() and memory_mib.isdigit():
             accelerator["memory"] = int(memory_mib) * MIB
         if not model:
             unmapped.append(f"{name}: {count} without GPU feature discovery labels; model and memory unknown")
         label_count = labels.get(f"{vendor}/gpu.count")
-        if label_count and label_count.isdigit() and int(label_count) != count:
+        if label_count and label_count.isascii() and label_count.isdigit() and int(label_count) != count:
             unmapped.append(f"{vendor}/gpu.count label says {label_count} but capacity says {count}")
         accelerators.append(accelerator)
     return accelerators

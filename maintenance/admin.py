@@ -145,7 +145,7 @@ def _apply(modeladmin, request, queryset, spec: Spec, data: dict) -> None:
     done = []
     for obj in queryset:
         raw = request.POST.get(f"version_{obj.pk}", "")
-        if not raw.isdigit():
+        if not _is_version(raw):
             modeladmin.message_user(request, f"{spec.label} not done for {obj}: no version was read; try again.",
                                     messages.ERROR)  # fmt: skip
             continue
@@ -159,10 +159,17 @@ def _apply(modeladmin, request, queryset, spec: Spec, data: dict) -> None:
         modeladmin.message_user(request, f"{spec.label} done for {', '.join(done)}.", messages.SUCCESS)
 
 
+def _is_version(raw: str) -> bool:
+    """A posted ``version_<pk>``: ASCII digits only ("²".isdigit() is True, and int("²") raises)."""
+    return raw.isascii() and raw.isdigit()
+
+
 def _preview(spec: Spec, obj, request, data: dict) -> dict:
     raw = request.POST.get(f"version_{obj.pk}", "")
+    if raw and not _is_version(raw):
+        return {"problem": "no version was read; try again."}
     try:
-        return {"plan": spec.preview(obj, int(raw) if raw.isdigit() else None, data)}
+        return {"plan": spec.preview(obj, int(raw) if raw else None, data)}
     except Problem as exc:
         return {"problem": exc.detail}
 

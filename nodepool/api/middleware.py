@@ -57,7 +57,8 @@ class BodyLimitMiddleware:
         limit = settings.NODEPOOL_MAX_BODY_BYTES
         declared = request.META.get("CONTENT_LENGTH") or ""
         if declared:
-            if not declared.isdigit():
+            # ASCII only: a latin-1 header byte 0xB2 arrives as "²", which isdigit() accepts and int() refuses.
+            if not (declared.isascii() and declared.isdigit()):
                 return problem_response(400, "invalid_content_length", "Content-Length must be a number of bytes.")
             if int(declared) > limit:
                 return _too_large(limit, f"The request body is {int(declared)} bytes.")

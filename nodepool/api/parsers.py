@@ -132,7 +132,7 @@ class BoundedJSONParser(JSONParser):
         max_depth = getattr(view, "max_json_depth", None) or settings.NODEPOOL_MAX_JSON_DEPTH
         request = (parser_context or {}).get("request")
         declared = request.META.get("CONTENT_LENGTH") if request is not None else None
-        if declared and declared.isdigit() and int(declared) > limit:
+        if declared and declared.isascii() and declared.isdigit() and int(declared) > limit:
             raise PayloadTooLarge(f"The request body is {declared} bytes; the limit here is {limit} bytes.")
         raw = stream.read(limit + 1) if stream is not None else b""
         if len(raw) > limit:

@@ -158,7 +158,8 @@ class PoolPreemptionsView(APIView):
         if pool is None:
             raise NotFound("No such pool.", "pool_not_found")
         days = request.query_params.get("days", "7")
-        if not days.isdigit() or not 1 <= int(days) <= 90:
+        # isascii first: "²".isdigit() is True and int("²") raises (a 500, not a 400).
+        if not (days.isascii() and days.isdigit()) or not 1 <= int(days) <= 90:
             raise Problem("days must be an integer from 1 to 90.", "invalid_days")
         latest = Preemption.objects.filter(pool=pool).select_related("pool", "fallback_pool")[:20]
         return Response(
