@@ -13,7 +13,7 @@ from collections import defaultdict
 from datetime import timedelta
 
 from django.core.cache import cache
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -116,6 +116,12 @@ def place_pending_requests(*, now=None, actor: Actor | None = None) -> dict:
             LeaseRequest.objects.filter(pk=request.pk, state=LeaseRequestState.PENDING).update(
                 last_attempt_at=now, attempts=F("attempts") + 1, message=f"placement failed: {exc}"[:2000]
             )
+            continue
+        except DatabaseError:
+            # A deadlock victim or a statement timeout under load: the grant's transaction rolled
+            # back as a whole; this request waits for the next pass, and the rest go on.
+            pending += 1
+            logger.warning("lease request %s not placed this pass", request.pk, exc_info=True)
             continue
         if lease is not None:
             placed += 1

@@ -35,7 +35,7 @@ import time
 import uuid
 from datetime import timedelta
 
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from fleet import services as fleet_services
@@ -116,6 +116,11 @@ def follow_machines(*, pool_id, actor: Actor, now) -> None:
             _follow(machine, ops, actor, now)
         except Problem as exc:
             logger.info("machine %s not moved this pass: %s", machine.name, exc.detail)
+        except (ProviderError, DatabaseError):
+            # The provider failing to delete one machine, or one drain evaluation chosen as a
+            # deadlock victim, must not cost the pool's other machines, nor its scale-up and
+            # scale-down, this pass: the machine is followed again at the next one.
+            logger.warning("machine %s not moved this pass", machine.name, exc_info=True)
 
 
 def _moved(machine: ProviderMachine, **changes) -> bool:

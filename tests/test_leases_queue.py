@@ -185,3 +185,32 @@ def test_a_request_that_fails_for_another_reason_says_so_instead_of_waiting_sile
     assert (request.state, request.attempts) == ("pending", 1)
     assert request.message.startswith("placement failed:") and "fencing_token" in request.message
     assert [r.getMessage() for r in caplog.records] == [f"lease request {request.pk} could not be placed"]
+
+
+def test_a_database_error_on_one_request_leaves_it_waiting_and_the_pass_goes_on(client_api, node, monkeypatch):
+    """A deadlock victim (or a statement timeout) on one grant rolls that grant back; the pass
+    counts the request as waiting and places the requests behind it."""
+    from django.db import OperationalError
+
+    from leases import services
+
+    ask(client_api, "job-1")
+    assert ask(client_api, "job-2", queue=True).status_code == 202
+    second = ask(client_api, "job-3", cpu="1", queue=True)
+    assert second.status_code == 202
+    NodeResource.objects.filter(node=node, name="cpu").update(allocatable=12000)
+    first = LeaseRequest.objects.get(workload_id="job-2")
+    real, failed = services._reserve, []
+
+    def deadlock_on_job_2(**kwargs):
+        if kwargs["spec"].workload_id == "job-2" and not failed:
+            failed.append(True)
+            raise OperationalError("deadlock detected")
+        return real(**kwargs)
+
+    monkeypatch.setattr(services, "_reserve", deadlock_on_job_2)
+    assert place_pending_requests() == {"placed": 1, "pending": 1}
+    first.refresh_from_db()
+    assert (first.state, first.lease_id) == ("pending", None)
+    assert LeaseRequest.objects.get(workload_id="job-3").state == "placed"
+    assert place_pending_requests() == {"placed": 1, "pending": 0}

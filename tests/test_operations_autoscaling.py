@@ -20,7 +20,7 @@ from leases.models import LeaseRequest
 from maintenance.models import DisruptionBudget
 from operations import autoscaler, providers
 from operations.models import PoolOperations, ProviderMachine, ScaleDecision
-from tests.factories import PoolFactory, make_schedulable_node
+from tests.factories import PoolFactory, make_schedulable_node, set_lifecycle
 from tests.maintenance_helpers import make_lease
 from tests.processes import free_port
 
@@ -392,3 +392,27 @@ def test_two_passes_following_the_same_machine_move_it_and_say_so_once(operator_
     autoscaler._follow(late, ops, ACTOR, timezone.now())
     assert ProviderMachine.objects.get(name="m-0").state == "deleted"
     assert list(events.order_by("id").values_list("to_state", flat=True)) == ["ready", "deleted"]
+
+
+def test_one_machine_the_provider_fails_to_delete_does_not_stop_the_pass(operator_api, receiver, monkeypatch):
+    """Following the pool's machines, a provider error on one (or a deadlock victim) is logged and
+    that machine is followed again next pass; the others move on in this one."""
+    from operations.providers import ProviderError
+
+    pool = idle_machines(operator_api, receiver, min_nodes=0, scale_down_after=0)
+    for machine in ProviderMachine.objects.filter(pool=pool):
+        ProviderMachine.objects.filter(pk=machine.pk).update(state="draining")
+        set_lifecycle(machine.node, "maintenance")
+    deleted = []
+
+    class Provider:
+        def delete(self, name, data):
+            if name == "m-0":
+                raise ProviderError("the provider answered 503")
+            deleted.append(name)
+
+    monkeypatch.setattr(autoscaler, "provider_for", lambda ops: Provider())
+    autoscaler.follow_machines(pool_id=pool.pk, actor=ACTOR, now=timezone.now())
+    assert deleted == ["m-1"]
+    assert ProviderMachine.objects.get(name="m-0").state == "draining"
+    assert ProviderMachine.objects.get(name="m-1").state == "deleted"
