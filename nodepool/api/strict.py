@@ -4,7 +4,8 @@ A member the endpoint does not know is a 400 (``unknown_field``), never ignored:
 misplaced option (``"dry_run": true`` in a drain's body instead of ``?dry_run=true``,
 ``"expires_in"`` for ``expires_at``) would otherwise do the real, unqualified thing. A boolean is a
 JSON ``true`` or ``false``: DRF's BooleanField also takes ``"yes"``, ``"on"`` or ``1``, and an
-option such as ``issue_credential`` or ``force`` must not be switched on by a string.
+option such as ``issue_credential`` or ``force`` must not be switched on by a string. A string
+member is a JSON string: DRF's CharField would store the number ``5`` as ``"5"``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from rest_framework import serializers
+from rest_framework.settings import api_settings
 
 from .problems import Problem
 
@@ -45,6 +47,8 @@ class StrictSerializer(serializers.Serializer):
 
     def to_internal_value(self, data):
         if not isinstance(data, dict):
+            if self.parent is not None:  # a nested member, e.g. enrollment's ``attestation``
+                raise serializers.ValidationError({api_settings.NON_FIELD_ERRORS_KEY: ["Must be a JSON object."]})
             raise Problem("The request body must be a JSON object.", "malformed_body")
         unknown = set(data) - set(self.fields) - PASSTHROUGH
         protected = sorted(unknown & self.protected_fields)
@@ -55,6 +59,14 @@ class StrictSerializer(serializers.Serializer):
                 fields=protected,
             )
         refuse_unknown_members(data, self.fields)
+        not_strings = {
+            name: ["Must be a string."]
+            for name, field in self.fields.items()
+            if isinstance(field, serializers.CharField) and data.get(name) is not None
+            and not isinstance(data[name], str)
+        }  # fmt: skip
+        if not_strings:
+            raise serializers.ValidationError(not_strings)
         return super().to_internal_value(data)
 
 
