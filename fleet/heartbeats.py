@@ -219,8 +219,14 @@ def apply_heartbeat(
         Gone: the node is retired (410 ``node_retired``); nothing is recreated.
         Conflict: the row kept changing under the request (409 ``concurrent_heartbeat``).
     """
+    from .renewals import pool_timings
+
     received_at = now or timezone.now()
-    timings = liveness.timings_for(node.pool, liveness.heartbeat_population())
+    # The same per-process timings as the renewals (fleet.renewals.pool_timings): if status
+    # reports told the interval fresh from the pool and renewals their cached one, each kind
+    # would find "the interval changed" after the other, and that exemption would lift the
+    # flood guard for both while the two differ.
+    timings = pool_timings(node.pool_id) if node.pool_id else liveness.timings_for(node.pool, 0)
     for _attempt in range(MAX_ATTEMPTS):
         if node.lifecycle == Lifecycle.RETIRED:
             raise Gone("This node is retired; it can no longer send heartbeats.", "node_retired")
@@ -254,23 +260,26 @@ def _check_spacing(*, node: Node, report: HeartbeatReport, received_at: datetime
     """The flood guard of status reports: not sooner than half the interval last told.
 
     Exempt: a report the node was asked for (its pending-instructions marker is set), the first
-    report of a new incarnation, and the first one after the interval changed. Checked on the
+    report of a new incarnation (unless the node already restarted within the spacing: an agent
+    that starts a new incarnation with every report must not flood through the exemption), and
+    the first one after the interval changed. Checked on the
     snapshot the conditional UPDATE compares with (its sequence): a racing report that moved the
     row makes this request re-read and check again, so the guard costs no extra statement.
 
     Raises:
         TooManyRequests: 429 with ``Retry-After``; nothing is written.
     """
+    from .renewals import TooManyRequests, min_spacing_fraction
+
     not_before = node.status_report_not_before
     if (
         not_before is None
         or not_before <= received_at
         or node.instructions
-        or report.incarnation > node.incarnation
+        or (report.incarnation > node.incarnation and not _restarted_within(node, received_at, timings))
         or node.interval_given != timings.interval
     ):
         return
-    from .renewals import TooManyRequests, min_spacing_fraction
 
     wait = (not_before - received_at).total_seconds()
     raise TooManyRequests(
@@ -278,6 +287,15 @@ def _check_spacing(*, node: Node, report: HeartbeatReport, received_at: datetime
         f"asks for one; retry in {wait:.1f}s (renewals keep the node alive meanwhile).",
         wait,
     )
+
+
+def _restarted_within(node: Node, received_at: datetime, timings: liveness.Timings) -> bool:
+    """Whether ``node`` recorded a restart less than the flood guard's spacing before
+    ``received_at``. One indexed query, only for a new incarnation inside the spacing."""
+    from .renewals import min_spacing_fraction
+
+    since = received_at - timedelta(seconds=timings.interval * min_spacing_fraction())
+    return NodeEvent.objects.filter(node_id=node.pk, type=NodeEventType.RESTART, created_at__gt=since).exists()
 
 
 def _try_apply(

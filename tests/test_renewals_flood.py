@@ -222,3 +222,38 @@ def test_a_flooding_credential_is_refused_without_a_statement_after_its_first_re
     assert renew(node, secret[:-4] + "abcd", sequence=4).status_code == 401
     at(time_machine, 5)
     assert renew(node, secret, sequence=5).json()["applied"] is True
+
+
+def test_a_new_incarnation_with_every_report_does_not_flood_through_the_exemption(node_secret, time_machine):
+    """The first report of a new incarnation is exempt from the spacing, once: a second restart
+    inside the spacing is refused like any other report (an agent crash-looping, or one that
+    bumps its incarnation to get past the guard)."""
+    node, secret = node_secret
+    api = node_api(secret)
+    assert post_beat(api, node, sequence=1, incarnation=1).status_code == 200
+    at(time_machine, 1)
+    assert post_beat(api, node, sequence=0, incarnation=2).status_code == 200  # a restart: exempt
+    at(time_machine, 2)
+    refused = post_beat(api, node, sequence=0, incarnation=3)
+    assert refused.status_code == 429 and int(refused["Retry-After"]) >= 1
+    assert NodeEvent.objects.filter(node=node, type=NodeEventType.RESTART).count() == 1
+    assert Node.objects.get(pk=node.pk).incarnation == 2
+    at(time_machine, 7)
+    assert post_beat(api, node, sequence=0, incarnation=3).status_code == 200  # past the spacing
+
+
+def test_renewals_and_status_reports_tell_one_interval_so_a_pool_edit_lifts_no_guard(node_secret, time_machine):
+    """Both message kinds use the same per-process timings: after a pool's interval changes they
+    do not each find "the interval changed" after the other, which exempted every message."""
+    node, secret = node_secret
+    api = node_api(secret)
+    assert renew(node, secret, sequence=1).json()["applied"] is True
+    Pool.objects.filter(pk=node.pool_id).update(heartbeat_interval=20)
+    codes = []
+    for i in range(10):
+        at(time_machine, 1 + i * 0.1)
+        if i % 2:
+            codes.append(renew(node, secret, sequence=2 + i).status_code)
+        else:
+            codes.append(post_beat(api, node, sequence=2 + i).status_code)
+    assert codes.count(429) >= 8, codes
