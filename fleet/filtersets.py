@@ -1,6 +1,6 @@
 """Filters of the node list (pool, lifecycle, liveness, owner, label, schedulable), of events and of
-bootstrap tokens, and :class:`StrictFilterSet`, the base of filter sets that refuse what they do not
-understand (docs/api-contract.md, "Query parameters")."""
+bootstrap tokens. Every filter set of the API is a :class:`nodepool.api.filters.StrictFilterSet`:
+it refuses what it does not understand (docs/api-contract.md, "Query parameters")."""
 
 from __future__ import annotations
 
@@ -12,72 +12,13 @@ from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 
+from nodepool.api.filters import StrictFilterSet
 from nodepool.api.problems import Problem
 
 from .choices import Lifecycle, Liveness, NodeEventType
 from .labelselector import SelectorError, filter_by_selector
 from .models import BootstrapToken, Node, NodeEvent
 from .selectors import schedulable_q
-
-# Query parameters every list takes besides its filters, whatever its paginator (DRF's format override too).
-NON_FILTER_PARAMETERS = frozenset({"page", "page_size", "cursor", "format"})
-
-
-class StrictFilterSet(django_filters.FilterSet):
-    """A FilterSet that answers ``400 invalid_filter`` instead of narrowing nothing.
-
-    django-filter ignores a parameter it does not declare (``?pool=`` on a list filtered by
-    ``pool__name``, ``?foo=bar``) and the backend turns a bad value into a generic
-    ``validation_error``; either way a client that meant to narrow the list may be handed the whole
-    collection, or an empty one it reads as "none". This base refuses both, naming the parameter,
-    with the per-parameter messages in ``errors`` (``{"field", "code", "message"}``) like a
-    validation error. Empty values are refused before this by ``nodepool.api.filters``.
-
-    Raises (from :meth:`is_valid`, which the filter backend calls before filtering):
-        Problem: 400 ``invalid_filter``.
-    """
-
-    def known_parameters(self) -> set[str]:
-        """The filters, and the paginator's parameters of the view (if any)."""
-        known = set(self.filters) | NON_FILTER_PARAMETERS
-        view = (getattr(self.request, "parser_context", None) or {}).get("view")
-        paginator = getattr(view, "paginator", None) if view is not None else None
-        for attribute in ("page_query_param", "page_size_query_param", "cursor_query_param"):
-            if isinstance(getattr(paginator, attribute, None), str):
-                known.add(getattr(paginator, attribute))
-        return known
-
-    def is_valid(self) -> bool:
-        known = self.known_parameters()
-        unknown = sorted(name for name in self.data if name not in known)
-        filters = ", ".join(sorted(self.filters)) or "none"
-        if unknown:
-            errors = [
-                {"field": name, "code": "unknown_filter", "message": f"not a filter of this list (filters: {filters})"}
-                for name in unknown
-            ]
-            raise Problem(
-                f"Unknown filter {', '.join(unknown)}; this list filters by {filters}.",
-                "invalid_filter",
-                field=unknown[0],
-                errors=errors,
-            )
-        if not super().is_valid():
-            errors = [
-                {"field": name, "code": error.code or "invalid", "message": self._message(name, error)}
-                for name, field_errors in self.form.errors.as_data().items()
-                for error in field_errors
-            ]
-            detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
-            raise Problem(f"Invalid filter: {detail}", "invalid_filter", field=errors[0]["field"], errors=errors)
-        return True
-
-    def _message(self, name: str, error) -> str:
-        message = " ".join(error.messages)
-        choices = getattr(self.filters.get(name), "extra", {}).get("choices")
-        if error.code == "invalid_choice" and choices:
-            message += f" Choose from {', '.join(str(value) for value, _ in choices)}."
-        return message
 
 
 def _label_filter(queryset, column: str, values: list[str]):
@@ -95,7 +36,7 @@ def _label_filter(queryset, column: str, values: list[str]):
     return queryset
 
 
-class NodeFilterSet(django_filters.FilterSet):
+class NodeFilterSet(StrictFilterSet):
     pool = django_filters.CharFilter(field_name="pool__name")
     lifecycle = django_filters.MultipleChoiceFilter(choices=Lifecycle.choices)
     liveness = django_filters.MultipleChoiceFilter(choices=Liveness.choices)
@@ -130,7 +71,7 @@ class NodeFilterSet(django_filters.FilterSet):
         return queryset.filter(query) if value in (True, "true") else queryset.exclude(query)
 
 
-class EventFilterSet(django_filters.FilterSet):
+class EventFilterSet(StrictFilterSet):
     """Filters of ``GET /events`` and ``GET /nodes/{id}/events``; every filter combines with AND."""
 
     node = django_filters.UUIDFilter(field_name="node_id")

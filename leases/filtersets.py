@@ -1,11 +1,13 @@
 import django_filters
 from django import forms
 
+from nodepool.api.filters import StrictFilterSet
+
 from .choices import LeaseRequestState, LeaseState
 from .models import Lease, LeaseRequest, Shape
 
 
-class LeaseFilterSet(django_filters.FilterSet):
+class LeaseFilterSet(StrictFilterSet):
     state = django_filters.MultipleChoiceFilter(choices=LeaseState.choices)
     pool = django_filters.CharFilter(field_name="pool__name")
     node = django_filters.UUIDFilter(field_name="node_id")
@@ -15,7 +17,7 @@ class LeaseFilterSet(django_filters.FilterSet):
         fields = ["state", "workload_id", "pool", "node", "group"]
 
 
-class LeaseRequestFilterSet(django_filters.FilterSet):
+class LeaseRequestFilterSet(StrictFilterSet):
     state = django_filters.MultipleChoiceFilter(choices=LeaseRequestState.choices)
     pool = django_filters.CharFilter(field_name="pool__name")
 
@@ -31,7 +33,7 @@ class IntegerFilter(django_filters.NumberFilter):
     field_class = forms.IntegerField
 
 
-class ShapeFilterSet(django_filters.FilterSet):
+class ShapeFilterSet(StrictFilterSet):
     """``GET /shapes?name=&version=``."""
 
     version = IntegerFilter()

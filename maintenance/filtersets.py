@@ -1,10 +1,12 @@
 import django_filters
 
+from nodepool.api.filters import StrictFilterSet
+
 from .choices import DrainState, EvictionPolicy, QuarantineRule
 from .models import Drain, Quarantine
 
 
-class DrainFilterSet(django_filters.FilterSet):
+class DrainFilterSet(StrictFilterSet):
     node = django_filters.UUIDFilter(field_name="node_id")
     pool = django_filters.CharFilter(field_name="node__pool__name")
     state = django_filters.MultipleChoiceFilter(choices=DrainState.choices)
@@ -15,7 +17,7 @@ class DrainFilterSet(django_filters.FilterSet):
         fields = ["node", "pool", "state", "policy"]
 
 
-class QuarantineFilterSet(django_filters.FilterSet):
+class QuarantineFilterSet(StrictFilterSet):
     node = django_filters.UUIDFilter(field_name="node_id")
     pool = django_filters.CharFilter(field_name="node__pool__name")
     rule = django_filters.ChoiceFilter(choices=QuarantineRule.choices)

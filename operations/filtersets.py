@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import django_filters
 
-from fleet.filtersets import StrictFilterSet
+from nodepool.api.filters import StrictFilterSet
 
 from .choices import UpgradeState
 from .models import ScaleDecision, Upgrade
