@@ -100,3 +100,27 @@ def test_if_match_reads_the_version_of_the_tags_it_issues_only(opaque, version):
     from nodepool.api.versioning import version_in_tag
 
     assert version_in_tag(opaque) == version
+
+
+@pytest.mark.django_db
+def test_a_pending_requests_clock_derived_wait_does_not_defeat_if_none_match(client_api, time_machine):
+    """pending_seconds moves at every read; the ETag leaves it out, so a poller gets 304 while
+    nothing about the request changed, and the new representation once something did."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from leases.models import LeaseRequest
+
+    time_machine.move_to(timezone.now(), tick=False)
+    make_schedulable_node(PoolFactory(name="general"), resources={"cpu": 4000, "memory": 2**34})
+    body = {"workload_id": "first", "pool": "general", "resources": {"cpu": "4"}}
+    assert client_api.post("/api/v1/node-leases", body, format="json").status_code == 201
+    queued = client_api.post("/api/v1/node-leases", {**body, "workload_id": "big", "queue": True}, format="json")
+    url = f"/api/v1/lease-requests/{queued.json()['lease_request']}"
+    first = client_api.get(url)
+    time_machine.shift(timedelta(seconds=30))
+    again = client_api.get(url, HTTP_IF_NONE_MATCH=first["ETag"])
+    assert again.status_code == 304
+    LeaseRequest.objects.filter(pk=queued.json()["lease_request"]).update(message="changed")
+    assert client_api.get(url, HTTP_IF_NONE_MATCH=first["ETag"]).status_code == 200

@@ -172,3 +172,29 @@ def test_a_client_does_not_read_another_clients_spread_group_named_by_a_budget(o
         assert data["waiting_on"][0]["groups"] == ["my-web"]
         assert data["waiting_on"][0]["lease_ids"] == [str(mine.pk)]
         assert "acme-secret-db" not in json.dumps(data)
+
+
+def test_a_clients_events_cost_a_bounded_number_of_queries(client_api, client_user):
+    """Which lease ids named by the page's events are the caller's own is one query per page,
+    not one per event (30 drain events naming 30 leases)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from fleet.choices import NodeEventType
+    from fleet.events import Actor, record_event
+    from tests.factories import PoolFactory, make_schedulable_node
+    from tests.maintenance_helpers import make_lease
+
+    node, _ = make_schedulable_node(PoolFactory())
+    for i in range(30):
+        lease = make_lease(node, f"w-{i}")
+        record_event(node, NodeEventType.DRAIN, Actor.system("t"), reason="x",
+                     data={"drain_id": "d", "checkpoint_leases": [str(lease.pk)]})  # fmt: skip
+    with CaptureQueriesContext(connection) as few:
+        client_api.get("/api/v1/events?page_size=5")
+    with CaptureQueriesContext(connection) as many:
+        assert client_api.get("/api/v1/events?page_size=50").status_code == 200
+    assert len(many.captured_queries) == len(few.captured_queries)
+    with CaptureQueriesContext(connection) as detail:
+        assert client_api.get(f"/api/v1/nodes/{node.pk}").status_code == 200
+    assert len(detail.captured_queries) < 15

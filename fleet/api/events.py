@@ -29,6 +29,21 @@ from ..models import NodeEvent
 from ..selectors import node_queryset_for
 
 
+class _EventListSerializer(serializers.ListSerializer):
+    """Looks up, in one query per page, which of the lease ids the page's events name are the
+    caller's own (:func:`prime_own_leases`), rather than one query per event."""
+
+    def to_representation(self, data):
+        events = list(data.all() if hasattr(data, "all") else data)
+        request = self.context.get("request")
+        if request is not None:
+            prime_own_leases(
+                request.user, events, self.context.setdefault("event_visibility", {}),
+                owner_of=lambda event: getattr(event, "node_owner_pk", None),
+            )  # fmt: skip
+        return super().to_representation(events)
+
+
 class EventSerializer(serializers.ModelSerializer):
     node_id = serializers.UUIDField(read_only=True, allow_null=True)
     pool = serializers.SlugRelatedField(slug_field="name", read_only=True, allow_null=True)
@@ -37,6 +52,7 @@ class EventSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = NodeEvent
+        list_serializer_class = _EventListSerializer
         fields = [
             "id", "created_at", "type", "summary", "node_id", "pool", "lease_id", "workload_id", "subject_type",
             "subject_id", "from_state", "to_state", "actor_type", "actor", "reason", "request_id", "data",
@@ -171,6 +187,18 @@ def _redact(value, own: dict[str, str]):
     return body
 
 
+def prime_own_leases(user, events, cache: dict, *, owner_of) -> None:
+    """Learn, in one query, which lease ids named by ``events`` (whose data ``user`` does not read
+    whole; ``owner_of(event)`` is the event's node owner) are ``user``'s own, into ``cache``; the
+    :func:`data_for` calls that follow then need no query of their own."""
+    mentioned: set[str] = set()
+    for event in events:
+        if event.data and not _reads_everything(user, owner_of(event)):
+            _lease_ids_in(event.data, mentioned)
+    if mentioned:
+        _own_among(user, mentioned, cache)
+
+
 def data_for(user, event, *, node_owner_id, cache: dict):
     """``event.data`` as ``user`` may read it: whole for operators and the node's owner; for anyone
     else, lease ids listed in it (and what names them) only when they are the user's own leases."""
@@ -199,6 +227,8 @@ def visible_events(user, node, events, cache: dict):
     def about_a_lease(event) -> bool:
         return event.lease_id is not None or "lease_id" in (event.data or {})
 
+    events = list(events)
+    prime_own_leases(user, events, cache, owner_of=lambda event: node.owner_id)
     visible = []
     for event in events:
         if event.type in OWNER_PRIVATE_EVENT_TYPES or (about_a_lease(event) and str(event.lease_id) not in own):

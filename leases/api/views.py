@@ -221,6 +221,8 @@ class LeaseRequestList(LeaseRequestVisibility, generics.ListAPIView):
 class LeaseRequestDetail(ETagMixin, LeaseRequestVisibility, generics.RetrieveAPIView):
     """``GET /lease-requests/{id}`` (current reasons, pending time); ``DELETE`` cancels a pending one."""
 
+    etag_ignores = ("pending_seconds",)  # the clock's, not the request's: it moves at every read
+
     @extend_schema(operation_id="v1_lease_requests_retrieve")
     def get(self, request, *args, **kwargs):
         return super().get(request, *args, **kwargs)

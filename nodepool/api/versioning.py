@@ -161,13 +161,21 @@ def check_version(current: int, expected: int) -> None:
 class ETagMixin:
     """DRF view mixin: ``ETag`` on responses carrying one object with a ``version``, and
     ``If-None-Match`` on ``GET``/``HEAD`` answered 304 when it matches (weak comparison, ``*``
-    matches any current representation; RFC 9110 §13.1.2)."""
+    matches any current representation; RFC 9110 §13.1.2).
+
+    ``etag_ignores``: top-level members left out of the ETag's digest because they are computed
+    from the clock at each read (a pending request's ``pending_seconds``): with them in, the
+    ETag would change every second and a poller would never get a 304.
+    """
+
+    etag_ignores: tuple[str, ...] = ()
 
     def finalize_response(self, request, response, *args, **kwargs):
         response = super().finalize_response(request, response, *args, **kwargs)
         data = getattr(response, "data", None)
         if 200 <= response.status_code < 300 and isinstance(data, dict) and isinstance(data.get("version"), int):
-            etag = etag_for(data["version"], data)
+            digested = {k: v for k, v in data.items() if k not in self.etag_ignores} if self.etag_ignores else data
+            etag = etag_for(data["version"], digested)
             response["ETag"] = etag
             if request.method in ("GET", "HEAD") and response.status_code == 200 and _none_match(request, etag):
                 not_modified = Response(status=status.HTTP_304_NOT_MODIFIED, headers={"ETag": etag})
