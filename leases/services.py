@@ -182,7 +182,13 @@ def _reserve(
         # the fencing row for the first to commit, and now finds it placed and stands down.
         if lease_request is not None and not LeaseRequest.objects.filter(
             pk=lease_request.pk, state=LeaseRequestState.PENDING
-        ).update(state=LeaseRequestState.PLACED, placed_at=now, version=F("version") + 1):
+        ).update(
+            state=LeaseRequestState.PLACED,
+            placed_at=now,
+            version=F("version") + 1,
+            attempts=F("attempts") + 1,
+            last_attempt_at=now,  # the attempt that placed it counts too
+        ):
             raise _LostRace("lease_request")  # another pass placed it, or its client cancelled it
         # The lease row next: the partial unique index refuses a second live lease of the workload
         # (IntegrityError, answered as 409 by lease_create) before any capacity is touched.

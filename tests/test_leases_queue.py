@@ -214,3 +214,5 @@ def test_a_database_error_on_one_request_leaves_it_waiting_and_the_pass_goes_on(
     assert (first.state, first.lease_id) == ("pending", None)
     assert LeaseRequest.objects.get(workload_id="job-3").state == "placed"
     assert place_pending_requests() == {"placed": 1, "pending": 0}
+    first.refresh_from_db()
+    assert (first.state, first.attempts) == ("placed", 2)  # queued (1), then the pass that placed it
