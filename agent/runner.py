@@ -506,8 +506,13 @@ class Agent:
                 # Only the answers that mean "not yours": another 409 (say, a transition the server
                 # does not take) must not kill work that is still this node's.
                 if exc.code in NOT_OURS or exc.status in (404, 410):
+                    # Expected after a revocation, a drain or a restart: the lease ended or moved
+                    # on; the work stops and there is nothing for the operator to look at.
                     self.supervisor.stop(event.lease_id, f"lease is not ours: {exc.code}")
-                log.warning("lease %s event %s refused: %s", event.lease_id, event.state, exc)
+                    log.info("lease %s event %s: the lease is no longer this node's (%s)", event.lease_id,
+                             event.state, exc.code)  # fmt: skip
+                else:
+                    log.warning("lease %s event %s refused: %s", event.lease_id, event.state, exc)
             self.outbox.pop(0)
 
     def tick(self) -> None:

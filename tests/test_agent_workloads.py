@@ -156,7 +156,11 @@ def test_work_whose_lease_was_lost_is_stopped(cp, agent):
     assert _lease(lease).state == "lost"
 
 
-def test_work_whose_event_is_refused_with_a_stale_fencing_token_is_stopped(cp, agent):
+def test_work_whose_event_is_refused_with_a_stale_fencing_token_is_stopped(cp, agent, caplog):
+    """Stopped, and said at info level: the lease moved on, nothing for an operator to look at."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="agent")
     first = cp.grant_lease([PY, "-c", POLITE], workload_id="job-x")
     cp.revoke_lease(_lease(first))
     replacement = cp.grant_lease([PY, "-c", POLITE], workload_id="job-x")
@@ -167,6 +171,9 @@ def test_work_whose_event_is_refused_with_a_stale_fencing_token_is_stopped(cp, a
 
     assert wait_until(lambda: not agent.supervisor.workloads, step=agent.tick)
     assert cp.lease_event_answers(replacement)[0] == (409, "stale_fencing_token")
+    said = [r for r in caplog.records if "no longer this node's" in r.getMessage()]
+    assert said and all(r.levelno == logging.INFO for r in said)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING and "refused" in r.getMessage()]
 
 
 def _running_event(lease_id, token):
