@@ -32,6 +32,22 @@ def _pg():
         pytest.skip("row locks are PostgreSQL's; SQLite serialises writers")
 
 
+def _racer_0_waits_after(monkeypatch, module, name: str) -> threading.Event:
+    """Wrap ``module.name`` so that racer 0, once it returns (holding what it locked), waits until
+    the other racer waits for a lock. Returns the event set at that point, for the other racer."""
+    inside, original = threading.Event(), getattr(module, name)
+
+    def then_wait(*args, **kwargs):
+        value = original(*args, **kwargs)
+        if threading.current_thread().name == "racer-0":
+            inside.set()
+            _wait_until_another_transaction_waits_for_a_lock()
+        return value
+
+    monkeypatch.setattr(module, name, then_wait)
+    return inside
+
+
 def _a_gap_is_pending(now, minutes=10):
     ControlPlaneClock.objects.update_or_create(pk=1, defaults={"observed_at": now - timedelta(minutes=minutes)})
 
@@ -47,16 +63,7 @@ def test_a_clock_gap_and_a_drain_evaluation_both_complete(monkeypatch):
     )
     now = timezone.now()
     _a_gap_is_pending(now)
-    inside, lock_drain = threading.Event(), drains._lock_drain
-
-    def lock_drain_then_wait(drain_id):
-        locked = lock_drain(drain_id)
-        if threading.current_thread().name == "racer-0":
-            inside.set()
-            _wait_until_another_transaction_waits_for_a_lock()
-        return locked
-
-    monkeypatch.setattr(drains, "_lock_drain", lock_drain_then_wait)
+    inside = _racer_0_waits_after(monkeypatch, drains, "_lock_drain")
 
     def racer(i):
         if i == 0:
@@ -91,16 +98,7 @@ def test_an_earlier_preemption_notice_and_a_drain_requeueing_a_lease_both_comple
     assert notice.drain_id is not None
     # The workload answered the drain's checkpoint request: the next evaluation revokes (and requeues) it.
     Lease.objects.filter(pk=lease.pk).update(checkpoint_requested_at=None, workload_state="checkpointed")
-    inside, lock_drain = threading.Event(), drains._lock_drain
-
-    def lock_drain_then_wait(drain_id):
-        locked = lock_drain(drain_id)
-        if threading.current_thread().name == "racer-0":
-            inside.set()
-            _wait_until_another_transaction_waits_for_a_lock()
-        return locked
-
-    monkeypatch.setattr(drains, "_lock_drain", lock_drain_then_wait)
+    inside = _racer_0_waits_after(monkeypatch, drains, "_lock_drain")
 
     def racer(i):
         if i == 0:
@@ -136,14 +134,8 @@ def test_a_lease_ending_while_its_owners_statement_is_finalized_is_not_left_on_t
     other = grant_at(0, client_user, node.pool, "race-job-2", node=node)
     statement = Statement.objects.get(owner=owner)
     after = statement.period_end + timedelta(hours=1)
-    inside, check_version = threading.Event(), statements.check_version
-
-    def check_then_wait(*args, **kwargs):
-        check_version(*args, **kwargs)
-        inside.set()  # the statement row is locked FOR UPDATE, its lines not read yet
-        _wait_until_another_transaction_waits_for_a_lock()
-
-    monkeypatch.setattr(statements, "check_version", check_then_wait)
+    # Racer 0 holds the statement row FOR UPDATE, its lines not read yet.
+    inside = _racer_0_waits_after(monkeypatch, statements, "check_version")
 
     def racer(i):
         if i == 0:
@@ -219,16 +211,7 @@ def test_a_cordon_and_a_change_of_its_pools_labels_both_complete(monkeypatch):
 
     pool = PoolFactory(name="general")
     node, _ = make_schedulable_node(pool)
-    inside, lock = threading.Event(), holds._lock
-
-    def lock_then_wait(node_or_id):
-        locked = lock(node_or_id)
-        if threading.current_thread().name == "racer-0":
-            inside.set()
-            _wait_until_another_transaction_waits_for_a_lock()
-        return locked
-
-    monkeypatch.setattr(holds, "_lock", lock_then_wait)
+    inside = _racer_0_waits_after(monkeypatch, holds, "_lock")
 
     def racer(i):
         if i == 0:
@@ -256,16 +239,7 @@ def test_a_grant_and_a_change_of_its_pools_reservations_both_complete(client_use
 
     pool = PoolFactory(name="general")
     node, _ = make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})
-    inside, hold = threading.Event(), lease_services._hold_schedulable_node
-
-    def hold_then_wait(node_id):
-        held = hold(node_id)
-        if threading.current_thread().name == "racer-0":
-            inside.set()
-            _wait_until_another_transaction_waits_for_a_lock()
-        return held
-
-    monkeypatch.setattr(lease_services, "_hold_schedulable_node", hold_then_wait)
+    inside = _racer_0_waits_after(monkeypatch, lease_services, "_hold_schedulable_node")
 
     def racer(i):
         if i == 0:
