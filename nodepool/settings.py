@@ -140,19 +140,29 @@ NODEPOOL_DB_SWEEP_STATEMENT_TIMEOUT_MS = env.int("NODEPOOL_DB_SWEEP_STATEMENT_TI
 NODEPOOL_READYZ_BUDGET = env.float("NODEPOOL_READYZ_BUDGET", default=2.5)
 
 
-def postgres_timeouts(*, connect_timeout: int, statement_timeout_ms: int, jit: bool = False) -> dict:
+def postgres_options(
+    *, connect_timeout: int, statement_timeout_ms: int, jit: bool = False, generic_plans: bool = True
+) -> dict:
     """libpq connection options: ``connect_timeout`` (seconds), a session ``statement_timeout``
-    (milliseconds; 0 = none) and ``jit``, set at connect so that no request pays an extra statement.
+    (milliseconds; 0 = none), ``jit`` and ``plan_cache_mode``, set at connect so that no request
+    pays an extra statement.
 
     JIT compilation is off unless asked for: PostgreSQL compiles any query whose *estimated* cost
     passes ``jit_above_cost``, and the grouped queries of a 409 explanation on 10,000 nodes spent
     18 of their 30 ms compiling (PostgreSQL's docs: JIT pays off for long CPU-bound analytics, and
     its overhead outweighs it on short queries). ``NODEPOOL_DB_JIT=1`` turns it back on.
+
+    ``generic_plans``: prepared statements are planned once (``plan_cache_mode=force_generic_plan``).
+    Only the statements of ``nodepool.db.prepared_cursor`` are prepared or bound on the server;
+    Django's own cursors bind on the client, so the option changes no other plan. Pass False
+    when Django binds on the server (``OPTIONS["server_side_binding"]``).
     """
     options = {"connect_timeout": connect_timeout}
     settings = [] if jit else ["-c jit=off"]
     if statement_timeout_ms > 0:
         settings.append(f"-c statement_timeout={statement_timeout_ms}")
+    if generic_plans:
+        settings.append("-c plan_cache_mode=force_generic_plan")
     if settings:
         options["options"] = " ".join(settings)
     return options
@@ -177,12 +187,13 @@ else:
     DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("CONN_MAX_AGE", default=60))
     DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
     DATABASES["default"].setdefault("OPTIONS", {}).update(
-        postgres_timeouts(
+        postgres_options(
             connect_timeout=NODEPOOL_DB_CONNECT_TIMEOUT,
             statement_timeout_ms=(
                 NODEPOOL_DB_STATEMENT_TIMEOUT_MS if PROCESS_KIND == "web" else NODEPOOL_DB_SWEEP_STATEMENT_TIMEOUT_MS
             ),
             jit=env.bool("NODEPOOL_DB_JIT", default=False),
+            generic_plans=not DATABASES["default"].get("OPTIONS", {}).get("server_side_binding"),
         )
     )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -16,7 +16,7 @@ import pytest
 from django.db import IntegrityError, InterfaceError, OperationalError, connection
 
 from nodepool import health
-from nodepool.settings import postgres_timeouts
+from nodepool.settings import postgres_options
 from tests.problems import assert_problem
 
 REPO = Path(__file__).resolve().parent.parent
@@ -52,7 +52,7 @@ def silent_server():
 def test_the_postgresql_connect_timeout_gives_up_on_a_server_that_never_answers(silent_server):
     import psycopg
 
-    options = postgres_timeouts(connect_timeout=1, statement_timeout_ms=0)
+    options = postgres_options(connect_timeout=1, statement_timeout_ms=0)
     started = time.monotonic()
 
     with pytest.raises(psycopg.OperationalError):
@@ -132,7 +132,7 @@ def test_the_statement_timeout_cancels_a_slow_statement_on_postgresql():
     import psycopg
 
     params = connection.get_connection_params()
-    params.update(postgres_timeouts(connect_timeout=3, statement_timeout_ms=200))
+    params.update(postgres_options(connect_timeout=3, statement_timeout_ms=200))
     params.pop("cursor_factory", None)
     params.pop("context", None)
     with psycopg.connect(**params) as conn, pytest.raises(psycopg.errors.QueryCanceled):
@@ -170,9 +170,10 @@ def test_web_processes_get_the_statement_timeout_and_other_processes_the_sweep_o
     sweep = _settings_in_a_fresh_process(KIND="worker", **env)
     migrate = _settings_in_a_fresh_process(KIND="worker", NODEPOOL_DB_SWEEP_STATEMENT_TIMEOUT_MS="600000", **env)
 
-    assert web["db"] == {"connect_timeout": 4, "options": "-c jit=off -c statement_timeout=7000"}
-    assert sweep["db"] == {"connect_timeout": 4, "options": "-c jit=off"}
-    assert migrate["db"]["options"] == "-c jit=off -c statement_timeout=600000"
+    generic = "-c plan_cache_mode=force_generic_plan"
+    assert web["db"] == {"connect_timeout": 4, "options": f"-c jit=off -c statement_timeout=7000 {generic}"}
+    assert sweep["db"] == {"connect_timeout": 4, "options": f"-c jit=off {generic}"}
+    assert migrate["db"]["options"] == f"-c jit=off -c statement_timeout=600000 {generic}"
     assert web["broker"]["socket_timeout"] == 10.0 and web["broker"]["socket_connect_timeout"] == 3.0
     assert web["redis"] == 10.0
 
@@ -180,7 +181,7 @@ def test_web_processes_get_the_statement_timeout_and_other_processes_the_sweep_o
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="a PostgreSQL setting")
 @pytest.mark.django_db
 def test_postgresql_sessions_run_without_jit_compilation():
-    """JIT compiled the 409 explanation's grouped queries for longer than they ran (settings.postgres_timeouts)."""
+    """JIT compiled the 409 explanation's grouped queries for longer than they ran (settings.postgres_options)."""
     with connection.cursor() as cursor:
         cursor.execute("SHOW jit")
         assert cursor.fetchone()[0] == "off"
