@@ -8,8 +8,10 @@ connection and PostgreSQL plans it once per connection (the connection option
 ``plan_cache_mode=force_generic_plan``, set by ``nodepool.settings.postgres_options``). Django's
 own cursors never prepare, so that option changes nothing else.
 
-The cursor is wrapped like Django's: errors come out as ``django.db`` exceptions, and
-``connection.execute_wrapper`` hooks and the query log see the statement.
+The cursor is wrapped like Django's: errors come out as ``django.db`` exceptions and
+``connection.execute_wrapper`` hooks see the statement. While queries are logged (``DEBUG``, or a
+test's ``CaptureQueriesContext``) it is Django's own cursor instead: Django reads a statement's
+text back from psycopg, which keeps none for a prepared execution.
 
 A connection pooler in transaction mode (PgBouncer before 1.21, or without
 ``max_prepared_statements``) does not keep prepared statements: do not put one between nodepool
@@ -19,7 +21,7 @@ and PostgreSQL, or set ``max_prepared_statements`` (docs/foundation.md).
 from __future__ import annotations
 
 from django.db import connection
-from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
+from django.db.backends.utils import CursorWrapper
 
 PREPARE_THRESHOLD = 5  # psycopg's default: executions of one statement before it is prepared
 
@@ -32,7 +34,11 @@ def prepared_cursor():
     the SQL text rather than in ``params``: each text gets its own plan. On SQLite, or when the
     settings bind on the server already, it is a plain ``connection.cursor()``.
     """
-    if connection.vendor != "postgresql" or connection.settings_dict["OPTIONS"].get("server_side_binding"):
+    if (
+        connection.vendor != "postgresql"
+        or connection.settings_dict["OPTIONS"].get("server_side_binding")
+        or connection.queries_logged
+    ):
         return connection.cursor()
     import psycopg
 
@@ -40,5 +46,4 @@ def prepared_cursor():
     raw = connection.connection
     if raw.prepare_threshold is None:  # Django switches preparing off; only this cursor binds on the server
         raw.prepare_threshold = PREPARE_THRESHOLD
-    wrapper = CursorDebugWrapper if connection.queries_logged else CursorWrapper
-    return wrapper(psycopg.Cursor(raw), connection)
+    return CursorWrapper(psycopg.Cursor(raw), connection)

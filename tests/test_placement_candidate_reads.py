@@ -96,10 +96,33 @@ def test_each_pool_gets_its_own_prepared_statement_with_a_generic_plan(pools):
 
 @on_postgresql
 def test_the_prepared_read_goes_through_djangos_cursor_wrapper(pools):
+    """execute_wrapper hooks see it, and its errors are django.db's (callers catch DatabaseError)."""
+    from django.db import DatabaseError
+
+    spec = PlacementSpec(workload_id="w", pool=pools[0].name, resources={"cpu": 1000})
+    seen = []
+
+    def hook(execute, sql, params, many, context):
+        seen.append(sql)
+        if len(seen) > PREPARE_THRESHOLD + 1:
+            return execute("SELECT 1/0", (), many, context)  # fails inside psycopg, as a timeout would
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(hook):
+        for _ in range(PREPARE_THRESHOLD + 1):
+            read_rows(pools[0], spec)
+        with pytest.raises(DatabaseError):
+            read_rows(pools[0], spec)
+    assert all('"fleet_noderesource"."node_id"' in sql for sql in seen)
+
+
+def test_a_query_capture_records_the_candidate_read_with_its_text(pools):
     spec = PlacementSpec(workload_id="w", pool=pools[0].name, resources={"cpu": 1000})
     with CaptureQueriesContext(connection) as queries:
-        read_rows(pools[0], spec)
-    assert any('"fleet_noderesource"."node_id"' in query["sql"] for query in queries.captured_queries)
+        for _ in range(PREPARE_THRESHOLD + 1):
+            read_rows(pools[0], spec)
+    texts = [query["sql"] for query in queries.captured_queries]
+    assert len(texts) == PREPARE_THRESHOLD + 1 and all('"fleet_noderesource"' in text for text in texts)
 
 
 @pytest.fixture
