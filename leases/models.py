@@ -7,6 +7,7 @@ import uuid
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 from .choices import LIVE_LEASE_STATES, CheckpointState, EvidenceClose, LeaseRequestState, LeaseState, WorkloadState
 
@@ -139,7 +140,10 @@ class LeaseRequest(models.Model):
     requeued_from = models.ForeignKey(Lease, null=True, blank=True, on_delete=models.SET_NULL, related_name="requeues")
     message = models.TextField(blank=True, help_text="The latest '0/N nodes are available' explanation.")
     attempts = models.PositiveIntegerField(default=0)
-    created_at = models.DateTimeField(auto_now_add=True)
+    # Not auto_now_add (which overrides any value given): the services create a request with the
+    # instant they judged it by (``now``), so a queued request's first attempt (last_attempt_at)
+    # and its creation are the same instant, never its attempt a few ms before its creation.
+    created_at = models.DateTimeField(default=timezone.now, editable=False, blank=True)
     placed_at = models.DateTimeField(null=True, blank=True)
     last_attempt_at = models.DateTimeField(null=True, blank=True)
     version = models.PositiveIntegerField(default=1)

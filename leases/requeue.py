@@ -54,6 +54,7 @@ def requeue_lease(lease: Lease, *, pool: Pool | None, actor: Actor, reason: str,
         client=lease.client,
         requeued_from=lease,
         message=f"requeued by the control plane: {reason}",
+        created_at=now,  # the same instant as last_attempt_at
         last_attempt_at=now,
     )
     record_event(

@@ -447,6 +447,7 @@ def _create(*, data, client, actor, idempotency_key: str, request_hash: str, now
             client=client,
             idempotency_key=idempotency_key,
             request_hash=request_hash,
+            created_at=now,  # the same instant as its first attempt
             last_attempt_at=now,
             attempts=1,
         )

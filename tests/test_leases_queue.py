@@ -216,3 +216,43 @@ def test_a_database_error_on_one_request_leaves_it_waiting_and_the_pass_goes_on(
     assert place_pending_requests() == {"placed": 1, "pending": 0}
     first.refresh_from_db()
     assert (first.state, first.attempts) == ("placed", 2)  # queued (1), then the pass that placed it
+
+
+def test_a_queued_request_is_created_at_the_instant_of_its_first_attempt(client_user, node):
+    """``created_at`` is the instant the request was judged by, like ``last_attempt_at``: with
+    ``auto_now_add`` the row took the clock of its INSERT, a few ms after the attempt it records
+    (so its attempt came before its creation), and hours after when the caller's ``now`` is not
+    the wall clock."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from fleet.events import Actor
+    from leases.services import lease_create
+
+    lease_create(data={"workload_id": "job-1", "pool": "general", "resources": {"cpu": "4"}},
+                 client=client_user, actor=Actor.system("t"))  # fmt: skip
+    now = timezone.now() - timedelta(seconds=5)
+    body = {"workload_id": "job-2", "pool": "general", "resources": {"cpu": "4"}, "queue": True}
+    request, status = lease_create(data=body, client=client_user, actor=Actor.system("t"), now=now)
+    assert status == 202
+    request = LeaseRequest.objects.get(pk=request.pk)
+    assert request.created_at == request.last_attempt_at == now
+
+
+def test_a_requeued_request_is_created_at_the_instant_of_its_first_attempt(client_user, node):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from fleet.events import Actor
+    from leases import requeue
+    from leases.services import end_lease, lease_create
+
+    lease, _ = lease_create(data={"workload_id": "job-1", "pool": "general", "resources": {"cpu": "4"}},
+                            client=client_user, actor=Actor.system("t"))  # fmt: skip
+    now = timezone.now() - timedelta(seconds=5)
+    ended = end_lease(lease.pk, to_state="revoked", reason="test", now=now, actor=Actor.system("t"))
+    request = requeue.requeue_lease(ended, pool=None, actor=Actor.system("t"), reason="test", now=now)
+    request = LeaseRequest.objects.get(pk=request.pk)
+    assert request.created_at == request.last_attempt_at == now
