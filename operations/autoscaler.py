@@ -3,7 +3,8 @@
 One pass per pool (:func:`autoscale_pool`, from the beat entry ``operations-autoscale``), under a
 lock of the pool's :class:`PoolOperations` row so two passes never decide at once (following
 machines takes no lock: each change of a machine's state is a compare-and-swap, so two passes
-following the same machine move it, and record it, once):
+following the same machine move it, and record it, once; a delete or a failure is claimed by that
+compare-and-swap before the provider is called, so the provider deletes a machine once):
 
 1. **follow machines**: a requested machine whose bootstrap token enrolled a node is linked to
    it (and admitted if the pool admits manually: the autoscaler asked for it); a linked node
@@ -177,18 +178,28 @@ def _follow(machine: ProviderMachine, ops: PoolOperations, actor: Actor, now) ->
 
 
 def _fail_machine(machine: ProviderMachine, ops: PoolOperations, actor: Actor, now, error: str) -> None:
-    """Leave nothing half-done: token revoked, the provider told to delete, the node (if any) retired."""
-    BootstrapToken.objects.filter(pk=machine.bootstrap_token_id, revoked_at__isnull=True).update(revoked_at=now)
-    try:
-        provider_for(ops).delete(machine.name, machine.provider_data)
-    except ProviderError as exc:
-        error = f"{error}; delete failed: {exc}"
-    if machine.node_id:
-        node = Node.objects.get(pk=machine.node_id)
-        if node.lifecycle != Lifecycle.RETIRED:
-            outofservice.retire(node=node, owner=outofservice.AUTOSCALER, reason=error)
+    """Leave nothing half-done: token revoked, the provider told to delete, the node (if any) retired.
+
+    The machine is claimed first (its compare-and-swap to ``failed``): a pass that read it before
+    another pass moved it (to ready, say, as its node turned ready past the boot timeout) changes
+    nothing, rather than deleting a machine now recorded ready and retiring its node. A node that
+    cannot be retired gives the claim back, so the next pass tries again."""
     if not _moved(machine, state=MachineState.FAILED, error=error[:2000], deleted_at=now):
         return
+    try:
+        BootstrapToken.objects.filter(pk=machine.bootstrap_token_id, revoked_at__isnull=True).update(revoked_at=now)
+        try:
+            provider_for(ops).delete(machine.name, machine.provider_data)
+        except ProviderError as exc:
+            error = f"{error}; delete failed: {exc}"
+            ProviderMachine.objects.filter(pk=machine.pk).update(error=error[:2000])
+        if machine.node_id:
+            node = Node.objects.get(pk=machine.node_id)
+            if node.lifecycle != Lifecycle.RETIRED:
+                outofservice.retire(node=node, owner=outofservice.AUTOSCALER, reason=error)
+    except Exception:
+        _give_back(machine, MachineState.FAILED)
+        raise
     record_event(
         machine.node_id,
         NodeEventType.SCALE,
@@ -202,13 +213,32 @@ def _fail_machine(machine: ProviderMachine, ops: PoolOperations, actor: Actor, n
     )
 
 
+def _give_back(machine: ProviderMachine, claimed: str) -> None:
+    """Undo a claim of :func:`_moved` (the row back from ``claimed`` to the state ``machine`` was
+    read in) when what it was claimed for failed: the machine is followed again at the next pass."""
+    ProviderMachine.objects.filter(pk=machine.pk, state=claimed).update(
+        state=machine.state, error=machine.error, deleted_at=machine.deleted_at
+    )
+
+
 def _delete_machine(machine: ProviderMachine, ops: PoolOperations, actor: Actor, *, reason: str) -> None:
-    provider_for(ops).delete(machine.name, machine.provider_data)
-    node = Node.objects.get(pk=machine.node_id)
-    if node.lifecycle != Lifecycle.RETIRED:
-        outofservice.retire(node=node, owner=outofservice.AUTOSCALER, reason=reason)
+    """Delete ``machine`` through the provider and retire its node, once.
+
+    Claimed first (the compare-and-swap to ``deleted``), then the provider is called: of two
+    passes that read the machine draining, only the one that moved it asks the provider, so a
+    machine is never deleted twice. A provider error (or a node that cannot be retired) gives the
+    claim back: the machine stays ``draining`` and the next pass deletes it (provider deletes are
+    idempotent: "gone already is fine")."""
     if not _moved(machine, state=MachineState.DELETED, deleted_at=timezone.now()):
         return
+    try:
+        provider_for(ops).delete(machine.name, machine.provider_data)
+        node = Node.objects.get(pk=machine.node_id)
+        if node.lifecycle != Lifecycle.RETIRED:
+            outofservice.retire(node=node, owner=outofservice.AUTOSCALER, reason=reason)
+    except Exception:
+        _give_back(machine, MachineState.DELETED)
+        raise
     record_event(
         node,
         NodeEventType.SCALE,

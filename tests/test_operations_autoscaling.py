@@ -5,6 +5,7 @@ nothing half-done, and scale-down of idle machines within disruption budgets and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from datetime import timedelta
@@ -23,6 +24,7 @@ from operations.models import PoolOperations, ProviderMachine, ScaleDecision
 from tests.factories import PoolFactory, make_schedulable_node, set_lifecycle
 from tests.maintenance_helpers import make_lease
 from tests.processes import free_port
+from tests.races import race
 
 pytestmark = pytest.mark.django_db
 ACTOR = Actor.system("system:autoscaler")
@@ -416,3 +418,117 @@ def test_one_machine_the_provider_fails_to_delete_does_not_stop_the_pass(operato
     assert deleted == ["m-1"]
     assert ProviderMachine.objects.get(name="m-0").state == "draining"
     assert ProviderMachine.objects.get(name="m-1").state == "deleted"
+
+
+def _drained_machine(operator_api, receiver):
+    """Pool ``general`` on the webhook provider with machine m-0 being removed, its node drained."""
+    pool = PoolFactory(name="general")
+    configure(operator_api, pool, provider="webhook", provider_url=receiver.url, provider_secret="hook-secret")
+    node, _ = make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})
+    set_lifecycle(node, "maintenance")
+    ProviderMachine.objects.create(pool=pool, provider="webhook", name="m-0", node=node, state="draining",
+                                   requested_at=timezone.now() - timedelta(minutes=5))  # fmt: skip
+    return pool, node
+
+
+def test_a_pass_that_read_a_machine_before_another_deleted_it_does_not_delete_it_again(operator_api, receiver):
+    """The machine's move is claimed (compare-and-swap) before the provider is called: the pass
+    that loses the claim never asks the provider to delete the machine a second time."""
+    pool, node = _drained_machine(operator_api, receiver)
+    ops = PoolOperations.objects.get(pool=pool)
+    first, late = ProviderMachine.objects.get(name="m-0"), ProviderMachine.objects.get(name="m-0")
+    autoscaler._follow(first, ops, ACTOR, timezone.now())
+    autoscaler._follow(late, ops, ACTOR, timezone.now())
+    assert [r["action"] for r in receiver.requests] == ["delete"]
+    assert ProviderMachine.objects.get(name="m-0").state == "deleted"
+    assert node.reload().lifecycle == "retired"
+
+
+def test_a_machine_the_provider_fails_to_delete_is_left_to_the_next_pass(operator_api, receiver, monkeypatch):
+    """The claim is given back when the provider fails: the machine stays ``draining`` (its node
+    not retired) and the next pass deletes it."""
+    from operations.providers import ProviderError
+
+    pool, node = _drained_machine(operator_api, receiver)
+    calls = []
+
+    class Provider:
+        def delete(self, name, data):
+            calls.append(name)
+            if len(calls) == 1:
+                raise ProviderError("the provider answered 503")
+
+    monkeypatch.setattr(autoscaler, "provider_for", lambda ops: Provider())
+    autoscaler.follow_machines(pool_id=pool.pk, actor=ACTOR, now=timezone.now())
+    machine = ProviderMachine.objects.get(name="m-0")
+    assert (machine.state, machine.deleted_at) == ("draining", None)
+    assert node.reload().lifecycle == "maintenance"
+    autoscaler.follow_machines(pool_id=pool.pk, actor=ACTOR, now=timezone.now())
+    assert calls == ["m-0", "m-0"]
+    assert ProviderMachine.objects.get(name="m-0").state == "deleted"
+    assert node.reload().lifecycle == "retired"
+
+
+def test_a_boot_timeout_racing_the_machine_becoming_ready_does_not_delete_the_ready_machine(
+    operator_api, receiver, monkeypatch
+):
+    """A pass reads the machine enrolled, its node still admitting, past the boot timeout; before
+    it fails the machine, another pass finds the node ready and marks the machine ready. The late
+    pass must not delete that machine at the provider nor retire its node (it did, then lost the
+    compare-and-swap: a machine recorded ready whose node was retired and machine deleted)."""
+    pool = PoolFactory(name="general")
+    configure(operator_api, pool, provider="webhook", provider_url=receiver.url, provider_secret="hook-secret",
+              boot_timeout=60)  # fmt: skip
+    ops = PoolOperations.objects.get(pool=pool)
+    node, _ = make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})
+    set_lifecycle(node, "admitting")
+    requested = timezone.now() - timedelta(seconds=120)
+    ProviderMachine.objects.create(pool=pool, provider="webhook", name="m-0", node=node, state="enrolled",
+                                   requested_at=requested)  # fmt: skip
+    late = ProviderMachine.objects.get(name="m-0")
+    real = autoscaler._fail_machine
+
+    def the_node_became_ready_and_another_pass_saw_it(machine, *args, **kwargs):
+        set_lifecycle(node, "ready")
+        autoscaler._follow(ProviderMachine.objects.get(name="m-0"), ops, ACTOR, timezone.now())
+        assert ProviderMachine.objects.get(name="m-0").state == "ready"
+        return real(machine, *args, **kwargs)
+
+    monkeypatch.setattr(autoscaler, "_fail_machine", the_node_became_ready_and_another_pass_saw_it)
+    autoscaler._follow(late, ops, ACTOR, timezone.now())
+    assert receiver.requests == []
+    assert ProviderMachine.objects.get(name="m-0").state == "ready"
+    assert node.reload().lifecycle == "ready"
+
+
+@pytest.mark.race
+@pytest.mark.django_db(transaction=True)
+def test_two_passes_following_a_drained_machine_at_once_delete_it_once(operator_api, receiver, monkeypatch):
+    """Two passes at once (threads, each on its own connection): each read the machine draining;
+    the provider's delete waits (up to 2 s) for the other pass to arrive too. Only the pass that
+    claimed the machine may get there."""
+    pool, node = _drained_machine(operator_api, receiver)
+    arrived, calls = threading.Barrier(2), []
+
+    class Provider:
+        def delete(self, name, data):
+            calls.append(name)
+            with contextlib.suppress(threading.BrokenBarrierError):
+                arrived.wait(2.0)
+
+    monkeypatch.setattr(autoscaler, "provider_for", lambda ops: Provider())
+    real_follow = autoscaler._follow
+    read = threading.Barrier(2)
+
+    def follow_once_both_read(machine, *args):
+        with contextlib.suppress(threading.BrokenBarrierError):
+            read.wait(5.0)  # both passes hold the machine as read (draining) before either moves it
+        return real_follow(machine, *args)
+
+    monkeypatch.setattr(autoscaler, "_follow", follow_once_both_read)
+    outcome = race(lambda i: autoscaler.follow_machines(pool_id=pool.pk, actor=ACTOR, now=timezone.now()), 2)
+    assert not outcome.errors, outcome.errors
+    assert calls == ["m-0"]
+    assert ProviderMachine.objects.get(name="m-0").state == "deleted"
+    events = NodeEvent.objects.filter(subject_type="machine", to_state="deleted")
+    assert events.count() == 1
