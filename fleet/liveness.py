@@ -190,7 +190,11 @@ def _move(
     """Move due nodes of one pool from ``from_state`` to ``to_state`` in one statement.
 
     The WHERE clause is the compare-and-swap: ``liveness = from_state`` and the deadline still due,
-    so a concurrent sweep or a heartbeat that got there first leaves the row out. Returns the ids
+    so a concurrent sweep or a heartbeat that got there first leaves the row out. On PostgreSQL a
+    row another transaction holds (a heartbeat, a drain, an upgrade tick) is skipped, not waited
+    for (``FOR NO KEY UPDATE SKIP LOCKED``): the sweep never waits on a node row, so it can never
+    deadlock with a transaction that locks several nodes in another order; a skipped node stays
+    due and the next run moves it. Returns the ids
     this call moved; their events are written in the same transaction (on PostgreSQL in the same
     statement, a data-modifying CTE, so 100,000 transitions cost one round trip).
 
@@ -218,9 +222,16 @@ def _move(
         params.extend(_db_id(i) for i in ids)
     # Identifiers come from the model, every value is a bound parameter.
     deadline = "" if keep_deadline else f", next_liveness_check_at = {next_sql}"
+    condition = " AND ".join(where)
+    if connection.vendor == "postgresql":
+        # Never wait for a node row another transaction holds: skip it (it stays due; the next run
+        # moves it). This sweep moves many nodes in one transaction, one statement per transition,
+        # in no order another locker shares (an upgrade tick takes several nodes out in its own
+        # order), so waiting could close a cycle: a deadlock that cost the whole run.
+        condition = f"id IN (SELECT id FROM {table} WHERE {condition} FOR NO KEY UPDATE SKIP LOCKED)"  # noqa: S608
     update = (
         f"UPDATE {table} SET liveness = %s, liveness_changed_at = %s{deadline} "  # noqa: S608
-        f"WHERE {' AND '.join(where)} RETURNING id, pool_id"
+        f"WHERE {condition} RETURNING id, pool_id"
     )
     update_params = [to_state, _db_time(now), *([] if keep_deadline else next_params), *params]
     with connection.cursor() as cursor:

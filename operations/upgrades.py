@@ -243,8 +243,16 @@ def dry_run(upgrade: Upgrade) -> dict:
 
 # --- operator actions ----------------------------------------------------------------------------
 def lock_upgrade(upgrade_id) -> Upgrade:
+    """The upgrade row ``FOR UPDATE``, its pool joined but not locked (``of=("self",)``).
+
+    A tick holds this lock while it takes nodes out of service. Locking the joined pool row
+    ``FOR UPDATE`` too (select_related's default) made every event written for a node of the pool
+    (its foreign key takes ``FOR KEY SHARE`` on the pool row, checked at COMMIT) wait for the
+    whole tick: a liveness sweep holding a node the tick wanted then waited for the tick, which
+    waited for it (a deadlock; tests/test_lock_order_cross_app.py).
+    """
     try:
-        return Upgrade.objects.select_for_update().select_related("pool").get(pk=upgrade_id)
+        return Upgrade.objects.select_for_update(of=("self",)).select_related("pool").get(pk=upgrade_id)
     except (Upgrade.DoesNotExist, ValueError, Exception) as exc:
         if isinstance(exc, Upgrade.DoesNotExist | ValueError) or "valid UUID" in str(exc):
             raise NotFound(f"No upgrade {upgrade_id}.", "upgrade_not_found") from exc

@@ -1,6 +1,6 @@
 """Lock order across apps on PostgreSQL: pool edits, clock gaps, preemption notices, statement
-finalization and status reports against node actions, drains and grants (each test failed, with a
-deadlock or a wrong state, before its fix)."""
+finalization and status reports against node actions, drains and grants; upgrade ticks against
+the liveness sweep (each test failed, with a deadlock or a wrong state, before its fix)."""
 
 from __future__ import annotations
 
@@ -258,3 +258,59 @@ def test_a_grant_and_a_change_of_its_pools_reservations_both_complete(client_use
     outcome = race(racer, 2, timeout=30)
     assert outcome.errors == [], outcome.errors
     assert outcome.results == [201, 2]
+
+
+def test_an_upgrade_tick_taking_two_nodes_out_and_a_liveness_sweep_moving_both_complete(monkeypatch):
+    """One upgrade tick takes several nodes out of service in one transaction, in the upgrade's
+    order (node A, then B); the liveness sweep moves a pool's due nodes with one UPDATE per
+    transition, unreachable before stale, in one transaction (B, then A). Two cycles, each a
+    deadlock that cost the tick's step for B (or the whole sweep run, whichever waited first):
+
+    * the sweep waited for A holding B while the tick waited for B holding A. The sweep now skips
+      a node row another transaction holds (FOR NO KEY UPDATE SKIP LOCKED): A stays due and the
+      next run moves it;
+    * the tick held its pool row FOR UPDATE (lock_upgrade's select_related joined it into the
+      lock), and the sweep's events for B take FOR KEY SHARE on that pool row at COMMIT (the
+      deferred foreign key): the sweep waited for the tick holding B. The tick now locks only
+      the upgrade row."""
+    _pg()
+    from fleet.liveness import sweep_liveness
+    from fleet.models import Node
+    from operations import rollout, upgrades
+    from operations.choices import UpgradeNodeState
+    from operations.models import UpgradeNode
+    from tests.operations_support import ready_pool
+
+    monkeypatch.setattr("operations.tasks.start_ticking", lambda upgrade: None)
+    pool, members = ready_pool("general", 2)
+    a, b = (node for node, _ in members)
+    upgrade = upgrades.upgrade_create(
+        data={"pool": pool.name, "target": {"version": "2.0.0"}, "canary_nodes": 0, "max_unavailable_nodes": "2"},
+        actor=Actor.system("t"),
+    )
+    upgrade = upgrades.upgrade_start(upgrade_id=upgrade.pk, expected_version=upgrade.version, actor=Actor.system("t"))
+    order = list(UpgradeNode.objects.filter(upgrade=upgrade).order_by("position").values_list("node_id", flat=True))
+    assert order == [a.pk, b.pk]
+    now = timezone.now()
+    # A missed two heartbeats (due for stale); B has been silent past the grace (due for unreachable).
+    Node.objects.filter(pk=a.pk).update(last_heartbeat_at=now - timedelta(seconds=5),
+                                        next_liveness_check_at=now - timedelta(seconds=1))  # fmt: skip
+    Node.objects.filter(pk=b.pk).update(last_heartbeat_at=now - timedelta(seconds=45),
+                                        next_liveness_check_at=now - timedelta(seconds=1))  # fmt: skip
+    inside = _racer_0_waits_after(monkeypatch, outofservice, "take_out_of_service")
+
+    def racer(i):
+        if i == 0:
+            return rollout.advance(upgrade_id=upgrade.pk, now=now)
+        assert inside.wait(10)  # the tick holds A (cordoned, draining), B not reached yet
+        return sweep_liveness(now=now)["moved"]
+
+    outcome = race(racer, 2, timeout=60)
+    assert outcome.errors == [], outcome.errors
+    started = UpgradeNode.objects.filter(upgrade=upgrade).exclude(state=UpgradeNodeState.WAITING)
+    assert started.count() == 2, "the tick's step for one node was the deadlock's victim"
+    assert Node.objects.get(pk=b.pk).liveness == "unreachable"
+    # A was held by the tick: skipped by that run, still due, moved by the next.
+    sweep_liveness(now=now + timedelta(seconds=1))
+    assert Node.objects.get(pk=a.pk).liveness == "stale"
+
