@@ -1,7 +1,9 @@
 """Autoscaling: turn pending demand into machines, idle machines into fewer, through a provider.
 
 One pass per pool (:func:`autoscale_pool`, from the beat entry ``operations-autoscale``), under a
-lock of the pool's :class:`PoolOperations` row so two passes never decide at once (following
+lock of the pool's :class:`PoolOperations` row so two passes never decide at once (that row alone,
+``of=("self",)``: the joined pool row stays unlocked, since every event of the pool's nodes takes
+``FOR KEY SHARE`` on it, and a sweep holding the node being drained deadlocked on it; following
 machines takes no lock: each change of a machine's state is a compare-and-swap, so two passes
 following the same machine move it, and record it, once; a delete or a failure is claimed by that
 compare-and-swap before the provider is called, so the provider deletes a machine once):
@@ -291,7 +293,7 @@ def _bins_needed(pool: Pool, ops: PoolOperations, requests: list[LeaseRequest]) 
 def scale_up(*, pool_id, actor: Actor, now) -> int:
     """Request machines for pending demand (or up to ``min_nodes``). Returns machines requested."""
     with transaction.atomic():
-        ops = PoolOperations.objects.select_for_update().select_related("pool").get(pool_id=pool_id)
+        ops = PoolOperations.objects.select_for_update(of=("self",)).select_related("pool").get(pool_id=pool_id)
         pool = ops.pool
         waiting = list(
             LeaseRequest.objects.filter(
@@ -399,7 +401,7 @@ def request_surge(*, pool_id, count: int, upgrade_id, actor: Actor, now=None) ->
     ``max_surge_nodes``), within ``max_nodes``. Once per upgrade. Returns machines requested."""
     now = now or timezone.now()
     with transaction.atomic():
-        ops = PoolOperations.objects.select_for_update().select_related("pool").get(pool_id=pool_id)
+        ops = PoolOperations.objects.select_for_update(of=("self",)).select_related("pool").get(pool_id=pool_id)
         if ops.provider == ProviderKind.NONE:
             return 0
         if ScaleDecision.objects.filter(pool_id=pool_id, data__upgrade_id=str(upgrade_id)).exists():
@@ -537,7 +539,7 @@ def replaceable(node: Node) -> tuple[bool, str]:
 def scale_down(*, pool_id, actor: Actor, now) -> int:
     """Cordon and drain one idle machine of the pool (deleted once drained). Returns 1 or 0."""
     with transaction.atomic():
-        ops = PoolOperations.objects.select_for_update().select_related("pool").get(pool_id=pool_id)
+        ops = PoolOperations.objects.select_for_update(of=("self",)).select_related("pool").get(pool_id=pool_id)
         pool = ops.pool
         machines = list(
             ProviderMachine.objects.filter(pool=pool, state=MachineState.READY, node__isnull=False)

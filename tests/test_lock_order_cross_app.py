@@ -1,6 +1,7 @@
 """Lock order across apps on PostgreSQL: pool edits, clock gaps, preemption notices, statement
-finalization and status reports against node actions, drains and grants; upgrade ticks against
-the liveness sweep (each test failed, with a deadlock or a wrong state, before its fix)."""
+finalization and status reports against node actions, drains and grants; upgrade ticks and
+scale-downs against the liveness sweep (each test failed, with a deadlock or a wrong state, before
+its fix)."""
 
 from __future__ import annotations
 
@@ -314,3 +315,41 @@ def test_an_upgrade_tick_taking_two_nodes_out_and_a_liveness_sweep_moving_both_c
     sweep_liveness(now=now + timedelta(seconds=1))
     assert Node.objects.get(pk=a.pk).liveness == "stale"
 
+
+def test_a_scale_down_and_a_liveness_sweep_moving_its_node_both_complete(monkeypatch):
+    """scale_down locks its pool's operation settings, then takes an idle node out of service; it
+    locked the joined pool row FOR UPDATE too (select_related), so a sweep that had moved that
+    node waited at COMMIT for the pool row (its events' foreign key, FOR KEY SHARE) while
+    scale_down waited for the node: a deadlock. The settings row is now locked alone."""
+    _pg()
+    from fleet.liveness import sweep_liveness
+    from fleet.models import Node
+    from operations import autoscaler
+    from operations.models import PoolOperations, ProviderMachine
+    from tests.operations_support import ready_pool
+
+    pool, members = ready_pool("general", 2)
+    PoolOperations.objects.create(pool=pool, provider="webhook", provider_url="http://127.0.0.1:9/scale",
+                                  provider_secret="s", min_nodes=0, scale_down_after=0, scale_down_cooldown=0,
+                                  drain_policy="terminate")  # fmt: skip
+    now = timezone.now()
+    for n, (node, _) in enumerate(members):
+        ProviderMachine.objects.create(pool=pool, provider="webhook", name=f"m-{n}", node=node, state="ready",
+                                       requested_at=now - timedelta(minutes=5 - n))  # fmt: skip
+    first = members[0][0]
+    # The machine scale-down picks first has been silent past the grace: the sweep moves it.
+    Node.objects.filter(pk=first.pk).update(last_heartbeat_at=now - timedelta(seconds=45),
+                                            next_liveness_check_at=now - timedelta(seconds=1))  # fmt: skip
+    inside = _racer_0_waits_after(monkeypatch, autoscaler, "replaceable")
+
+    def racer(i):
+        if i == 0:
+            return autoscaler.scale_down(pool_id=pool.pk, actor=Actor.system(outofservice.AUTOSCALER), now=now)
+        assert inside.wait(10)  # scale-down holds its settings row, its node not locked yet
+        return sweep_liveness(now=now)["moved"]
+
+    outcome = race(racer, 2, timeout=60)
+    assert outcome.errors == [], outcome.errors
+    assert outcome.results[0] == 1
+    assert ProviderMachine.objects.get(name="m-0").state == "draining"
+    assert Node.objects.get(pk=first.pk).liveness == "unreachable"
