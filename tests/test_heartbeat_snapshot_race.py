@@ -124,3 +124,56 @@ def test_an_overdue_mark_committed_under_a_report_in_flight_is_cleared_by_that_r
     assert outcome.applied and after.sequence == 2 and not after.status_report_overdue
     assert "StatusReportOverdue" not in {c["type"] for c in after.conditions}, after.conditions
     assert after.events.filter(reason__startswith="StatusReportOverdue: True → ").exists()
+
+
+# The pending-instruction marker against instructions kept in other apps' tables (no node version
+# bump): the report's UPDATE sets the marker to 0 (a blind write, not ``instructions & ~mask``), so
+# a bit raised after the report read the node is cleared with the others. That is safe only
+# because every instruction is read after that UPDATE, and every poster raises its bit after its
+# own write commits: either the report sees the instruction, or the bit is raised after the clear.
+
+
+def test_a_checkpoint_asked_under_a_report_in_flight_is_in_that_reports_answer():
+    """Posted between the report's read and its UPDATE: the bit is cleared, the order delivered."""
+    from leases import fencing
+    from tests.maintenance_helpers import make_lease
+
+    pool, [(node, _)] = ready_pool("race", 1)
+    lease = make_lease(node, "job-1", resources={"cpu": 500}, ttl=3600)
+    seen_by_report = snapshot(node)
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        fencing.request_checkpoint(lease=lease, actor=Actor.system("test:operator"))
+    assert Node.objects.get(pk=node.pk).instructions & Instruction.CHECKPOINT
+    assert Node.objects.get(pk=node.pk).version == seen_by_report.version  # no reload to rescue it
+
+    outcome = apply_heartbeat(
+        node=seen_by_report, report=report(seen_by_report, 1), actor=Actor.for_node(seen_by_report)
+    )
+    assert outcome.applied
+    assert outcome.checkpoint_leases == [str(lease.pk)]
+    assert Node.objects.get(pk=node.pk).instructions == 0
+
+
+def test_a_grant_committed_after_a_report_read_the_leases_keeps_its_bit_for_the_next_renewal(client_user, monkeypatch):
+    """Committed after the report listed the node's leases (so not in its answer): the grant raises
+    LEASES after the report's UPDATE cleared the marker, and the next renewal says a lease waits."""
+    from leases import services as lease_services
+    from tests.support import grant
+
+    pool, [(node, _)] = ready_pool("general", 1)
+    seen_by_report = snapshot(node)
+    real, granted = lease_services.reconcile_heartbeat, []
+
+    def then_a_grant_commits(*args, **kwargs):
+        answer = real(*args, **kwargs)
+        with TestCase.captureOnCommitCallbacks(execute=True):
+            granted.append(grant(client_user, "job-1"))
+        return answer
+
+    monkeypatch.setattr(lease_services, "reconcile_heartbeat", then_a_grant_commits)
+    outcome = apply_heartbeat(
+        node=seen_by_report, report=report(seen_by_report, 1), actor=Actor.for_node(seen_by_report)
+    )
+    assert outcome.applied and granted
+    assert str(granted[0].pk) not in {a["lease_id"] for a in outcome.assigned_leases or []}
+    assert Node.objects.get(pk=node.pk).instructions & Instruction.LEASES
