@@ -13,7 +13,10 @@ from operations.choices import UpgradeNodeState, UpgradeState
 from operations.models import Upgrade, UpgradeNode
 from tests.operations_support import FakeAgent, ready_pool
 
-pytestmark = pytest.mark.django_db
+# These tests are about the roll's order, and their agents restart back to back (a roll forward, then
+# a rollback, within seconds): the flood guard would refuse the second restart's first report, which
+# a real agent sends again after Retry-After (tests/test_renewals_flood.py tests the guard).
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_flood_guard")]
 
 TARGET = {"version": "2.0.0", "artifact": {"ref": "https://artifacts.example/agent-2.0.0.whl", "sha256": "a" * 64}}
 
