@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from contextlib import contextmanager
 from datetime import timedelta
 
 from django.db import DatabaseError, transaction
@@ -50,6 +51,7 @@ from leases.models import Lease, LeaseRequest
 from leases.services import simulate_placement
 from leases.spec import parse_spec
 from maintenance import drains
+from maintenance import services as maintenance_services
 from maintenance.choices import DrainState
 from maintenance.models import Drain
 from nodepool.api.problems import Problem
@@ -182,75 +184,72 @@ def _follow(machine: ProviderMachine, ops: PoolOperations, actor: Actor, now) ->
 def _fail_machine(machine: ProviderMachine, ops: PoolOperations, actor: Actor, now, error: str) -> None:
     """Leave nothing half-done: token revoked, the provider told to delete, the node (if any) retired.
 
-    The machine is claimed first (its compare-and-swap to ``failed``): a pass that read it before
-    another pass moved it (to ready, say, as its node turned ready past the boot timeout) changes
-    nothing, rather than deleting a machine now recorded ready and retiring its node. A node that
-    cannot be retired gives the claim back, so the next pass tries again."""
-    if not _moved(machine, state=MachineState.FAILED, error=error[:2000], deleted_at=now):
-        return
-    try:
+    See :func:`_claimed_for_removal` for why a pass that read the machine before another moved it
+    (to ready, say, as its node turned ready past the boot timeout) changes nothing. A failed
+    provider delete is recorded in the machine's error; the machine is failed all the same."""
+    with _claimed_for_removal(machine, state=MachineState.FAILED, error=error[:2000], deleted_at=now) as node:
+        if node is False:
+            return
         BootstrapToken.objects.filter(pk=machine.bootstrap_token_id, revoked_at__isnull=True).update(revoked_at=now)
         try:
             provider_for(ops).delete(machine.name, machine.provider_data)
         except ProviderError as exc:
             error = f"{error}; delete failed: {exc}"
             ProviderMachine.objects.filter(pk=machine.pk).update(error=error[:2000])
-        if machine.node_id:
-            node = Node.objects.get(pk=machine.node_id)
-            if node.lifecycle != Lifecycle.RETIRED:
-                outofservice.retire(node=node, owner=outofservice.AUTOSCALER, reason=error)
-    except Exception:
-        _give_back(machine, MachineState.FAILED)
-        raise
-    record_event(
-        machine.node_id,
-        NodeEventType.SCALE,
-        actor,
-        pool=machine.pool_id,
-        subject_type="machine",
-        subject_id=machine.pk,
-        to_state=MachineState.FAILED,
-        reason=error,
-        data={"machine": machine.name},
-    )
-
-
-def _give_back(machine: ProviderMachine, claimed: str) -> None:
-    """Undo a claim of :func:`_moved` (the row back from ``claimed`` to the state ``machine`` was
-    read in) when what it was claimed for failed: the machine is followed again at the next pass."""
-    ProviderMachine.objects.filter(pk=machine.pk, state=claimed).update(
-        state=machine.state, error=machine.error, deleted_at=machine.deleted_at
-    )
+        if node is not None and node.lifecycle != Lifecycle.RETIRED:
+            outofservice.retire(node=node, owner=outofservice.AUTOSCALER, reason=error)
+        record_event(
+            machine.node_id,
+            NodeEventType.SCALE,
+            actor,
+            pool=machine.pool_id,
+            subject_type="machine",
+            subject_id=machine.pk,
+            to_state=MachineState.FAILED,
+            reason=error,
+            data={"machine": machine.name},
+        )
 
 
 def _delete_machine(machine: ProviderMachine, ops: PoolOperations, actor: Actor, *, reason: str) -> None:
-    """Delete ``machine`` through the provider and retire its node, once.
+    """Delete ``machine`` through the provider and retire its node, once (:func:`_claimed_for_removal`).
 
-    Claimed first (the compare-and-swap to ``deleted``), then the provider is called: of two
-    passes that read the machine draining, only the one that moved it asks the provider, so a
-    machine is never deleted twice. A provider error (or a node that cannot be retired) gives the
-    claim back: the machine stays ``draining`` and the next pass deletes it (provider deletes are
-    idempotent: "gone already is fine")."""
-    if not _moved(machine, state=MachineState.DELETED, deleted_at=timezone.now()):
-        return
-    try:
+    Raises ProviderError (nothing recorded: the machine stays ``draining`` for the next pass)."""
+    with _claimed_for_removal(machine, state=MachineState.DELETED, deleted_at=timezone.now()) as node:
+        if node is False:
+            return
         provider_for(ops).delete(machine.name, machine.provider_data)
-        node = Node.objects.get(pk=machine.node_id)
         if node.lifecycle != Lifecycle.RETIRED:
             outofservice.retire(node=node, owner=outofservice.AUTOSCALER, reason=reason)
-    except Exception:
-        _give_back(machine, MachineState.DELETED)
-        raise
-    record_event(
-        node,
-        NodeEventType.SCALE,
-        actor,
-        subject_type="machine",
-        subject_id=machine.pk,
-        to_state=MachineState.DELETED,
-        reason=reason,
-        data={"machine": machine.name},
-    )
+        record_event(
+            node,
+            NodeEventType.SCALE,
+            actor,
+            subject_type="machine",
+            subject_id=machine.pk,
+            to_state=MachineState.DELETED,
+            reason=reason,
+            data={"machine": machine.name},
+        )
+
+
+@contextmanager
+def _claimed_for_removal(machine: ProviderMachine, **changes):
+    """One transaction that claims ``machine`` (:func:`_moved` with ``changes``) before the provider
+    is called; yields its node, locked (None when it has none), or False when another pass (or a
+    preemption) moved the machine first.
+
+    Claimed before the provider call, so that a pass that read the machine before another moved it
+    asks the provider for nothing; in the same transaction as that call, so that a second pass
+    waits for the first to commit and then finds the machine moved, and so that an error or a
+    process dying before COMMIT leaves the machine as it was for the next pass: the provider is
+    asked at least once (its deletes are idempotent: "gone already is fine") and the removal is
+    recorded once. The node's row is locked before the machine's, the order of the paths that
+    lock both (preemption). The provider call (``PROVIDER_TIMEOUT`` at most) holds the two rows.
+    """
+    with transaction.atomic():
+        node = maintenance_services.lock_node(machine.node_id) if machine.node_id else None
+        yield node if _moved(machine, **changes) else False
 
 
 def remove_machine_of(node: Node, *, actor: Actor, reason: str) -> bool:
