@@ -21,6 +21,7 @@ from fleet.events import Actor, record_event
 from fleet.instructions import Instruction, post_instructions
 from fleet.models import Node
 from nodepool.api.problems import Conflict, Gone, NotFound
+from nodepool.api.strict import refuse_unknown_members
 
 from .choices import LIVE_LEASE_STATES, TERMINAL_LEASE_STATES, CheckpointState, LeaseState, WorkloadState
 from .models import FencingSequence, Lease, LeaseCheckpoint
@@ -97,9 +98,29 @@ def _lease_for_write(lease_id, *, user=None, node=None) -> Lease:
     return lease
 
 
+# The members each fenced write reads; anything else is 400 ``unknown_field`` (nodepool.api.strict).
+FENCE_MEMBERS = frozenset({"fencing_token", "node_incarnation"})
+RENEW_MEMBERS = FENCE_MEMBERS | {"ttl_seconds"}
+RELEASE_MEMBERS = FENCE_MEMBERS | {"outcome", "reason"}
+EVENT_MEMBERS = FENCE_MEMBERS | {"state", "message"}
+VALIDATE_MEMBERS = frozenset({"workload_id", "fencing_token", "lease_secret"})
+
+
+def _optional_text(data: dict, name: str, *, limit: int = 2000) -> str:
+    """An optional string member: absent or null is ``""``; anything but a JSON string is a 400
+    (``"reason": {}`` or ``"message": 0`` must not pass for "none given")."""
+    value = data.get(name)
+    if value is None:
+        return ""
+    if not isinstance(value, str) or len(value) > limit:
+        raise bad(name, f"must be a string of at most {limit} characters")
+    return value
+
+
 def lease_renew(*, lease_id, data: Any, user, actor: Actor, now=None) -> Lease:
     """Extend a live lease by ``ttl_seconds`` (default: its own TTL) from now. Raises as :func:`check_fence`."""
     now = now or timezone.now()
+    refuse_unknown_members(data, RENEW_MEMBERS)
     token, incarnation = _int_field(data, "fencing_token"), _int_field(data, "node_incarnation")
     ttl = _int_field(data, "ttl_seconds", required=False)
     if ttl is not None and not 1 <= ttl <= 7 * 24 * 3600:
@@ -135,13 +156,14 @@ def lease_release(*, lease_id, data: Any, user, actor: Actor, now=None) -> Lease
     from .choices import ReleaseOutcome
 
     now = now or timezone.now()
+    refuse_unknown_members(data, RELEASE_MEMBERS)
     token, incarnation = _int_field(data, "fencing_token"), _int_field(data, "node_incarnation")
-    outcome = data.get("outcome") or ReleaseOutcome.UNKNOWN
-    if outcome not in ReleaseOutcome.values:
+    outcome = data.get("outcome")
+    if outcome is None:
+        outcome = ReleaseOutcome.UNKNOWN
+    if not isinstance(outcome, str) or outcome not in ReleaseOutcome.values:
         raise bad("outcome", f"must be one of {', '.join(ReleaseOutcome.values)}")
-    reason = data.get("reason") or f"released by {actor.name}: {outcome}"
-    if not isinstance(reason, str):
-        raise bad("reason", "must be a string")
+    reason = _optional_text(data, "reason") or f"released by {actor.name}: {outcome}"
     lease = _lease_for_write(lease_id, user=user)
     check_fence(lease, fencing_token=token, node_incarnation=incarnation, now=now)
     fence = {"fencing_token": token, "node_incarnation": incarnation}
@@ -167,13 +189,12 @@ def lease_report_event(*, lease_id, data: Any, node: Node, actor: Actor, now=Non
     """A node reports its job's state. ``running`` activates a granted lease; ``succeeded`` and
     ``failed`` end it as released with that outcome; ``checkpointed`` clears a checkpoint request."""
     now = now or timezone.now()
+    refuse_unknown_members(data, EVENT_MEMBERS)
     token, incarnation = _int_field(data, "fencing_token"), _int_field(data, "node_incarnation")
     state = data.get("state")
-    if state not in REPORTABLE_WORKLOAD_STATES:
+    if not isinstance(state, str) or state not in REPORTABLE_WORKLOAD_STATES:
         raise bad("state", f"must be one of {', '.join(REPORTABLE_WORKLOAD_STATES)}")
-    message = data.get("message") or ""
-    if not isinstance(message, str) or len(message) > 2000:
-        raise bad("message", "must be a string of at most 2000 characters")
+    message = _optional_text(data, "message")
     lease = _lease_for_write(lease_id, node=node)
     check_fence(lease, fencing_token=token, node_incarnation=incarnation, now=now)
     fence = {"fencing_token": token, "node_incarnation": incarnation}
@@ -260,7 +281,11 @@ def fencing_validate(*, data: Any, may_see=None) -> dict:
     (:func:`leases.secrets.verify_lease_secret`): the secret names its lease and proves itself, so the
     answer is :meth:`leases.secrets.SecretCheck.as_dict` (``valid``, ``code``, the lease it names).
     """
-    if isinstance(data, dict) and "lease_secret" in data and "workload_id" not in data:
+    refuse_unknown_members(data, VALIDATE_MEMBERS)
+    if data.get("lease_secret") is not None and not isinstance(data["lease_secret"], str):
+        # Beside a workload id too: a secret that is not a string must not pass for "none sent".
+        raise bad("lease_secret", "must be a string: the secret the lease's grant answer gave")
+    if "lease_secret" in data and "workload_id" not in data:
         from .secrets import verify_lease_secret
 
         # The body's shape first (a 400, as for the other form): a secret is a string, and a
@@ -270,7 +295,7 @@ def fencing_validate(*, data: Any, may_see=None) -> dict:
         if "fencing_token" in data:
             _int_field(data, "fencing_token")
         return verify_lease_secret(data.get("lease_secret")).as_dict()
-    workload_id = data.get("workload_id") if isinstance(data, dict) else None
+    workload_id = data.get("workload_id")
     if not isinstance(workload_id, str) or not workload_id:
         raise bad("workload_id", "required: the workload's id")
     token = _int_field(data, "fencing_token")

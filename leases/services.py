@@ -593,12 +593,16 @@ def kick_queue() -> None:
 
 
 # --- shapes --------------------------------------------------------------------------------------
-def shape_create(*, name: str, resources: Any, features: Any = None, description: str = "", actor: Actor) -> Shape:
+def shape_create(
+    *, name: str, resources: Any, features: Any = None, description: str | None = "", actor: Actor
+) -> Shape:
     """A new version of shape ``name`` (v1 when new). Resources take Kubernetes quantities."""
     from .spec import WORKLOAD_ID
 
     if not isinstance(name, str) or not WORKLOAD_ID.match(name) or len(name) > 63:
         raise bad("name", "required: a slug of at most 63 characters")
+    if description is not None and not isinstance(description, str):
+        raise bad("description", "must be a string")
     canonical = resources_from_wire(resources)
     if not canonical:
         raise bad("resources", "a shape needs at least one resource", "empty_request")

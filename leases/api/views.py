@@ -13,6 +13,7 @@ from fleet.authentication import node_from_request
 from fleet.events import Actor
 from nodepool.api.permissions import IsClientOrOperator, IsOperator, is_client, is_fencing_validator, is_operator
 from nodepool.api.problems import NotFound
+from nodepool.api.strict import refuse_unknown_members
 from nodepool.api.versioning import ETagMixin, expected_version, lock_for_action
 
 from .. import services
@@ -152,6 +153,7 @@ class LeaseCheckpoint(ETagMixin, APIView):
 
     @extend_schema(request=schema.ExpectedVersionRequest, responses=LeaseSerializer)
     def post(self, request, pk):
+        refuse_unknown_members(request.data, ())  # the version is its only member
         expected = expected_version(request)  # 428 without, 412 when stale
         if not Lease.objects.filter(pk=pk).exists():
             raise NotFound("No such lease.", "lease_not_found")
@@ -243,6 +245,9 @@ class ShapePermission(BasePermission):
         return is_operator(request.user)
 
 
+SHAPE_MEMBERS = frozenset({"name", "resources", "features", "description"})
+
+
 class ShapeListCreate(generics.ListAPIView):
     """``GET /shapes`` (every version; ``?name=``) and ``POST /shapes`` (a new version)."""
 
@@ -253,12 +258,12 @@ class ShapeListCreate(generics.ListAPIView):
 
     @extend_schema(request=schema.ShapeCreateRequest, responses={201: ShapeSerializer})
     def post(self, request):
-        data = request.data if isinstance(request.data, dict) else {}
+        data = refuse_unknown_members(request.data, SHAPE_MEMBERS)
         shape = services.shape_create(
             name=data.get("name"),
             resources=data.get("resources"),
             features=data.get("features"),
-            description=data.get("description") or "",
+            description=data.get("description"),
             actor=Actor.from_request(request),
         )
         return Response(ShapeSerializer(shape).data, status=status.HTTP_201_CREATED)
