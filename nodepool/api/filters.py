@@ -35,6 +35,34 @@ class StrictFilterBackend(DjangoFilterBackend):
 NON_FILTER_PARAMETERS = frozenset({"page", "page_size", "cursor", "format"})
 
 
+def refuse_unknown_parameters(params, known, filters=()) -> None:
+    """Refuse a query parameter that is not in ``known`` (``format`` is always known).
+
+    Args:
+        params: the query parameters (a QueryDict or a dict).
+        known: the names the endpoint reads.
+        filters: the names to list in the answer (default: ``known``).
+
+    Raises:
+        Problem: 400 ``invalid_filter`` naming the first unknown parameter, with ``errors``.
+    """
+    known = set(known) | {"format"}
+    unknown = sorted(name for name in params if name not in known)
+    if not unknown:
+        return
+    listed = ", ".join(sorted(filters or set(known) - {"format"})) or "none"
+    errors = [
+        {"field": name, "code": "unknown_filter", "message": f"not a parameter of this endpoint (it takes: {listed})"}
+        for name in unknown
+    ]
+    raise Problem(
+        f"Unknown parameter {', '.join(unknown)}; this endpoint takes {listed}.",
+        "invalid_filter",
+        field=unknown[0],
+        errors=errors,
+    )
+
+
 class StrictFilterSet(django_filters.FilterSet):
     """A FilterSet that answers ``400 invalid_filter`` instead of narrowing nothing.
 
@@ -60,20 +88,7 @@ class StrictFilterSet(django_filters.FilterSet):
         return known
 
     def is_valid(self) -> bool:
-        known = self.known_parameters()
-        unknown = sorted(name for name in self.data if name not in known)
-        filters = ", ".join(sorted(self.filters)) or "none"
-        if unknown:
-            errors = [
-                {"field": name, "code": "unknown_filter", "message": f"not a filter of this list (filters: {filters})"}
-                for name in unknown
-            ]
-            raise Problem(
-                f"Unknown filter {', '.join(unknown)}; this list filters by {filters}.",
-                "invalid_filter",
-                field=unknown[0],
-                errors=errors,
-            )
+        refuse_unknown_parameters(self.data, self.known_parameters(), self.filters)
         if not super().is_valid():
             errors = [
                 {"field": name, "code": error.code or "invalid", "message": self._message(name, error)}
