@@ -1,4 +1,4 @@
-"""Filters of the pool-operations lists: ``GET /upgrades`` and ``GET /scale-decisions``."""
+"""Filters of the pool-operations lists: ``GET /upgrades``, ``GET /scale-decisions``, ``GET /machines``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import django_filters
 from nodepool.api.filters import StrictFilterSet
 
 from .choices import UpgradeState
-from .models import ScaleDecision, Upgrade
+from .models import ProviderMachine, ScaleDecision, Upgrade
 
 
 class UpgradeFilterSet(StrictFilterSet):
@@ -28,4 +28,14 @@ class ScaleDecisionFilterSet(StrictFilterSet):
 
     class Meta:
         model = ScaleDecision
+        fields = ["pool"]
+
+
+class MachineFilterSet(StrictFilterSet):
+    """``GET /machines?pool=``."""
+
+    pool = django_filters.CharFilter(field_name="pool__name")
+
+    class Meta:
+        model = ProviderMachine
         fields = ["pool"]

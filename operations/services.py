@@ -81,7 +81,9 @@ def parse_changes(data: Any, pool: Pool) -> dict:
             if value is None:
                 changes[name] = None
                 continue
-            fallback = Pool.objects.filter(name=str(value)).first()
+            if not isinstance(value, str):
+                raise _bad(name, "must be a pool name (a string) or null")
+            fallback = Pool.objects.filter(name=value).first()
             if fallback is None or fallback == pool:
                 raise _bad(name, "must name another existing pool", "unknown_pool")
             value = fallback

@@ -120,7 +120,9 @@ def parse_upgrade(data: Any) -> dict:
         raise Problem(f"No pool named {data['pool']!r}.", "unknown_pool")
     canary_pool = None
     if data.get("canary_pool") is not None:
-        canary_pool = Pool.objects.filter(name=str(data["canary_pool"])).first()
+        if not isinstance(data["canary_pool"], str):
+            raise Problem("canary_pool must be a pool name (a string) or null.", "invalid_upgrade")
+        canary_pool = Pool.objects.filter(name=data["canary_pool"]).first()
         if canary_pool is None or canary_pool == pool:
             raise Problem("canary_pool must name another existing pool.", "unknown_pool")
     auto_rollback = data.get("auto_rollback", True)

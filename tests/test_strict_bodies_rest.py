@@ -5,9 +5,14 @@ an unknown list parameter 400 ``invalid_filter``; and nothing is written on a re
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
+from django.utils import timezone
 
 from leases.models import Lease, LeaseCheckpoint, Shape
+from operations.models import Preemption, ProviderMachine, Upgrade
+from operations.upgrades import pool_operations
 from tests.factories import PoolFactory, make_schedulable_node
 from tests.problems import assert_problem
 from tests.support import lease_body, node_api
@@ -119,3 +124,118 @@ def test_shape_create_refuses_unknown_members_and_wrong_types(operator_api, chan
     assert_problem(operator_api.post("/api/v1/shapes", body, format="json"), 400, code)
     assert_problem(operator_api.post("/api/v1/shapes", [body], format="json"), 400, "malformed_body")
     assert not Shape.objects.exists()
+
+
+# --- pool operations -----------------------------------------------------------------------------
+UPGRADE_TARGET = {"version": "2.0.0"}
+
+
+def _deadline(seconds: int = 30) -> str:
+    return (timezone.now() + timedelta(seconds=seconds)).isoformat()
+
+
+@pytest.fixture
+def spot(operator_api):
+    """A spot pool ``spot`` (falling back to ``ondemand``) with one node: ``(node, secret)``."""
+    PoolFactory(name="ondemand")
+    pool = PoolFactory(name="spot")
+    response = operator_api.patch(
+        "/api/v1/pools/spot/operations", {"spot": True, "fallback_pool": "ondemand"}, format="json", HTTP_IF_MATCH='"1"'
+    )
+    assert response.status_code == 200, response.content
+    pool.refresh_from_db()
+    return make_schedulable_node(pool, taints=list(pool.taints))
+
+
+@pytest.mark.parametrize(
+    ("changes", "code"),
+    [
+        ({"canary_pool": 5}, "invalid_upgrade"),
+        ({"canary_pool": ["ondemand"]}, "invalid_upgrade"),
+        ({"auto_rollback": "yes"}, "invalid_upgrade"),
+    ],
+)
+def test_an_upgrade_body_refuses_wrong_types(operator_api, spot, changes, code):
+    PoolFactory(name="5")  # a pool whose name is the number's str(): never matched by a number
+    body = {"pool": "spot", "target": UPGRADE_TARGET, **changes}
+    assert_problem(operator_api.post("/api/v1/upgrades", body, format="json"), 400, code)
+    assert not Upgrade.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [({"reason": "go", "force": True}, "unknown_field"), ([], "malformed_body"), ("go", "malformed_body")],
+)
+def test_an_upgrade_action_refuses_unknown_members_and_a_body_that_is_not_an_object(operator_api, spot, body, code):
+    created = operator_api.post("/api/v1/upgrades", {"pool": "spot", "target": UPGRADE_TARGET}, format="json").json()
+    response = operator_api.post(
+        f"/api/v1/upgrades/{created['id']}/start", body, format="json", HTTP_IF_MATCH=f'"{created["version"]}"'
+    )
+    assert_problem(response, 400, code)
+    upgrade = Upgrade.objects.get(pk=created["id"])
+    assert (upgrade.state, upgrade.version) == ("pending", created["version"])
+
+
+def test_pool_operations_refuse_a_fallback_pool_that_is_not_a_name(operator_api, spot):
+    PoolFactory(name="7")
+    before = pool_operations(spot[0].pool).version
+    response = operator_api.patch(
+        "/api/v1/pools/spot/operations", {"fallback_pool": 7}, format="json", HTTP_IF_MATCH=f'"{before}"'
+    )
+    assert_problem(response, 400)
+    ops = pool_operations(spot[0].pool)
+    assert (ops.version, ops.fallback_pool.name) == (before, "ondemand")
+
+
+@pytest.mark.parametrize(
+    ("changes", "code"),
+    [({"reason": "reclaimed"}, "unknown_field"), ({"deadline": 5}, "invalid_deadline"), (None, "malformed_body")],
+)
+def test_a_nodes_preemption_notice_refuses_unknown_members_and_wrong_types(spot, changes, code):
+    node, secret = spot
+    body = [_deadline()] if changes is None else {"deadline": _deadline(), **changes}
+    response = node_api(secret).post(f"/api/v1/nodes/{node.pk}/preemption-notice", body, format="json")
+    assert_problem(response, 400, code)
+    assert not Preemption.objects.exists()
+    node.refresh_from_db()
+    assert node.lifecycle == "ready"
+
+
+@pytest.mark.parametrize(
+    ("changes", "code"),
+    [
+        ({"reason": "reclaimed"}, "unknown_field"),
+        ({"delivery_id": 5}, "validation_error"),
+        ({"node_id": 5}, "invalid_node_id"),
+    ],
+)
+def test_a_pools_preemption_notice_refuses_unknown_members_and_wrong_types(operator_api, spot, changes, code):
+    node, _ = spot
+    body = {"node_id": str(node.pk), "deadline": _deadline(), **changes}
+    response = operator_api.post("/api/v1/pools/spot/preemption-notices", body, format="json")
+    assert_problem(response, 400, code)
+    assert not Preemption.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/api/v1/pools/spot/preemptions?days=7&page=2",
+        "/api/v1/pools/spot/preemptions?dayz=7",
+        "/api/v1/machines?pool=spot&state=running",
+        "/api/v1/machines?pools=spot",
+    ],
+)
+def test_preemptions_and_machines_refuse_an_unknown_parameter(operator_api, spot, url):
+    body = assert_problem(operator_api.get(url), 400, "invalid_filter")
+    assert body["errors"][0]["code"] == "unknown_filter"
+
+
+def test_preemptions_and_machines_still_take_their_parameters(operator_api, spot):
+    ProviderMachine.objects.create(pool=spot[0].pool, name="m-1", provider="simulated", requested_at=timezone.now())
+    assert operator_api.get("/api/v1/pools/spot/preemptions?days=3&format=json").status_code == 200
+    machines = operator_api.get("/api/v1/machines?pool=spot&page_size=5")
+    assert machines.status_code == 200, machines.content
+    assert [m["name"] for m in machines.json()["results"]] == ["m-1"]
+    assert operator_api.get("/api/v1/machines?pool=elsewhere").json()["results"] == []
+    assert_problem(operator_api.get("/api/v1/machines?pool="), 400, "invalid_filter")

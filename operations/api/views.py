@@ -22,13 +22,15 @@ from fleet.events import Actor
 from fleet.models import Pool
 from nodepool.api.authentication import UserTokenAuthentication
 from nodepool.api.fields import parse_aware_datetime
+from nodepool.api.filters import refuse_unknown_parameters
 from nodepool.api.permissions import IsOperator, is_operator
 from nodepool.api.problems import Forbidden, NotFound, Problem
+from nodepool.api.strict import refuse_unknown_members
 from nodepool.api.versioning import ETagMixin, expected_version
 
 from .. import preemption, providers, services, upgrades
 from ..choices import PreemptionSource
-from ..filtersets import ScaleDecisionFilterSet, UpgradeFilterSet
+from ..filtersets import MachineFilterSet, ScaleDecisionFilterSet, UpgradeFilterSet
 from ..models import Preemption, ProviderMachine, ScaleDecision, Upgrade
 from . import serializers as s
 
@@ -43,7 +45,7 @@ class CanOperateUpgrades(BasePermission):
 
 
 def _reason(request) -> str:
-    data = request.data if isinstance(request.data, dict) else {}
+    data = refuse_unknown_members(request.data, {"reason"})
     reason = data.get("reason", "")
     if not isinstance(reason, str) or len(reason) > 2000:
         raise Problem("reason must be a string of at most 2000 characters.", "invalid_reason")
@@ -157,6 +159,7 @@ class PoolPreemptionsView(APIView):
         pool = Pool.objects.filter(name=name).first()
         if pool is None:
             raise NotFound("No such pool.", "pool_not_found")
+        refuse_unknown_parameters(request.query_params, {"days"})
         days = request.query_params.get("days", "7")
         # isascii first: "²".isdigit() is True and int("²") raises (a 500, not a 400).
         if not (days.isascii() and days.isdigit()) or not 1 <= int(days) <= 90:
@@ -171,10 +174,13 @@ class PoolPreemptionsView(APIView):
         )
 
 
+# What each preemption notice's body may hold (nodepool.api.strict: anything else is 400 unknown_field).
+NODE_NOTICE_MEMBERS = frozenset({"deadline"})
+POOL_NOTICE_MEMBERS = frozenset({"delivery_id", "node_id", "deadline"})
+
+
 def _deadline(data) -> datetime:
-    return parse_aware_datetime(
-        data.get("deadline") if isinstance(data, dict) else None, "deadline", code="invalid_deadline"
-    )
+    return parse_aware_datetime(data.get("deadline"), "deadline", code="invalid_deadline")
 
 
 class NodePreemptionNoticeView(APIView):
@@ -189,7 +195,7 @@ class NodePreemptionNoticeView(APIView):
         node = node_from_request(request)
         record, created = preemption.preemption_notice(
             node_id=node.pk,
-            deadline=_deadline(request.data),
+            deadline=_deadline(refuse_unknown_members(request.data, NODE_NOTICE_MEMBERS)),
             source=PreemptionSource.AGENT,
             actor=Actor.for_node(node, request_id=getattr(request._request, "request_id", "")),
         )
@@ -221,7 +227,10 @@ class PoolPreemptionNoticeView(APIView):
             source, actor = PreemptionSource.PROVIDER, Actor.system(f"provider:{pool.name}")
         else:
             data, source, actor = request.data, PreemptionSource.OPERATOR, Actor.from_request(request)
-        node_id = data.get("node_id") if isinstance(data, dict) else None
+        refuse_unknown_members(data, POOL_NOTICE_MEMBERS)
+        if data.get("delivery_id") is not None and not isinstance(data["delivery_id"], str):
+            raise Problem("delivery_id must be a string.", "validation_error", field="delivery_id")
+        node_id = data.get("node_id")
         if not isinstance(node_id, str):
             raise Problem("node_id is required.", "invalid_node_id")
         if not _is_uuid(node_id) or not pool.nodes.filter(pk=node_id).exists():
@@ -256,8 +265,5 @@ class MachineViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
 
     permission_classes = [IsAuthenticated, IsOperator]
     serializer_class = s.ProviderMachineSerializer
-
-    def get_queryset(self):
-        qs = ProviderMachine.objects.select_related("pool").order_by("-requested_at")
-        pool = self.request.query_params.get("pool")
-        return qs.filter(pool__name=pool) if pool else qs
+    filterset_class = MachineFilterSet
+    queryset = ProviderMachine.objects.select_related("pool").order_by("-requested_at")
