@@ -239,3 +239,117 @@ def test_preemptions_and_machines_still_take_their_parameters(operator_api, spot
     assert [m["name"] for m in machines.json()["results"]] == ["m-1"]
     assert operator_api.get("/api/v1/machines?pool=elsewhere").json()["results"] == []
     assert_problem(operator_api.get("/api/v1/machines?pool="), 400, "invalid_filter")
+
+
+# --- marketplace ---------------------------------------------------------------------------------
+@pytest.fixture
+def market(owner):
+    """A priced pool ``market`` and a node of ``owner`` in it."""
+    from tests.marketplace_helpers import owned_node, priced_pool
+
+    pool = priced_pool()
+    return pool, owned_node(pool, owner, "mine")[0]
+
+
+def _stored_marketplace() -> tuple:
+    from marketplace.models import Appeal, OwnerSettings, PoolPrice, PoolSettlement, QuarantineGuidance
+
+    return tuple(m.objects.count() for m in (Appeal, OwnerSettings, PoolPrice, PoolSettlement, QuarantineGuidance))
+
+
+PRICE = {"pool": "market", "resource": "gpu.example/a", "unit_price": "1.5", "currency": "EUR",
+         "effective_from": "2027-01-01T00:00:00Z"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("method", "url", "body", "code"),
+    [
+        ("post", "/api/v1/pool-prices", {**PRICE, "unit": "hour"}, "unknown_field"),
+        ("post", "/api/v1/pool-prices", {**PRICE, "note": 5}, "invalid_field"),
+        ("put", "/api/v1/pools/market/settlement", {"settlement_window": 7200, "window": 1}, "unknown_field"),
+        ("put", "/api/v1/owner-settings/oscar-owner", {"statement_period": "week", "owner": "x"}, "unknown_field"),
+        ("put", "/api/v1/owner-settings/oscar-owner", {"statement_period": 7}, "invalid_field"),
+        ("put", "/api/v1/quarantine-guidance/manual", {"next_steps": "Reinstall.", "rule": "x"}, "unknown_field"),
+        ("put", "/api/v1/quarantine-guidance/manual", {"next_steps": ["Reinstall."]}, "invalid_field"),
+    ],
+)
+def test_marketplace_operator_bodies_refuse_unknown_members_and_wrong_types(
+    operator_api, owner, market, method, url, body, code
+):
+    before = _stored_marketplace()
+    body = assert_problem(getattr(operator_api, method)(url, body, format="json"), 400, code)
+    if code == "unknown_field":
+        assert len(body["fields"]) == 1
+    assert _stored_marketplace() == before
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        ({"statement": "It was a disk error.", "node_id": "x"}, "unknown_field"),
+        ({"statement": 5}, "invalid_field"),
+        ({"statement": {}}, "invalid_field"),
+    ],
+)
+def test_an_appeal_refuses_unknown_members_and_wrong_types(owner_api, market, body, code):
+    from fleet.events import Actor
+    from maintenance import services as maintenance
+    from marketplace.models import Appeal
+
+    _, node = market
+    maintenance.quarantine_node(node_id=node.pk, reason="r", evidence={}, actor=Actor.system("test"))
+    assert_problem(owner_api.post("/api/v1/appeals", {"node": str(node.pk), **body}, format="json"), 400, code)
+    assert not Appeal.objects.exists()
+
+
+def test_resolving_an_appeal_or_a_usage_record_refuses_unknown_members(operator_api, owner_api, market):
+    from fleet.events import Actor
+    from maintenance import services as maintenance
+    from marketplace.models import Appeal
+
+    _, node = market
+    maintenance.quarantine_node(node_id=node.pk, reason="r", evidence={}, actor=Actor.system("test"))
+    owner_api.post("/api/v1/appeals", {"node": str(node.pk), "statement": "disk"}, format="json")
+    appeal = Appeal.objects.get()
+    body = {"outcome": "overturned", "resolution": "ok", "release": False}
+    response = operator_api.post(f"/api/v1/appeals/{appeal.pk}/resolve", body, format="json", HTTP_IF_MATCH='"1"')
+    assert assert_problem(response, 400, "unknown_field")["fields"] == ["release"]
+    appeal.refresh_from_db()
+    node.refresh_from_db()
+    assert (appeal.state, node.lifecycle) == ("open", "quarantined")
+    body = {"decision": "accept", "reason": "ok", "billable": "1"}
+    response = operator_api.post("/api/v1/usage-records/1/resolve", body, format="json", HTTP_IF_MATCH='"1"')
+    assert assert_problem(response, 400, "unknown_field")["fields"] == ["billable"]
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "usage-records?stat=disputed",
+        "usage-records?state=pending&owner=x",
+        "usage-records?state=",
+        "statements?state=open&period=month",
+        "statements?state=closed",
+        "appeals?state=open&node=x",
+        "appeals?state=",
+        "owned-leases?nodes=x",
+        "owned-leases?node=not-a-uuid",
+    ],
+)
+def test_marketplace_lists_refuse_unknown_parameters_and_bad_values(owner_api, market, query):
+    assert_problem(owner_api.get(f"/api/v1/{query}"), 400, "invalid_filter")
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "usage-records?state=pending&state=disputed&page_size=5",
+        "statements?state=open&page=1",
+        "appeals?state=open&format=json",
+        "owned-leases?state=active&node=00000000-0000-0000-0000-000000000000",
+    ],
+)
+def test_marketplace_lists_still_take_their_filters_and_pages(owner_api, market, query):
+    response = owner_api.get(f"/api/v1/{query}")
+    assert response.status_code == 200, response.content
+    assert response.json()["results"] == []

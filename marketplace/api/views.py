@@ -14,7 +14,7 @@ from django.contrib.auth import get_user_model
 from django.db.models import Prefetch
 from django.http import HttpResponse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework import generics
 from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
@@ -27,11 +27,18 @@ from maintenance.choices import QuarantineRule
 from nodepool.api.fields import parse_aware_datetime
 from nodepool.api.permissions import is_client, is_operator, is_owner
 from nodepool.api.problems import Forbidden, NotFound, Problem
+from nodepool.api.strict import refuse_unknown_members
 from nodepool.api.versioning import ETagMixin, expected_version
 
 from .. import appeals, pricing, reconciliation, selectors, statements
-from ..choices import AppealState, DisputeDecision, StatementPeriod, UsageState
-from ..filtersets import PoolPriceFilterSet
+from ..choices import AppealState, DisputeDecision, StatementPeriod
+from ..filtersets import (
+    AppealFilterSet,
+    OwnedLeaseFilterSet,
+    PoolPriceFilterSet,
+    StatementFilterSet,
+    UsageRecordFilterSet,
+)
 from ..models import OwnerSettings, PoolPrice, PoolSettlement, QuarantineGuidance
 from . import serializers as s
 
@@ -63,11 +70,13 @@ class ReadForAllWriteForOperators(BasePermission):
         return is_operator(request.user)
 
 
-def _body(request) -> dict:
+def _body(request, members) -> dict:
+    """The request body, an object holding only ``members`` (400 ``invalid_body`` when it is not
+    an object, 400 ``unknown_field`` for any other member: nodepool.api.strict)."""
     data = request.data
     if not isinstance(data, dict):
         raise Problem("The body must be a JSON object.", "invalid_body")
-    return data
+    return refuse_unknown_members(data, members)
 
 
 def _text(data: dict, name: str, *, required: bool = True, limit: int = MAX_TEXT) -> str:
@@ -107,27 +116,10 @@ class UsageRecordList(generics.ListAPIView):
 
     permission_classes = [IsOperatorOrOwner]
     serializer_class = s.UsageRecordSerializer
-
-    @extend_schema(
-        parameters=[
-            OpenApiParameter("state", str, enum=UsageState.values),
-            OpenApiParameter("node", str, description="node id"),
-        ]
-    )
-    def get(self, request, *args, **kwargs):
-        return super().get(request, *args, **kwargs)
+    filterset_class = UsageRecordFilterSet
 
     def get_queryset(self):
-        qs = selectors.usage_records_for(self.request.user)
-        state = self.request.query_params.get("state")
-        if state is not None:
-            if state not in UsageState.values:
-                raise Problem(f"state must be one of {', '.join(UsageState.values)}.", "invalid_filter", field="state")
-            qs = qs.filter(state=state)
-        node = self.request.query_params.get("node")
-        if node is not None:
-            qs = qs.filter(node_id=_uuid(node, "node"))
-        return qs
+        return selectors.usage_records_for(self.request.user)
 
 
 def _uuid(value: str, name: str):
@@ -177,7 +169,7 @@ class UsageRecordResolve(ETagMixin, APIView):
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses=s.UsageRecordSerializer)
     def post(self, request, pk):
-        data = _body(request)
+        data = _body(request, {"decision", "reason", "billable_seconds"})
         decision = data.get("decision")
         if decision not in DisputeDecision.values:
             raise Problem(f"decision must be one of {', '.join(DisputeDecision.values)}.", "invalid_decision")
@@ -208,15 +200,10 @@ class StatementList(generics.ListAPIView):
 
     permission_classes = [IsOperatorOrOwner]
     serializer_class = s.StatementSerializer
+    filterset_class = StatementFilterSet
 
     def get_queryset(self):
-        qs = selectors.statements_for(self.request.user)
-        state = self.request.query_params.get("state")
-        if state is not None:
-            if state not in ("open", "final"):
-                raise Problem("state must be open or final.", "invalid_filter", field="state")
-            qs = qs.filter(state=state)
-        return qs
+        return selectors.statements_for(self.request.user)
 
 
 class StatementDetail(ETagMixin, generics.RetrieveAPIView):
@@ -277,7 +264,7 @@ class PoolPriceList(generics.ListCreateAPIView):
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses={201: s.PoolPriceSerializer})
     def post(self, request, *args, **kwargs):
-        data = _body(request)
+        data = _body(request, {"pool", "resource", "unit_price", "currency", "effective_from", "note"})
         pool = Pool.objects.filter(name=data.get("pool")).first() if isinstance(data.get("pool"), str) else None
         if pool is None:
             raise Problem("pool: the name of an existing pool.", "unknown_pool", field="pool")
@@ -329,7 +316,7 @@ class PoolSettlementView(APIView):
     @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
     def put(self, request, name):
         pool = self._pool(name)
-        data = _body(request)
+        data = _body(request, {"settlement_window"})
         value = data.get("settlement_window", "missing")
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 10**8):
             raise Problem(
@@ -372,7 +359,7 @@ class OwnerSettingsView(APIView):
         if not is_operator(request.user):
             raise Forbidden("Only operators may change an owner's settings.")
         user = self._owner(request, username)
-        period = _body(request).get("statement_period")
+        period = _body(request, {"statement_period"}).get("statement_period")
         if period not in StatementPeriod.values:
             raise Problem(
                 f"statement_period must be one of {', '.join(StatementPeriod.values)}.",
@@ -412,7 +399,7 @@ class QuarantineGuidanceView(APIView):
         if not is_operator(request.user):
             raise Forbidden("Only operators may write guidance.")
         self._rule(rule)
-        text = _text(_body(request), "next_steps")
+        text = _text(_body(request, {"next_steps"}), "next_steps")
         QuarantineGuidance.objects.update_or_create(
             rule=rule, defaults={"next_steps": text, "updated_by": request.user.get_username()}
         )
@@ -441,26 +428,24 @@ class AppealList(generics.ListAPIView):
     """``GET /appeals`` (?state=open: the operators' queue) and ``POST`` (owner) ``{"node", "statement"}``."""
 
     permission_classes = [IsOperatorOrOwner]
+    filterset_class = AppealFilterSet
 
     def get_queryset(self):
         qs = selectors.appeals_for(self.request.user)
-        state = self.request.query_params.get("state")
-        if state is not None:
-            if state not in AppealState.values:
-                raise Problem(f"state must be one of {', '.join(AppealState.values)}.", "invalid_filter", field="state")
-            qs = qs.filter(state=state)
-        return qs.order_by("created_at", "id") if state == AppealState.OPEN else qs
+        # The operators' queue (?state=open) oldest first; the filter itself is AppealFilterSet's.
+        queue = self.request.query_params.getlist("state") == [AppealState.OPEN]
+        return qs.order_by("created_at", "id") if queue else qs
 
     @extend_schema(responses=OpenApiTypes.OBJECT)
     def get(self, request, *args, **kwargs):
-        page = self.paginate_queryset(self.get_queryset())
+        page = self.paginate_queryset(self.filter_queryset(self.get_queryset()))
         return self.get_paginated_response([selectors.appeal_dict(a) for a in page])
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses={201: OpenApiTypes.OBJECT})
     def post(self, request, *args, **kwargs):
         if not is_owner(request.user) or is_operator(request.user):
             raise Forbidden("Only a node's owner may appeal its quarantine.")
-        data = _body(request)
+        data = _body(request, {"node", "statement"})
         node_id = _uuid(data.get("node"), "node") if isinstance(data.get("node"), str) else None
         if node_id is None:
             raise Problem("node: the id of your quarantined node.", "invalid_field", field="node")
@@ -488,7 +473,7 @@ class AppealResolve(ETagMixin, APIView):
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
     def post(self, request, pk):
-        data = _body(request)
+        data = _body(request, {"outcome", "resolution"})
         outcome, resolution = data.get("outcome"), _text(data, "resolution")
         version = expected_version(request)
         appeal = appeals.appeal_resolve(
@@ -525,20 +510,10 @@ class OwnedLeaseList(generics.ListAPIView):
 
     permission_classes = [IsOperatorOrOwner]
     serializer_class = s.OwnedLeaseSerializer
+    filterset_class = OwnedLeaseFilterSet
 
     def get_queryset(self):
-        qs = _owned_leases(self.request.user)
-        node = self.request.query_params.get("node")
-        if node is not None:
-            qs = qs.filter(node_id=_uuid(node, "node"))
-        state = self.request.query_params.get("state")
-        if state is not None:
-            from leases.choices import LeaseState
-
-            if state not in LeaseState.values:
-                raise Problem(f"state must be one of {', '.join(LeaseState.values)}.", "invalid_filter", field="state")
-            qs = qs.filter(state=state)
-        return qs
+        return _owned_leases(self.request.user)
 
 
 class OwnedLeaseDetail(generics.RetrieveAPIView):
