@@ -353,3 +353,69 @@ def test_marketplace_lists_still_take_their_filters_and_pages(owner_api, market,
     response = owner_api.get(f"/api/v1/{query}")
     assert response.status_code == 200, response.content
     assert response.json()["results"] == []
+
+
+# --- pools, disruption budgets, node actions' query parameters -----------------------------------
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        ({"name": "general", "admission": "automatic"}, "unknown_field"),
+        ({"name": "general", "version": 3}, "unknown_field"),
+        ({"name": "general", "description": 5}, "validation_error"),
+        ({"name": 5}, "validation_error"),
+    ],
+)
+def test_a_pool_body_refuses_unknown_members_and_numbers_for_strings(operator_api, body, code):
+    from fleet.models import Pool
+
+    assert_problem(operator_api.post("/api/v1/pools", body, format="json"), 400, code)
+    assert not Pool.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        ({"group": "web", "max_unavailable": 1, "max_surge": 1}, "unknown_field"),
+        ({"group": 5, "max_unavailable": 1}, "validation_error"),
+        ({"group": "web", "max_unavailable": 1, "description": 5}, "validation_error"),
+    ],
+)
+def test_a_disruption_budget_body_refuses_unknown_members_and_numbers_for_strings(operator_api, body, code):
+    from maintenance.models import DisruptionBudget
+
+    created = operator_api.post("/api/v1/disruption-budgets", {"group": "db", "max_unavailable": 1}, format="json")
+    assert created.status_code == 201, created.content
+    assert_problem(operator_api.post("/api/v1/disruption-budgets", body, format="json"), 400, code)
+    url = f"/api/v1/disruption-budgets/{created.json()['id']}"
+    assert_problem(operator_api.patch(url, body, format="json", HTTP_IF_MATCH='"1"'), 400, code)
+    budget = DisruptionBudget.objects.get()
+    assert (budget.group, budget.version, budget.description) == ("db", 1, "")
+
+
+@pytest.mark.parametrize("query", ["pools?kinds=spot", "pools?kind=nope", "disruption-budgets?grp=web"])
+def test_pools_and_disruption_budgets_refuse_unknown_parameters(operator_api, query):
+    assert_problem(operator_api.get(f"/api/v1/{query}"), 400, "invalid_filter")
+
+
+def test_pools_and_disruption_budgets_still_filter(operator_api):
+    PoolFactory(name="general")
+    assert [p["name"] for p in operator_api.get("/api/v1/pools?kind=standard&page=1").json()["results"]] == ["general"]
+    assert operator_api.get("/api/v1/disruption-budgets?group=web&page_size=2").json()["results"] == []
+
+
+@pytest.mark.parametrize(
+    ("action", "query"), [("drain", "dryrun=true"), ("drain", "dry_run=true&x=1"), ("cordon", "dry_run=true")]
+)
+def test_a_node_action_refuses_a_query_parameter_it_does_not_read(operator_api, action, query):
+    from maintenance.models import Drain
+
+    node, _ = make_schedulable_node(PoolFactory())
+    drain = {"reason": "kernel", "policy": "wait", "deadline_in": 3600}
+    body = drain if action == "drain" else {"reason": "kernel"}
+    response = operator_api.post(f"/api/v1/nodes/{node.pk}/{action}?{query}", body, format="json", HTTP_IF_MATCH='"1"')
+    assert_problem(response, 400, "invalid_filter")
+    node.refresh_from_db()
+    assert (node.lifecycle, node.cordoned, node.version) == ("ready", False, 1)
+    assert not Drain.objects.exists()
+    planned = operator_api.post(f"/api/v1/nodes/{node.pk}/drain?dry_run=true", drain, format="json")
+    assert planned.status_code == 200, planned.content

@@ -18,7 +18,7 @@ from rest_framework import serializers
 
 from nodepool.api.fields import AwareDateTimeField
 from nodepool.api.problems import Problem
-from nodepool.api.strict import PASSTHROUGH, StrictSerializer
+from nodepool.api.strict import StrictInput, StrictSerializer
 
 from ..capability import CapabilityError, parse_capability, parse_labels, parse_request_classes, parse_taints
 from ..labels import reserved_label_errors
@@ -62,7 +62,7 @@ def _raise_capability(exc: CapabilityError, prefix: str):
 # --- pools --------------------------------------------------------------------------------------------
 
 
-class PoolSerializer(serializers.ModelSerializer):
+class PoolSerializer(StrictInput, serializers.ModelSerializer):
     """A pool. Requests accept quantities in reservations and required capabilities; responses give integers."""
 
     node_count = serializers.IntegerField(read_only=True, required=False)
@@ -78,14 +78,6 @@ class PoolSerializer(serializers.ModelSerializer):
             "ready_ratio_objective", "request_classes", "node_count", "version", "created_at", "updated_at",
         ]  # fmt: skip
         read_only_fields = ["id", "version", "created_at", "updated_at"]
-
-    def to_internal_value(self, data):
-        if not isinstance(data, dict):
-            raise Problem("The request body must be a JSON object.", "malformed_body")
-        unknown = set(data) - {n for n, f in self.fields.items() if not f.read_only} - PASSTHROUGH
-        if unknown:
-            raise Problem(f"Unknown or read-only members: {', '.join(sorted(map(str, unknown)))}.", "unknown_field")
-        return super().to_internal_value(data)
 
     def _parse(self, function, value, name):
         try:

@@ -9,7 +9,7 @@ from fleet.api.nodes import active_holds, hold_dict
 from fleet.models import Node
 from nodepool.api.fields import AwareDateTimeField
 from nodepool.api.permissions import is_operator
-from nodepool.api.strict import StrictBooleanField, StrictSerializer
+from nodepool.api.strict import StrictBooleanField, StrictInput, StrictSerializer
 
 from .. import conf
 from ..budgets import budget_status
@@ -193,7 +193,7 @@ class QuarantineSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class DisruptionBudgetSerializer(serializers.ModelSerializer):
+class DisruptionBudgetSerializer(StrictInput, serializers.ModelSerializer):
     """Exactly one of ``max_unavailable`` / ``min_available`` (Kubernetes' PodDisruptionBudget)."""
 
     status = serializers.SerializerMethodField()

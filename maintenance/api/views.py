@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from fleet.events import Actor
+from nodepool.api.filters import refuse_unknown_parameters
 from nodepool.api.permissions import HasRole, is_client, is_operator
 from nodepool.api.problems import PreconditionRequired, Problem
 from nodepool.api.versioning import ETagMixin, expected_version
@@ -41,8 +42,12 @@ class NodeActionView(ETagMixin, APIView):
     permission_classes = [IsAuthenticated, HasModelPermission]
     required_permission = "fleet.operate_node"
     request_serializer = s.ActionReasonSerializer
+    # The query parameters the action reads: any other is 400 invalid_filter, so that a mistyped
+    # ``?dryrun=true`` is refused instead of draining for real.
+    query_parameters: frozenset[str] = frozenset()
 
     def validated(self, request) -> dict:
+        refuse_unknown_parameters(request.query_params, self.query_parameters)
         serializer = self.request_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = dict(serializer.validated_data)
@@ -159,6 +164,7 @@ class DrainView(NodeActionView):
     """``POST /nodes/{id}/drain`` (``?dry_run=true`` changes nothing and answers what would happen)."""
 
     request_serializer = s.DrainRequestSerializer
+    query_parameters = frozenset({"dry_run"})
 
     def post(self, request, pk):
         dry_run = _dry_run(request)

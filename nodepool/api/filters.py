@@ -13,24 +13,6 @@ from django_filters.rest_framework import DjangoFilterBackend
 
 from .problems import Problem
 
-
-class StrictFilterBackend(DjangoFilterBackend):
-    """``DjangoFilterBackend`` that refuses a declared filter sent with only empty values.
-
-    Raises:
-        Problem: 400 ``invalid_filter`` naming the parameter; nothing is filtered then.
-    """
-
-    def get_filterset(self, request, queryset, view):
-        filterset = super().get_filterset(request, queryset, view)
-        if filterset is not None:
-            params = request.query_params
-            for name in filterset.filters:
-                if name in params and not "".join(params.getlist(name)).strip():
-                    raise Problem(f"{name}: give a value, or leave the parameter out", "invalid_filter", field=name)
-        return filterset
-
-
 # Query parameters every list takes besides its filters, whatever its paginator (DRF's format override too).
 NON_FILTER_PARAMETERS = frozenset({"page", "page_size", "cursor", "format"})
 
@@ -105,3 +87,23 @@ class StrictFilterSet(django_filters.FilterSet):
         if error.code == "invalid_choice" and choices:
             message += f" Choose from {', '.join(str(value) for value, _ in choices)}."
         return message
+
+
+class StrictFilterBackend(DjangoFilterBackend):
+    """``DjangoFilterBackend`` that refuses a declared filter sent with only empty values. A view's
+    ``filterset_fields`` (no ``filterset_class``) get an automatic StrictFilterSet too.
+
+    Raises:
+        Problem: 400 ``invalid_filter`` naming the parameter; nothing is filtered then.
+    """
+
+    filterset_base = StrictFilterSet
+
+    def get_filterset(self, request, queryset, view):
+        filterset = super().get_filterset(request, queryset, view)
+        if filterset is not None:
+            params = request.query_params
+            for name in filterset.filters:
+                if name in params and not "".join(params.getlist(name)).strip():
+                    raise Problem(f"{name}: give a value, or leave the parameter out", "invalid_filter", field=name)
+        return filterset

@@ -39,9 +39,10 @@ def refuse_unknown_members(data: Any, allowed, *, what: str = "members") -> dict
     return data
 
 
-class StrictSerializer(serializers.Serializer):
-    """Refuses members it does not declare (``unknown_field``; ``protected_field`` for the names in
-    ``protected_fields``, attributes only the control plane sets)."""
+class StrictInput:
+    """Mixin for input serializers (plain or model): refuses members it does not declare as
+    writable (``unknown_field``; ``protected_field`` for the names in ``protected_fields``,
+    attributes only the control plane sets), and a non-string for a string field."""
 
     protected_fields: frozenset[str] = frozenset()
 
@@ -50,7 +51,8 @@ class StrictSerializer(serializers.Serializer):
             if self.parent is not None:  # a nested member, e.g. enrollment's ``attestation``
                 raise serializers.ValidationError({api_settings.NON_FIELD_ERRORS_KEY: ["Must be a JSON object."]})
             raise Problem("The request body must be a JSON object.", "malformed_body")
-        unknown = set(data) - set(self.fields) - PASSTHROUGH
+        writable = {name for name, field in self.fields.items() if not field.read_only}
+        unknown = set(data) - writable - PASSTHROUGH
         protected = sorted(unknown & self.protected_fields)
         if protected:
             raise Problem(
@@ -58,16 +60,20 @@ class StrictSerializer(serializers.Serializer):
                 "protected_field",
                 fields=protected,
             )
-        refuse_unknown_members(data, self.fields)
+        refuse_unknown_members(data, writable)
         not_strings = {
             name: ["Must be a string."]
             for name, field in self.fields.items()
-            if isinstance(field, serializers.CharField) and data.get(name) is not None
+            if isinstance(field, serializers.CharField) and not field.read_only and data.get(name) is not None
             and not isinstance(data[name], str)
         }  # fmt: skip
         if not_strings:
             raise serializers.ValidationError(not_strings)
         return super().to_internal_value(data)
+
+
+class StrictSerializer(StrictInput, serializers.Serializer):
+    """A plain input serializer with :class:`StrictInput`'s rules."""
 
 
 class StrictBooleanField(serializers.BooleanField):
