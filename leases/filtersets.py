@@ -4,7 +4,7 @@ from django import forms
 from nodepool.api.filters import StrictFilterSet
 
 from .choices import LeaseRequestState, LeaseState
-from .models import Lease, LeaseRequest, Shape
+from .models import ConsistencyReport, Lease, LeaseRequest, Shape
 
 
 class LeaseFilterSet(StrictFilterSet):
@@ -41,3 +41,11 @@ class ShapeFilterSet(StrictFilterSet):
     class Meta:
         model = Shape
         fields = ["name", "version"]
+
+
+class ConsistencyReportFilterSet(StrictFilterSet):
+    """``GET /lease-consistency-reports`` has no filters: any parameter but a page's is refused."""
+
+    class Meta:
+        model = ConsistencyReport
+        fields: list[str] = []

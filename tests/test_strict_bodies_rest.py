@@ -419,3 +419,8 @@ def test_a_node_action_refuses_a_query_parameter_it_does_not_read(operator_api, 
     assert not Drain.objects.exists()
     planned = operator_api.post(f"/api/v1/nodes/{node.pk}/drain?dry_run=true", drain, format="json")
     assert planned.status_code == 200, planned.content
+
+
+def test_the_consistency_reports_list_refuses_any_parameter_but_a_pages(operator_api):
+    assert_problem(operator_api.get("/api/v1/lease-consistency-reports?node=x"), 400, "invalid_filter")
+    assert operator_api.get("/api/v1/lease-consistency-reports?page_size=5").status_code == 200

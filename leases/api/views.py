@@ -17,7 +17,7 @@ from nodepool.api.strict import refuse_unknown_members
 from nodepool.api.versioning import ETagMixin, expected_version, lock_for_action
 
 from .. import services
-from ..filtersets import LeaseFilterSet, LeaseRequestFilterSet, ShapeFilterSet
+from ..filtersets import ConsistencyReportFilterSet, LeaseFilterSet, LeaseRequestFilterSet, ShapeFilterSet
 from ..models import ConsistencyReport, Lease, LeaseRequest, Shape
 from . import schema
 from .serializers import ConsistencyReportSerializer, LeaseRequestSerializer, LeaseSerializer, ShapeSerializer
@@ -280,4 +280,5 @@ class ConsistencyReportList(generics.ListAPIView):
 
     permission_classes = [IsOperator]
     serializer_class = ConsistencyReportSerializer
+    filterset_class = ConsistencyReportFilterSet
     queryset = ConsistencyReport.objects.all()
