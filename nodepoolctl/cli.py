@@ -123,6 +123,8 @@ def get(obj: Context, kind, name, output, selector, pool):
     """List nodes, pools, leases, drains or quarantines (or show one by NAME)."""
     kind = _kind(kind)
     api = obj.api
+    if kind == "pool" and pool and not name:
+        name = pool  # /pools has no ?pool= filter (the API refuses an unknown parameter): the pool itself
     if name:
         item = api.node(name) if kind == "node" else api.get(f"{PATHS[kind]}/{name}")
         objects = [item]

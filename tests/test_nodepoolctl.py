@@ -102,6 +102,8 @@ def test_a_bad_selector_exits_non_zero_with_the_problem_in_one_line(ctl, fleet):
 def test_get_pools_leases_drains_and_quarantines(ctl, fleet):
     make_lease(fleet["cpu-1"], "job-7")
     assert {line.split()[0] for line in ctl("get", "pools")[1].splitlines()[1:]} == {"gpu", "general"}
+    # /pools refuses ?pool= (an unknown parameter): --pool names the one pool to show.
+    assert {line.split()[0] for line in ctl("get", "pools", "--pool", "gpu")[1].splitlines()[1:]} == {"gpu"}
     assert "job-7" in ctl("get", "leases")[1]
     assert ctl("get", "drains")[0] == 0 and ctl("get", "quarantines", "-o", "json")[1].strip() == "[]"
     code, _, stderr = ctl("get", "widgets")
