@@ -118,6 +118,11 @@ def test_resolving_a_usage_record_validates_its_input(operator_api, record):
     url = f"{API}/usage-records/{record.pk}/resolve"
     problem(operator_api.post(url, {"decision": "shrug", "reason": "x"}, HTTP_IF_MATCH='"2"'), 400, "invalid_decision")
     problem(operator_api.post(url, {"decision": "accept"}, HTTP_IF_MATCH='"2"'), 400, "invalid_field")
+    problem(  # an unknown member (billable for billable_seconds) is refused, not ignored
+        operator_api.post(url, {"decision": "accept", "reason": "x", "billable": "1"}, HTTP_IF_MATCH='"2"'),
+        400,
+        "unknown_field",
+    )
     problem(
         operator_api.post(url, {"decision": "adjust", "reason": "x", "billable_seconds": 3}, HTTP_IF_MATCH='"2"'),
         400,
