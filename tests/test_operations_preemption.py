@@ -202,6 +202,36 @@ def test_a_provider_notice_must_be_signed_with_the_pools_secret_and_is_not_repla
     assert unsigned.status_code == 403
 
 
+@pytest.mark.parametrize(
+    "bad",
+    [{"unknown": 1}, {"node_id": 5}, {"node_id": "not-a-uuid"}, {"deadline": "tomorrow"}],
+    ids=["unknown-member", "node-id-not-a-string", "no-such-node", "bad-deadline"],
+)
+def test_a_refused_signed_notice_leaves_no_trace_and_its_delivery_may_be_sent_again(pools, client, bad):
+    import json
+
+    from operations.models import SeenDelivery
+
+    _, spot_node, _, _ = pools
+    url = "/api/v1/pools/spot/preemption-notices"
+    good = {
+        "delivery_id": "d-7",
+        "node_id": str(spot_node.pk),
+        "deadline": (timezone.now() + timedelta(seconds=30)).isoformat(),
+    }
+
+    def post(payload):
+        raw = json.dumps(payload).encode()
+        headers = {f"HTTP_{k.upper().replace('-', '_')}": v for k, v in signed_headers("s3cret", raw, "d-7").items()
+                   if k != "Content-Type"}  # fmt: skip
+        return client.post(url, raw, content_type="application/json", **headers)
+
+    refused = post({**good, **bad})
+    assert 400 <= refused.status_code < 500 and refused.status_code != 403, refused.content
+    assert not SeenDelivery.objects.exists() and not Preemption.objects.exists()
+    assert post(good).status_code == 201
+
+
 def test_a_preemption_that_cannot_be_followed_does_not_stop_the_others(monkeypatch, caplog):
     pool = PoolFactory(name="spot-sweep")
     now = timezone.now()

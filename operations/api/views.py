@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from django.db import transaction
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
@@ -219,25 +220,28 @@ class PoolPreemptionNoticeView(APIView):
         if pool is None:
             raise NotFound("No such pool.", "pool_not_found")
         ops = upgrades.pool_operations(pool)
-        if signed:
-            try:
-                data = providers.verify(ops.provider_secret, request.headers, request.body)
-            except providers.SignatureError as exc:
-                raise Forbidden(exc.message, exc.code) from None
-            source, actor = PreemptionSource.PROVIDER, Actor.system(f"provider:{pool.name}")
-        else:
-            data, source, actor = request.data, PreemptionSource.OPERATOR, Actor.from_request(request)
-        refuse_unknown_members(data, POOL_NOTICE_MEMBERS)
-        if data.get("delivery_id") is not None and not isinstance(data["delivery_id"], str):
-            raise Problem("delivery_id must be a string.", "validation_error", field="delivery_id")
-        node_id = data.get("node_id")
-        if not isinstance(node_id, str):
-            raise Problem("node_id is required.", "invalid_node_id")
-        if not _is_uuid(node_id) or not pool.nodes.filter(pk=node_id).exists():
-            raise NotFound(f"No node {node_id} in pool {pool.name}.", "node_not_found")
-        record, created = preemption.preemption_notice(
-            node_id=node_id, deadline=_deadline(data), source=source, actor=actor
-        )
+        # One transaction: a signed delivery is remembered (replays refused) only with the notice
+        # it carried; a body refused below leaves no trace, and its sender may fix it and retry.
+        with transaction.atomic():
+            if signed:
+                try:
+                    data = providers.verify(ops.provider_secret, request.headers, request.body)
+                except providers.SignatureError as exc:
+                    raise Forbidden(exc.message, exc.code) from None
+                source, actor = PreemptionSource.PROVIDER, Actor.system(f"provider:{pool.name}")
+            else:
+                data, source, actor = request.data, PreemptionSource.OPERATOR, Actor.from_request(request)
+            refuse_unknown_members(data, POOL_NOTICE_MEMBERS)
+            if data.get("delivery_id") is not None and not isinstance(data["delivery_id"], str):
+                raise Problem("delivery_id must be a string.", "validation_error", field="delivery_id")
+            node_id = data.get("node_id")
+            if not isinstance(node_id, str):
+                raise Problem("node_id is required.", "invalid_node_id")
+            if not _is_uuid(node_id) or not pool.nodes.filter(pk=node_id).exists():
+                raise NotFound(f"No node {node_id} in pool {pool.name}.", "node_not_found")
+            record, created = preemption.preemption_notice(
+                node_id=node_id, deadline=_deadline(data), source=source, actor=actor
+            )
         return Response(s.PreemptionSerializer(record).data, status=201 if created else 200)
 
 
