@@ -31,6 +31,7 @@ from fleet.models import Node, NodeResource, Pool
 from fleet.selectors import SCHEDULABLE_HEALTH
 from nodepool.api.permissions import is_operator
 from nodepool.api.problems import Conflict, NotFound, Problem, Unprocessable
+from nodepool.db import prepared_cursor
 from nodepool.structured_logs import bind
 
 from . import evidence, placement, requeue
@@ -82,7 +83,7 @@ def _next_fencing_token(workload_id: str) -> int:
     """Bump and return the workload's fencing token in one statement (an upsert that locks the
     row until commit, so grants of one workload are serialised and tokens strictly increase)."""
     table = connection.ops.quote_name(FencingSequence._meta.db_table)
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {table} (workload_id, last_token) VALUES (%s, 1) "  # noqa: S608 (the table name comes from the model, not input)
             f"ON CONFLICT (workload_id) DO UPDATE SET last_token = {table}.last_token + 1 RETURNING last_token",
@@ -116,7 +117,7 @@ def _hold_schedulable_node(node_id) -> _Held | None:
     """
     table = connection.ops.quote_name(Node._meta.db_table)
     lock = " FOR SHARE" if connection.vendor == "postgresql" else ""
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(
             f"SELECT lifecycle, liveness, ready, health, cordoned, status_report_overdue, instructions, "  # noqa: S608
             f"incarnation FROM {table} WHERE id = %s{lock}",
@@ -140,14 +141,15 @@ def _take_capacity(node_id, resources: dict[str, int]) -> int:
     canonical units) where it stays within ``allocatable``; returns the number of rows changed.
 
     One statement for every resource: the row count proves all of them fitted (the caller rolls
-    back otherwise). Plain SQL like the hold and the fencing upsert above: the ORM's CASE
-    expression cost more to build than the statement costs to run.
+    back otherwise). Plain SQL like the hold and the fencing upsert above (all three prepared on
+    PostgreSQL, ``nodepool.db.prepared_cursor``): the ORM's CASE expression cost more to build
+    than the statement costs to run.
     """
     table = connection.ops.quote_name(NodeResource._meta.db_table)
     amount = "CASE name " + " ".join("WHEN %s THEN %s" for _ in resources) + " END"
     pairs = [value for item in resources.items() for value in item]
     names = ", ".join(["%s"] * len(resources))
-    with connection.cursor() as cursor:
+    with prepared_cursor() as cursor:
         cursor.execute(
             f"UPDATE {table} SET allocated = allocated + {amount} "  # noqa: S608 (names from the model; values bound)
             f"WHERE node_id = %s AND name IN ({names}) AND allocated + {amount} <= allocatable",
