@@ -312,7 +312,13 @@ def finalize_admission(*, node_id, attempt: int, actor: Actor, now: datetime | N
     """
     now = now or timezone.now()
     with transaction.atomic():
-        node = Node.objects.select_for_update(no_key=True).select_related("pool").filter(pk=node_id).first()
+        # The node row alone. Joined (select_related), its pool row was locked too: the pool's
+        # node actions waited for each other, and pool_update (pool, then its nodes) deadlocked
+        # with this. Nor joined unlocked (of=self): after waiting for the node, PostgreSQL returns
+        # the joined row as it first read it. node.pool is read after the lock, by its own query:
+        # a change of the pool's reservations locks every member node before it recomputes their
+        # inventories, so this sees that change committed or has its inventory recomputed by it.
+        node = Node.objects.select_for_update(no_key=True).filter(pk=node_id).first()
         if node is None or node.lifecycle != Lifecycle.ADMITTING or node.admission_attempt != attempt:
             return "stale"
         checks = list(AdmissionCheck.objects.filter(node=node, attempt=attempt))

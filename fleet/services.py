@@ -388,7 +388,9 @@ def _start_admission(node: Node, actor: Actor, *, reason: str, now: datetime) ->
 
 
 def _locked_node(node_id) -> Node:
-    node = Node.objects.select_for_update(no_key=True).select_related("pool").filter(pk=node_id).first()
+    # The node row alone (of=self): its pool is read for the response, not locked, or every action
+    # on a node of the pool would wait for this one, and pool_update (pool, then its nodes) deadlock.
+    node = Node.objects.select_for_update(no_key=True, of=("self",)).select_related("pool").filter(pk=node_id).first()
     if node is None:
         raise NotFound("No such node.", "node_not_found")
     return node

@@ -67,8 +67,10 @@ def preemption_notice(*, node_id, deadline: datetime, source: str, actor: Actor,
         with transaction.atomic():
             # Notices for one node take turns on its row, and each judges the node as it is now:
             # a concurrent notice may have drained it already (its drain can even have finished,
-            # with nothing to wait for), which the node read above cannot know.
-            node = Node.objects.select_for_update(no_key=True).select_related("pool").get(pk=node.pk)
+            # with nothing to wait for), which the node read above cannot know. The node row alone
+            # (of=self): its pool is only named, and a joined pool row locked too would serialise
+            # the pool's node actions and deadlock with pool_update (pool, then its nodes).
+            node = Node.objects.select_for_update(no_key=True, of=("self",)).select_related("pool").get(pk=node.pk)
             earlier = Preemption.objects.filter(node=node).order_by("-received_at", "-pk").first()
             if earlier is not None and (
                 earlier.state == PreemptionState.DRAINING

@@ -1,7 +1,8 @@
 """Lock order across apps on PostgreSQL: pool edits, clock gaps, preemption notices, statement
 finalization and status reports against node actions, drains and grants; upgrade ticks and
-scale-downs against the liveness sweep (each test failed, with a deadlock or a wrong state, before
-its fix)."""
+scale-downs against the liveness sweep; node actions on two nodes of one pool, and an admission
+against an edit of its pool (each test failed, with a deadlock, a wait or a wrong state, before its
+fix)."""
 
 from __future__ import annotations
 
@@ -353,3 +354,84 @@ def test_a_scale_down_and_a_liveness_sweep_moving_its_node_both_complete(monkeyp
     assert outcome.results[0] == 1
     assert ProviderMachine.objects.get(name="m-0").state == "draining"
     assert Node.objects.get(pk=first.pk).liveness == "unreachable"
+
+
+def _racer_0_holds_after(monkeypatch, module, name: str, until: threading.Event, seconds: float = 5) -> threading.Event:
+    """Wrap ``module.name`` so that racer 0, once it returns (holding what it locked), waits for
+    ``until`` (set by the other racer when it is done), or ``seconds``. Returns the event set when
+    racer 0 starts waiting, for the other racer."""
+    inside, original = threading.Event(), getattr(module, name)
+
+    def then_hold(*args, **kwargs):
+        value = original(*args, **kwargs)
+        if threading.current_thread().name == "racer-0":
+            inside.set()
+            until.wait(seconds)
+        return value
+
+    monkeypatch.setattr(module, name, then_hold)
+    return inside
+
+
+def test_node_actions_on_two_nodes_of_one_pool_do_not_wait_for_each_other(monkeypatch):
+    """An operator's node action (_locked_node) locked its node and, joined by select_related,
+    the node's pool row (FOR NO KEY UPDATE): a second action on another node of the pool waited
+    for the first to commit. The node row is now locked alone (of=self)."""
+    _pg()
+    from fleet import services as fleet_services
+    from tests.factories import NodeFactory, PoolFactory
+
+    monkeypatch.setattr("fleet.tasks.run_admission.delay", lambda *args, **kwargs: None)
+    pool = PoolFactory(name="general")
+    a, b = NodeFactory(pool=pool), NodeFactory(pool=pool)
+    done = threading.Event()
+    inside = _racer_0_holds_after(monkeypatch, fleet_services, "check_version", until=done)
+
+    def racer(i):
+        if i == 0:
+            fleet_services.node_credentials_revoke(node_id=a.pk, expected_version=a.version, actor=Actor.system("t"))
+            return done.is_set()  # the other node's action finished while this one held its node
+        assert inside.wait(10)
+        try:
+            admitted = fleet_services.node_admit(node_id=b.pk, expected_version=b.version, actor=Actor.system("t"))
+            return admitted.lifecycle
+        finally:
+            done.set()
+
+    outcome = race(racer, 2, timeout=30)
+    assert outcome.errors == [], outcome.errors
+    assert outcome.results == [True, "admitting"], "the second node's action waited for the first node's"
+
+
+def test_an_admission_and_a_change_of_its_pools_labels_both_complete(monkeypatch):
+    """pool_update locks the pool (FOR NO KEY UPDATE), then every member node; node_admit locked
+    its node and, in the same statement (select_related), the node's pool: the other order, a
+    deadlock. The node row is now locked alone."""
+    _pg()
+    from fleet import services as fleet_services
+    from tests.factories import NodeFactory, PoolFactory
+
+    monkeypatch.setattr("fleet.tasks.run_admission.delay", lambda *args, **kwargs: None)
+    pool = PoolFactory(name="general")
+    node = NodeFactory(pool=pool)
+    done = threading.Event()
+    # Racer 0 holds the pool row (its version checked), its member nodes not locked yet.
+    inside = _racer_0_holds_after(monkeypatch, fleet_services, "check_version", until=done, seconds=2)
+
+    def racer(i):
+        if i == 0:
+            return fleet_services.pool_update(
+                pool_id=pool.pk, expected_version=pool.version, changes={"labels": {"zone": "b"}},
+                actor=Actor.system("t"),
+            ).labels  # fmt: skip
+        assert inside.wait(10)
+        try:
+            return fleet_services.node_admit(
+                node_id=node.pk, expected_version=node.version, actor=Actor.system("t")
+            ).lifecycle
+        finally:
+            done.set()
+
+    outcome = race(racer, 2, timeout=30)
+    assert outcome.errors == [], outcome.errors
+    assert outcome.results == [{"zone": "b"}, "admitting"]
