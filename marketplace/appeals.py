@@ -72,7 +72,15 @@ def appeal_resolve(*, appeal_id, outcome: str, resolution, expected_version: int
     text = _text(resolution, "resolution")
     now = now or timezone.now()
     with transaction.atomic():
-        appeal = Appeal.objects.select_for_update().select_related("quarantine", "node").filter(pk=appeal_id).first()
+        # The appeal row alone (of=self): joined, the quarantine and node rows were locked FOR
+        # UPDATE in the same statement, the quarantine before the node, while release_node locks
+        # the node and then closes the quarantine (a deadlock), and every event of the node waited.
+        appeal = (
+            Appeal.objects.select_for_update(of=("self",))
+            .select_related("quarantine", "node")
+            .filter(pk=appeal_id)
+            .first()
+        )
         if appeal is None:
             raise NotFound("No such appeal.", "appeal_not_found")
         check_version(appeal.version, expected_version)
@@ -82,9 +90,11 @@ def appeal_resolve(*, appeal_id, outcome: str, resolution, expected_version: int
             state=outcome, resolution=text, resolved_by=actor.name[:150], resolved_at=now, version=F("version") + 1
         )
         if outcome == AppealState.OVERTURNED and appeal.quarantine.released_at is None:
-            node = appeal.node
-            node.refresh_from_db()
-            if node.lifecycle == Lifecycle.QUARANTINED:
+            # The node's row, then its quarantine read again: every release of a quarantine holds
+            # its node's row, so neither changes before this transaction ends.
+            node = maintenance_services.lock_node(appeal.node_id)
+            quarantine_open = Quarantine.objects.filter(pk=appeal.quarantine_id, released_at__isnull=True).exists()
+            if quarantine_open and node.lifecycle == Lifecycle.QUARANTINED:
                 maintenance_services.release_node(
                     node_id=node.pk,
                     expected_version=node.version,

@@ -1,8 +1,8 @@
 """Lock order across apps on PostgreSQL: pool edits, clock gaps, preemption notices, statement
 finalization and status reports against node actions, drains and grants; upgrade ticks and
-scale-downs against the liveness sweep; node actions on two nodes of one pool, and an admission
-against an edit of its pool (each test failed, with a deadlock, a wait or a wrong state, before its
-fix)."""
+scale-downs against the liveness sweep; node actions on two nodes of one pool, an admission
+against an edit of its pool, an appeal overturned against its node's release (each test failed,
+with a deadlock, a wait or a wrong state, before its fix)."""
 
 from __future__ import annotations
 
@@ -435,3 +435,40 @@ def test_an_admission_and_a_change_of_its_pools_labels_both_complete(monkeypatch
     outcome = race(racer, 2, timeout=30)
     assert outcome.errors == [], outcome.errors
     assert outcome.results == [{"zone": "b"}, "admitting"]
+
+
+def test_an_appeal_overturned_while_an_operator_releases_its_node_both_complete(owner, client_user, monkeypatch):
+    """release_node locks the node, then closes its quarantine; appeal_resolve locked the appeal
+    and, joined by select_related, the quarantine and the node FOR UPDATE in one statement: it held
+    the quarantine while it waited for the node (a deadlock). It now locks the appeal alone, then
+    the node, then reads the quarantine."""
+    _pg()
+    from marketplace import appeals
+    from marketplace.models import Appeal
+    from tests.marketplace_helpers import ACTOR
+    from tests.test_marketplace_races import ended_lease
+
+    node, _ = ended_lease(owner, client_user)
+    maintenance.quarantine_node(node_id=node.pk, reason="odd", evidence={}, actor=ACTOR)
+    appeal = appeals.appeal_create(owner=owner, node_id=node.pk, statement="a disk error", actor=ACTOR)
+    from fleet.models import Node
+
+    version = Node.objects.get(pk=node.pk).version
+    # Racer 0 holds the node row (release_node), the quarantine not closed yet.
+    inside = _racer_0_waits_after(monkeypatch, maintenance, "lock_node")
+
+    def racer(i):
+        if i == 0:
+            return maintenance.release_node(node_id=node.pk, expected_version=version, reason="ok", actor=ACTOR)[
+                0
+            ].lifecycle
+        assert inside.wait(10)
+        return appeals.appeal_resolve(
+            appeal_id=appeal.pk, outcome="overturned", resolution="right", expected_version=appeal.version, actor=ACTOR
+        ).state
+
+    outcome = race(racer, 2, timeout=30)
+    assert outcome.errors == [], outcome.errors
+    assert outcome.results == ["pending", "overturned"]
+    assert Appeal.objects.get(pk=appeal.pk).state == "overturned"
+    assert Node.objects.get(pk=node.pk).lifecycle == "pending"
