@@ -264,7 +264,13 @@ def reconcile_usage(record_id, *, actor: Actor, now: datetime | None = None, for
     """
     now = now or timezone.now()
     with transaction.atomic():
-        record = UsageRecord.objects.select_for_update().select_related("lease").filter(pk=record_id).first()
+        # The record row alone (of=self): its lease has ended and what evaluate() reads of it (its
+        # key, node and fencing token) never changes. Joined, the lease row was locked FOR UPDATE
+        # too: a status report still listing the ended lease (it locks the lease) and every insert
+        # naming the lease waited for this reconciliation.
+        record = (
+            UsageRecord.objects.select_for_update(of=("self",)).select_related("lease").filter(pk=record_id).first()
+        )
         if record is None:
             return None
         if record.state not in OPEN_STATES or (record.settle_after > now and not force):

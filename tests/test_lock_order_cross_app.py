@@ -2,10 +2,12 @@
 finalization and status reports against node actions, drains and grants; upgrade ticks and
 scale-downs against the liveness sweep; node actions on two nodes of one pool, an admission
 against an edit of its pool, an appeal overturned against its node's release (each test failed,
-with a deadlock, a wait or a wrong state, before its fix)."""
+with a deadlock, a wait or a wrong state, before its fix); and which rows the locking reads of
+admissions, preemption notices and reconciliations lock (they locked the joined rows too)."""
 
 from __future__ import annotations
 
+import re
 import threading
 from datetime import timedelta
 
@@ -472,3 +474,48 @@ def test_an_appeal_overturned_while_an_operator_releases_its_node_both_complete(
     assert outcome.results == ["pending", "overturned"]
     assert Appeal.objects.get(pk=appeal.pk).state == "overturned"
     assert Node.objects.get(pk=node.pk).lifecycle == "pending"
+
+
+def _locking_statements_that_join(queries) -> list[str]:
+    """The statements that lock rows (FOR [NO KEY] UPDATE) with a join and no OF: PostgreSQL locks
+    the joined tables' rows too."""
+    return [
+        q["sql"]
+        for q in queries
+        if re.search(r"FOR (NO KEY )?UPDATE", q["sql"])
+        and " JOIN " in q["sql"]
+        and not re.search(r"FOR (NO KEY )?UPDATE OF ", q["sql"])
+    ]
+
+
+def test_node_admissions_preemption_notices_and_reconciliations_lock_their_own_row_only(owner, client_user):
+    """finalize_admission, preemption_notice and reconcile_usage read a related row (the node's
+    pool, the usage record's lease) that they do not need locked; joined by select_related into
+    their ``select_for_update``, it was locked too (the first two: the pool row every node action
+    of the pool and pool_update need, as in the tests above)."""
+    _pg()
+    from django.db import connection as db
+    from django.test.utils import CaptureQueriesContext
+
+    from fleet.admission import finalize_admission
+    from marketplace.reconciliation import reconcile_usage
+    from operations import preemption
+    from operations.models import PoolOperations
+    from tests.factories import NodeFactory
+    from tests.marketplace_helpers import ACTOR
+    from tests.operations_support import ready_pool
+    from tests.test_marketplace_races import ended_lease
+
+    pending = NodeFactory()
+    spot, members = ready_pool("spot", 1)
+    PoolOperations.objects.create(pool=spot, spot=True)
+    _, record = ended_lease(owner, client_user)
+    with CaptureQueriesContext(db) as queries:
+        assert finalize_admission(node_id=pending.pk, attempt=1, actor=Actor.system("t")) == "stale"
+        assert preemption.preemption_notice(
+            node_id=members[0][0].pk, deadline=timezone.now() + timedelta(seconds=600), source="agent",
+            actor=Actor.system("t"),
+        )[1]  # fmt: skip
+        assert reconcile_usage(record.pk, actor=ACTOR, now=record.settle_after).state == "reconciled"
+    assert len([q for q in queries.captured_queries if "FOR " in q["sql"]]) >= 3
+    assert _locking_statements_that_join(queries.captured_queries) == []
