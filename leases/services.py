@@ -108,8 +108,9 @@ def _hold_schedulable_node(node_id) -> _Held | None:
     The candidate was read before this transaction; a cordon, drain or quarantine may have
     committed since. On PostgreSQL ``FOR SHARE`` also blocks one that has not committed yet until
     this grant commits, so a quarantine's revocation always sees the new lease (the operator
-    actions lock the node ``FOR UPDATE``); grants on the same node still share the lock. SQLite
-    runs one write transaction at a time, so the plain read is enough there.
+    actions lock the node ``FOR NO KEY UPDATE``, maintenance.services.lock_node, which conflicts
+    with ``FOR SHARE``); grants on the same node still share the lock. SQLite runs one write
+    transaction at a time, so the plain read is enough there.
 
     The same hold makes the returned bits stable until COMMIT: a status report clears them with an
     UPDATE of this row, which waits for the lock (PostgreSQL) or for this write transaction
