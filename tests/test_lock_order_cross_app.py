@@ -2,7 +2,8 @@
 finalization and status reports against node actions, drains and grants; upgrade ticks and
 scale-downs against the liveness sweep; node actions on two nodes of one pool, an admission
 against an edit of its pool, an appeal overturned against its node's release (each test failed,
-with a deadlock, a wait or a wrong state, before its fix); and which rows the locking reads of
+with a deadlock, a wait or a wrong state, before its fix); a reconciliation against the
+finalization of its statement (pinned: record, then line, never the statement); and which rows the locking reads of
 admissions, preemption notices and reconciliations lock (they locked the joined rows too)."""
 
 from __future__ import annotations
@@ -519,3 +520,71 @@ def test_node_admissions_preemption_notices_and_reconciliations_lock_their_own_r
         assert reconcile_usage(record.pk, actor=ACTOR, now=record.settle_after).state == "reconciled"
     assert len([q for q in queries.captured_queries if "FOR " in q["sql"]]) >= 3
     assert _locking_statements_that_join(queries.captured_queries) == []
+
+
+def test_a_reconciliation_and_the_finalization_of_its_statement_both_complete(owner, client_user, monkeypatch):
+    """reconcile_usage locks the usage record, then updates its line without locking the statement
+    (refresh_line); finalize_statement locks the statement, then the records of its lines. The
+    reconciliation holds its record while the finalization, holding the statement, waits for it:
+    had refresh_line locked the statement (statement_for), each would wait for the other."""
+    _pg()
+    from marketplace import reconciliation, statements
+    from marketplace.models import Statement, StatementLine
+    from tests.marketplace_helpers import ACTOR
+    from tests.test_marketplace_races import ended_lease
+
+    _, record = ended_lease(owner, client_user)
+    statement = Statement.objects.get(owner=owner)
+    after = max(statement.period_end, record.settle_after) + timedelta(hours=1)
+    # Racer 0 holds the usage record FOR UPDATE, its outcome not written yet.
+    inside = _racer_0_waits_after(monkeypatch, reconciliation, "evaluate")
+
+    def racer(i):
+        if i == 0:
+            return reconciliation.reconcile_usage(record.pk, actor=ACTOR, now=after).state
+        assert inside.wait(10)
+        return statements.finalize_statement(
+            statement_id=statement.pk, expected_version=statement.version, actor=ACTOR, now=after
+        ).state
+
+    outcome = race(racer, 2, timeout=30)
+    assert outcome.errors == [], outcome.errors
+    assert outcome.results == ["reconciled", "final"]
+    line = StatementLine.objects.select_related("statement").get(usage_record=record)
+    assert (line.statement_id, line.statement.state, line.state) == (statement.pk, "final", "reconciled")
+    assert line.amount > 0 and line.statement.totals == {line.currency: str(line.amount)}
+
+
+def test_a_reconciliation_attaching_a_line_while_its_statement_is_finalized_goes_to_the_next_one(
+    owner, client_user, monkeypatch
+):
+    """The one path on which a reconciliation locks a statement: its record has no line yet
+    (refresh_line → attach_line → statement_for). It holds the record, then waits for the
+    statement held by the finalization, which never waits for that record (it locks the records
+    of the statement's lines only), commits, and the line goes to the next period's statement."""
+    _pg()
+    from marketplace import reconciliation, statements
+    from marketplace.models import Statement, StatementLine
+    from tests.marketplace_helpers import ACTOR
+    from tests.test_marketplace_races import ended_lease
+
+    _, record = ended_lease(owner, client_user)
+    StatementLine.objects.filter(usage_record=record).delete()  # a record whose line is not there yet
+    statement = Statement.objects.get(owner=owner)
+    after = max(statement.period_end, record.settle_after) + timedelta(hours=1)
+    # Racer 0 holds the statement row FOR UPDATE, its lines not read yet.
+    inside = _racer_0_waits_after(monkeypatch, statements, "check_version")
+
+    def racer(i):
+        if i == 0:
+            return statements.finalize_statement(
+                statement_id=statement.pk, expected_version=statement.version, actor=ACTOR, now=after
+            ).state
+        assert inside.wait(10)
+        return reconciliation.reconcile_usage(record.pk, actor=ACTOR, now=after).state
+
+    outcome = race(racer, 2, timeout=30)
+    assert outcome.errors == [], outcome.errors
+    assert outcome.results == ["final", "reconciled"]
+    line = StatementLine.objects.select_related("statement").get(usage_record=record)
+    assert line.statement.state == "open" and line.statement.period_start == statement.period_end
