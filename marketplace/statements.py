@@ -117,7 +117,13 @@ def attach_line(record: UsageRecord) -> StatementLine:
 
 def refresh_line(record: UsageRecord) -> StatementLine | None:
     """Bring the record's line up to date after reconciliation (never a final statement's line:
-    only payable lines are on final statements and a payable record never changes again)."""
+    only payable lines are on final statements and a payable record never changes again).
+
+    Lock order: the caller holds the record row; an existing line is updated without locking its
+    statement (the statement row is read, not locked), so a finalization, which locks the
+    statement and then the records of its lines, waits for the record and never the reverse. Only
+    a record without a line locks a statement here (attach_line → statement_for), and no
+    finalization locks that record: it is on none of its statement's lines."""
     line = StatementLine.objects.filter(usage_record=record).select_related("statement").first()
     if line is None:
         return attach_line(record) if record.owner_id is not None else None
@@ -146,6 +152,10 @@ def finalize_statement(*, statement_id, expected_version: int, actor: Actor, now
     ``statement_final`` (already final), ``period_not_over`` (its period has not ended),
     ``statement_has_unreconciled_lines`` (lines still pending reconciliation; ``pending`` = how many).
     Two operators finalizing at once: the statement row is locked, one wins, the other gets 412.
+
+    Lock order: the statement row (``FOR UPDATE``), then the usage records of its lines, then (to
+    carry lines) the next period's statement. A reconciliation holds its record and updates its
+    line without locking the statement (refresh_line), so it never waits here for the statement.
     """
     now = now or timezone.now()
     with transaction.atomic():
