@@ -196,19 +196,7 @@ def _fail_machine(machine: ProviderMachine, ops: PoolOperations, actor: Actor, n
         except ProviderError as exc:
             error = f"{error}; delete failed: {exc}"
             ProviderMachine.objects.filter(pk=machine.pk).update(error=error[:2000])
-        if node is not None and node.lifecycle != Lifecycle.RETIRED:
-            outofservice.retire(node=node, owner=outofservice.AUTOSCALER, reason=error)
-        record_event(
-            machine.node_id,
-            NodeEventType.SCALE,
-            actor,
-            pool=machine.pool_id,
-            subject_type="machine",
-            subject_id=machine.pk,
-            to_state=MachineState.FAILED,
-            reason=error,
-            data={"machine": machine.name},
-        )
+        _removed(machine, node, actor, state=MachineState.FAILED, reason=error)
 
 
 def _delete_machine(machine: ProviderMachine, ops: PoolOperations, actor: Actor, *, reason: str) -> None:
@@ -219,18 +207,25 @@ def _delete_machine(machine: ProviderMachine, ops: PoolOperations, actor: Actor,
         if node is False:
             return
         provider_for(ops).delete(machine.name, machine.provider_data)
-        if node.lifecycle != Lifecycle.RETIRED:
-            outofservice.retire(node=node, owner=outofservice.AUTOSCALER, reason=reason)
-        record_event(
-            node,
-            NodeEventType.SCALE,
-            actor,
-            subject_type="machine",
-            subject_id=machine.pk,
-            to_state=MachineState.DELETED,
-            reason=reason,
-            data={"machine": machine.name},
-        )
+        _removed(machine, node, actor, state=MachineState.DELETED, reason=reason)
+
+
+def _removed(machine: ProviderMachine, node: Node | None, actor: Actor, *, state: str, reason: str) -> None:
+    """The end of a removal, once the provider was asked: the node (if any) retired, its leases
+    revoked, and the machine's event (``state``: failed or deleted)."""
+    if node is not None and node.lifecycle != Lifecycle.RETIRED:
+        outofservice.retire(node=node, owner=outofservice.AUTOSCALER, reason=reason)
+    record_event(
+        machine.node_id,
+        NodeEventType.SCALE,
+        actor,
+        pool=machine.pool_id,
+        subject_type="machine",
+        subject_id=machine.pk,
+        to_state=state,
+        reason=reason,
+        data={"machine": machine.name},
+    )
 
 
 @contextmanager
