@@ -53,6 +53,25 @@ def _racer_0_waits_after(monkeypatch, module, name: str) -> threading.Event:
     return inside
 
 
+def _race_a_finalization(monkeypatch, statement, now, other):
+    """Racer 0 finalizes ``statement`` at ``now`` and, holding the statement row FOR UPDATE with its
+    lines not read yet, waits until racer 1, running ``other()``, waits for a lock. The race's outcome."""
+    from marketplace import statements
+    from tests.marketplace_helpers import ACTOR
+
+    inside = _racer_0_waits_after(monkeypatch, statements, "check_version")
+
+    def racer(i):
+        if i == 0:
+            return statements.finalize_statement(
+                statement_id=statement.pk, expected_version=statement.version, actor=ACTOR, now=now
+            ).state
+        assert inside.wait(10)
+        return other()
+
+    return race(racer, 2, timeout=30)
+
+
 def _a_gap_is_pending(now, minutes=10):
     ControlPlaneClock.objects.update_or_create(pk=1, defaults={"observed_at": now - timedelta(minutes=minutes)})
 
@@ -128,7 +147,6 @@ def test_a_lease_ending_while_its_owners_statement_is_finalized_is_not_left_on_t
     _pg()
     from leases.choices import LeaseState
     from leases.services import end_lease
-    from marketplace import statements
     from marketplace.models import Statement, StatementLine, UsageRecord
     from marketplace.reconciliation import reconcile_usage
     from tests.marketplace_helpers import ACTOR, grant_at
@@ -139,20 +157,14 @@ def test_a_lease_ending_while_its_owners_statement_is_finalized_is_not_left_on_t
     other = grant_at(0, client_user, node.pool, "race-job-2", node=node)
     statement = Statement.objects.get(owner=owner)
     after = statement.period_end + timedelta(hours=1)
-    # Racer 0 holds the statement row FOR UPDATE, its lines not read yet.
-    inside = _racer_0_waits_after(monkeypatch, statements, "check_version")
-
-    def racer(i):
-        if i == 0:
-            return statements.finalize_statement(
-                statement_id=statement.pk, expected_version=statement.version, actor=ACTOR, now=after
-            ).state
-        assert inside.wait(10)
-        # ended inside the period (a sweep's "now" from just before the period ended)
-        ended_at = other.granted_at + timedelta(seconds=100)
-        return end_lease(other.pk, to_state=LeaseState.REVOKED, actor=ACTOR, reason="t", now=ended_at).state
-
-    outcome = race(racer, 2, timeout=30)
+    # ended inside the period (a sweep's "now" from just before the period ended)
+    ended_at = other.granted_at + timedelta(seconds=100)
+    outcome = _race_a_finalization(
+        monkeypatch,
+        statement,
+        after,
+        lambda: end_lease(other.pk, to_state=LeaseState.REVOKED, actor=ACTOR, reason="t", now=ended_at).state,
+    )
     assert outcome.errors == [], outcome.errors
     line = StatementLine.objects.select_related("statement").get(usage_record=UsageRecord.objects.get(lease=other))
     assert (line.statement.state, line.state) != ("final", "pending"), "a pending line on a final statement"
@@ -563,7 +575,7 @@ def test_a_reconciliation_attaching_a_line_while_its_statement_is_finalized_goes
     statement held by the finalization, which never waits for that record (it locks the records
     of the statement's lines only), commits, and the line goes to the next period's statement."""
     _pg()
-    from marketplace import reconciliation, statements
+    from marketplace import reconciliation
     from marketplace.models import Statement, StatementLine
     from tests.marketplace_helpers import ACTOR
     from tests.test_marketplace_races import ended_lease
@@ -572,18 +584,9 @@ def test_a_reconciliation_attaching_a_line_while_its_statement_is_finalized_goes
     StatementLine.objects.filter(usage_record=record).delete()  # a record whose line is not there yet
     statement = Statement.objects.get(owner=owner)
     after = max(statement.period_end, record.settle_after) + timedelta(hours=1)
-    # Racer 0 holds the statement row FOR UPDATE, its lines not read yet.
-    inside = _racer_0_waits_after(monkeypatch, statements, "check_version")
-
-    def racer(i):
-        if i == 0:
-            return statements.finalize_statement(
-                statement_id=statement.pk, expected_version=statement.version, actor=ACTOR, now=after
-            ).state
-        assert inside.wait(10)
-        return reconciliation.reconcile_usage(record.pk, actor=ACTOR, now=after).state
-
-    outcome = race(racer, 2, timeout=30)
+    outcome = _race_a_finalization(
+        monkeypatch, statement, after, lambda: reconciliation.reconcile_usage(record.pk, actor=ACTOR, now=after).state
+    )
     assert outcome.errors == [], outcome.errors
     assert outcome.results == ["final", "reconciled"]
     line = StatementLine.objects.select_related("statement").get(usage_record=record)
