@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from nodepool.db import insert_row
+
 from .choices import ActorType
 from .models import Node, NodeEvent
 
@@ -91,6 +93,6 @@ def record_event(node: Node | Any | None, type: str, actor: Actor, **fields: Any
     it defaults to the node's pool), ``lease_id`` (UUID), ``workload_id`` and
     ``subject_type``/``subject_id`` (the other things the event belongs to).
     """
-    event = event_row(node, type, actor, **fields)
-    event.save(force_insert=True)
-    return event
+    # One prepared INSERT (nodepool.db.insert_row) rather than save(): every grant and lease
+    # change records an event, and nothing listens to an event's save.
+    return insert_row(event_row(node, type, actor, **fields))

@@ -31,7 +31,7 @@ from fleet.models import Node, NodeResource, Pool
 from fleet.selectors import SCHEDULABLE_HEALTH
 from nodepool.api.permissions import is_operator
 from nodepool.api.problems import Conflict, NotFound, Problem, Unprocessable
-from nodepool.db import prepared_cursor
+from nodepool.db import fetch_rows, insert_row, prepared_cursor
 from nodepool.structured_logs import bind
 
 from . import evidence, placement, requeue
@@ -51,10 +51,15 @@ class _LostRace(Exception):
 
 # --- resolving a request -------------------------------------------------------------------------
 def resolve_pool(name: str) -> Pool:
-    pool = Pool.objects.filter(name=name).first()
-    if pool is None:
+    """The pool named ``name``, read by a prepared statement (every grant reads it).
+
+    Raises:
+        Problem 400 ``unknown_pool``: no pool has that name.
+    """
+    pools = fetch_rows(Pool, "name", name, limit=1)
+    if not pools:
         raise bad("pool", f"no pool named {name!r}", "unknown_pool")
-    return pool
+    return pools[0]
 
 
 def resolve_shape(spec: PlacementSpec) -> tuple[PlacementSpec, Shape | None]:
@@ -216,7 +221,7 @@ def _reserve(
             raise _LostRace("lease_request")  # another pass placed it, or its client cancelled it
         # The lease row next: the partial unique index refuses a second live lease of the workload
         # (IntegrityError, answered as 409 by lease_create) before any capacity is touched.
-        lease = Lease.objects.create(
+        lease = Lease(
             workload_id=spec.workload_id,
             fencing_token=token,
             node_id=node.pk,
@@ -237,6 +242,7 @@ def _reserve(
             idempotency_key=idempotency_key if lease_request is None else "",
             request_hash=request_hash,
         )
+        insert_row(lease)  # Lease.objects.create, prepared: nothing listens to a lease's save
         if lease_request is not None:
             LeaseRequest.objects.filter(pk=lease_request.pk).update(lease=lease)
         # A requeue names an earlier lease of the workload, which took a token from the fencing
