@@ -138,12 +138,13 @@ def build_fleet(size: int):
     """Empty the fleet and lease tables, then bulk-insert ``size`` schedulable nodes (3 zones,
     racks of 40, every 10th node tainted and in ``region=gpu``, random existing load) with
     credentials and capacity."""
-    from django.contrib.auth.models import User
+    from django.contrib.auth.models import Group, User
     from django.db import connection
     from django.utils import timezone
 
     from fleet.choices import Health, Lifecycle, Liveness
     from fleet.models import Node, NodeCredential, NodeResource, Pool
+    from nodepool.api.permissions import CLIENTS
 
     with connection.cursor() as cursor:
         cursor.execute(
@@ -203,7 +204,12 @@ def build_fleet(size: int):
     NodeResource.objects.bulk_create(resources, batch_size=5000)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")
-    user, _ = User.objects.get_or_create(username="bench-client", defaults={"is_superuser": True})
+    # A scheduler as production has one: a member of ``clients``, not a superuser (whose role
+    # needs no group read).
+    user, _ = User.objects.get_or_create(username="bench-client")
+    User.objects.filter(pk=user.pk).update(is_superuser=False)
+    user.refresh_from_db()
+    user.groups.add(Group.objects.get(name=CLIENTS))
     return pool, user
 
 

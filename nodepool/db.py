@@ -80,6 +80,24 @@ def _reader(connection, model: type[models.Model]) -> tuple[str, list[str], list
     return readers[model]
 
 
+def select_list(model: type[models.Model]) -> str:
+    """Every concrete column of ``model``, qualified by its table (``"fleet_pool"."id", …``), in
+    the order :func:`from_row` reads them: for a prepared ``SELECT`` that joins other tables."""
+    return _reader(connections[DEFAULT_DB_ALIAS], model)[0]
+
+
+def from_row(model: type[models.Model], values) -> models.Model:
+    """The instance of ``model`` read from ``values``, a row's values in :func:`select_list`'s
+    order (extra values after them are ignored), converted as the ORM converts them."""
+    connection = connections[DEFAULT_DB_ALIAS]
+    _, names, converters = _reader(connection, model)
+    values = list(values[: len(names)])
+    for i, (expression, chain) in enumerate(converters):
+        for converter in chain:
+            values[i] = converter(values[i], expression, connection)
+    return model.from_db(connection.alias, names, values)
+
+
 def fetch_rows(model: type[models.Model], column: str, value, *, limit: int | None = None) -> list[models.Model]:
     """The instances of ``model`` whose ``column`` (a concrete field's attribute name, e.g.
     ``"name"`` or ``"user_id"``) equals ``value``, read by one prepared ``SELECT`` of every
@@ -93,23 +111,16 @@ def fetch_rows(model: type[models.Model], column: str, value, *, limit: int | No
         django.core.exceptions.FieldDoesNotExist: ``column`` is not a field of ``model``.
     """
     connection = connections[DEFAULT_DB_ALIAS]
-    columns, names, converters = _reader(connection, model)
+    quote = connection.ops.quote_name
     field = model._meta.get_field(column)
-    where = f"{connection.ops.quote_name(model._meta.db_table)}.{connection.ops.quote_name(field.column)}"
-    sql = f"SELECT {columns} FROM {connection.ops.quote_name(model._meta.db_table)} WHERE {where} = %s"  # noqa: S608
+    table = quote(model._meta.db_table)
+    sql = f"SELECT {select_list(model)} FROM {table} WHERE {table}.{quote(field.column)} = %s"  # noqa: S608
     if limit is not None:
         sql += f" LIMIT {int(limit)}"
     with prepared_cursor() as cursor:
         cursor.execute(sql, [field.get_db_prep_value(value, connection)])
         rows = cursor.fetchall()
-    instances = []
-    for row in rows:
-        values = list(row)
-        for i, (expression, chain) in enumerate(converters):
-            for converter in chain:
-                values[i] = converter(values[i], expression, connection)
-        instances.append(model.from_db(connection.alias, names, values))
-    return instances
+    return [from_row(model, row) for row in rows]
 
 
 def insert_row(instance: models.Model) -> models.Model:
@@ -130,7 +141,7 @@ def insert_row(instance: models.Model) -> models.Model:
     fields = [f for f in meta.local_concrete_fields if f not in returning]
     quote = connection.ops.quote_name
     sql = (
-        f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "
+        f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "  # noqa: S608 (names from the model; values bound)
         f"VALUES ({', '.join(['%s'] * len(fields))})"
     )
     params = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]

@@ -65,7 +65,9 @@ def test_insert_row_stores_what_save_stores(node):
     actor = Actor.system("test")
     before = timezone.now()
     for i in range(ROUNDS):
-        event = record_event(node, NodeEventType.LEASE, actor, reason=f"r{i}", data={"i": i, "nested": [1, {"a": None}]})
+        event = record_event(
+            node, NodeEventType.LEASE, actor, reason=f"r{i}", data={"i": i, "nested": [1, {"a": None}]}
+        )
         assert event.pk is not None and event._state.adding is False  # the auto-increment key is read back
         stored = NodeEvent.objects.get(pk=event.pk)
         assert event_fields(stored) == event_fields(event)
@@ -133,3 +135,21 @@ def test_in_group_reads_the_users_groups_once_per_user_object():
     user.groups.add(Group.objects.get_or_create(name=CLIENTS)[0])
     assert in_group(user, CLIENTS) and not in_group(user, OPERATORS)
     assert user._nodepool_groups == set(user.groups.values_list("name", flat=True))
+
+
+def test_tokens_that_share_a_key_each_authenticate_their_own_user_with_their_own_roles():
+    """knox looks tokens up by their first 15 characters and tells them apart by digest: the one
+    statement that reads tokens, users and roles keeps each token with its own user and groups."""
+    from knox.crypto import hash_token
+    from knox.models import AuthToken
+
+    two_roles = User.objects.create_user("two-roles")
+    two_roles.groups.add(Group.objects.get_or_create(name=CLIENTS)[0], Group.objects.get_or_create(name=OPERATORS)[0])
+    no_role = User.objects.create_user("no-role")
+    first, first_key = create_user_token(two_roles)
+    second_key = first_key[:15] + uuid.uuid4().hex  # the same key, another secret
+    AuthToken(digest=hash_token(second_key), token_key=first.token_key, user=no_role, expiry=first.expiry).save()
+    for _ in range(ROUNDS):
+        assert _api(first_key).get("/api/v1/machines").status_code == 200  # an operator
+        assert_problem(_api(second_key).get("/api/v1/node-leases"), 403, "forbidden")  # no role at all
+        assert _api(second_key).get("/api/v1/").status_code in (200, 403)  # authenticated, not 401

@@ -6,6 +6,8 @@ import binascii
 from hmac import compare_digest
 
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.db import connection
 from django.utils import timezone
 from knox.auth import TokenAuthentication
 from knox.crypto import hash_token
@@ -13,7 +15,8 @@ from knox.models import get_token_model
 from knox.settings import CONSTANTS, knox_settings
 from rest_framework.exceptions import AuthenticationFailed
 
-from nodepool.db import fetch_rows
+from nodepool.api.permissions import remember_groups
+from nodepool.db import from_row, prepared_cursor, select_list
 
 
 class UserTokenAuthentication(TokenAuthentication):
@@ -42,19 +45,19 @@ class UserTokenAuthentication(TokenAuthentication):
     def authenticate_credentials(self, token: bytes):
         """knox's own rule (``knox.auth.TokenAuthentication.authenticate_credentials``, 5.1): the
         tokens whose key is the token's first ``TOKEN_KEY_LENGTH`` characters, the first whose
-        digest is the token's hash wins, an expired one is deleted and skipped. Its rows and
-        their user are read by prepared statements (``nodepool.db.fetch_rows``), not by the ORM's
-        ``select_related`` query: every API request authenticates, and building that query cost
-        more than running it.
+        digest is the token's hash wins, an expired one is deleted and skipped. The tokens, their
+        user and the user's roles are one prepared statement (:func:`_tokens_of_key`), not the
+        ORM's ``select_related`` query plus a roles query: every API request authenticates, and
+        building those queries cost more than running them.
 
         Returns ``(user, auth_token)``.
 
         Raises:
             AuthenticationFailed (401): no such token, a digest that does not match, an expired
-                token, an inactive or deleted user.
+                token, an inactive user.
         """
         text = token.decode("utf-8")
-        for auth_token in fetch_rows(get_token_model(), "token_key", text[: CONSTANTS.TOKEN_KEY_LENGTH]):
+        for auth_token in _tokens_of_key(text[: CONSTANTS.TOKEN_KEY_LENGTH]):
             if self._cleanup_token(auth_token):
                 continue
             try:
@@ -62,11 +65,44 @@ class UserTokenAuthentication(TokenAuthentication):
             except (TypeError, binascii.Error):
                 raise AuthenticationFailed("Invalid token.") from None
             if compare_digest(digest, auth_token.digest):
-                users = fetch_rows(get_user_model(), "id", auth_token.user_id, limit=1)
-                if not users:
-                    raise AuthenticationFailed("User inactive or deleted.")
-                auth_token.user = users[0]
                 if knox_settings.AUTO_REFRESH and auth_token.expiry:
                     self.renew_token(auth_token)
                 return self.validate_user(auth_token)
         raise AuthenticationFailed("Invalid token.")
+
+
+def _tokens_of_key(key: str) -> list:
+    """knox's tokens whose ``token_key`` is ``key``, each with its ``user`` set and that user's
+    group names remembered (``nodepool.api.permissions.remember_groups``): one prepared
+    ``SELECT`` of token ⋈ user ⟕ groups, one row per token and group."""
+    token_model, user_model = get_token_model(), get_user_model()
+    membership = user_model._meta.get_field("groups").remote_field.through._meta
+    quote = connection.ops.quote_name
+    tokens, users, group = (
+        quote(token_model._meta.db_table),
+        quote(user_model._meta.db_table),
+        quote(Group._meta.db_table),
+    )
+    members = quote(membership.db_table)
+    sql = (
+        f"SELECT {select_list(token_model)}, {select_list(user_model)}, {group}.{quote('name')} "  # noqa: S608 (names from the models)
+        f"FROM {tokens} JOIN {users} ON {users}.{quote('id')} = {tokens}.{quote('user_id')} "
+        f"LEFT JOIN {members} ON {members}.{quote(membership.get_field('user').column)} = {users}.{quote('id')} "
+        f"LEFT JOIN {group} ON {group}.{quote('id')} = {members}.{quote(membership.get_field('group').column)} "
+        f"WHERE {tokens}.{quote('token_key')} = %s"
+    )
+    with prepared_cursor() as cursor:
+        cursor.execute(sql, [key])
+        rows = cursor.fetchall()
+    fields = token_model._meta.concrete_fields
+    key_at, width = fields.index(token_model._meta.pk), len(fields)
+    found: dict = {}
+    for row in rows:
+        auth_token = found.get(row[key_at])
+        if auth_token is None:
+            auth_token = found[row[key_at]] = from_row(token_model, row)
+            auth_token.user = from_row(user_model, row[width:])
+            remember_groups(auth_token.user, set())
+        if row[-1] is not None:
+            auth_token.user._nodepool_groups.add(row[-1])
+    return list(found.values())

@@ -26,6 +26,12 @@ def in_group(user, name: str) -> bool:
     return name in cache
 
 
+def remember_groups(user, names: set[str]) -> None:
+    """Record ``user``'s group names as read along with the user (token authentication does),
+    so that :func:`in_group` asks no more."""
+    user._nodepool_groups = names
+
+
 def _group_names(user) -> set[str]:
     """``user``'s group names: ``user.groups.values_list("name")`` as one prepared statement,
     since every request of a client or owner asks."""
