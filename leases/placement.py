@@ -247,14 +247,17 @@ def constraint_failure(node: Node, pool: Pool, spec: PlacementSpec, counts: Grou
     for taint in node_taints(node, pool):
         if taint.get("effect") in HARD_TAINT_EFFECTS and not any(t.tolerates(taint) for t in spec.tolerations):
             return UNTOLERATED_TAINT
-    labels = node_label_view(node, pool)
+    anti_affinity = spec.spread_group and spec.spread_mode == SpreadMode.ANTI_AFFINITY
+    # The label view only when a filter reads it: most requests select nothing, and their
+    # candidates' label documents then stay undecoded (NodeView).
+    labels = node_label_view(node, pool) if spec.node_selector or spec.required or anti_affinity else {}
     if any(labels.get(k) != v for k, v in spec.node_selector.items()):
         return NODE_SELECTOR_MISMATCH
     if not all(req.matches(labels) for req in spec.required):
         return NODE_AFFINITY_MISMATCH
     if not all(has_feature(node, k, v) for k, v in spec.features.items()):
         return MISSING_FEATURE
-    if spec.spread_group and spec.spread_mode == SpreadMode.ANTI_AFFINITY:
+    if anti_affinity:
         domain = topology_domain(labels, spec)
         if domain is not None and counts.by_domain.get(domain, 0) > 0:
             return ANTI_AFFINITY_CONFLICT
@@ -279,13 +282,13 @@ def score(node: Node, pool: Pool, spec: PlacementSpec, inventory: dict[str, tupl
     # Kubernetes NodeResourcesFit: MostAllocated packs, LeastAllocated spreads.
     resources = used * 100 if pool.scheduling_policy == SchedulingPolicy.BINPACK else (1 - used) * 100
     parts = {"resources": round(resources, 2)}
-    labels = node_label_view(node, pool)
     if spec.spread_group and spec.spread_mode == SpreadMode.SPREAD:
-        domain = topology_domain(labels, spec)
+        domain = topology_domain(node_label_view(node, pool), spec)
         count = counts.by_domain.get(domain, 0) if domain is not None else counts.max
         parts["spread"] = round(100 * (1 - count / (counts.max + 1)), 2)
     if spec.preferred:
         total = sum(w for w, _ in spec.preferred)
+        labels = node_label_view(node, pool)
         parts["affinity"] = round(100 * sum(w for w, req in spec.preferred if req.matches(labels)) / total, 2)
     prefer_no = [t for t in node_taints(node, pool) if t.get("effect") == "PreferNoSchedule"]
     if prefer_no:
@@ -390,30 +393,56 @@ ROW_FIELDS = (
 )  # fmt: skip
 
 
-@dataclass
 class NodeView:
     """The few node fields placement reads, without building a full ``Node`` (and its FSM state)
-    for every row: model instantiation was most of the cost of a placement at 10,000 nodes."""
+    for every row: model instantiation was most of the cost of a placement at 10,000 nodes.
 
-    pk: Any
-    hostname: str
-    labels: dict
-    node_labels: dict
-    taints: list
-    verified: dict
-    incarnation: int
-    _label_view: dict | None = None
+    ``labels``, ``node_labels``, ``taints`` and ``verified`` may be given as the JSON text the
+    database returned; each is decoded on first read, so a filter that never looks at a document
+    (a request without selectors reads only the taints) does not pay for decoding it.
+    """
+
+    __slots__ = ("pk", "hostname", "_labels", "_node_labels", "_taints", "_verified", "incarnation", "_label_view")
+
+    def __init__(self, pk, hostname: str, labels, node_labels, taints, verified, incarnation: int):
+        self.pk, self.hostname, self.incarnation = pk, hostname, incarnation
+        self._labels, self._node_labels, self._taints, self._verified = labels, node_labels, taints, verified
+        self._label_view: dict | None = None
+
+    @staticmethod
+    def _decoded(value):
+        return json.loads(value) if isinstance(value, str) else value
+
+    @property
+    def labels(self) -> dict:
+        self._labels = self._decoded(self._labels)
+        return self._labels
+
+    @property
+    def node_labels(self) -> dict:
+        self._node_labels = self._decoded(self._node_labels)
+        return self._node_labels
+
+    @property
+    def taints(self) -> list:
+        self._taints = self._decoded(self._taints)
+        return self._taints
+
+    @property
+    def verified(self) -> dict:
+        self._verified = self._decoded(self._verified)
+        return self._verified
 
     def __str__(self) -> str:
         return self.hostname or str(self.pk)
 
 
 _COMPILED: dict[tuple, tuple[str, list, dict[int, Any]]] = {}
-_JSON_COLUMNS = (2, 3, 4, 5)  # labels, node_labels, taints, verified in ROW_FIELDS
 
 
 def _page_reader(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_ids=()):
-    """``read(offset, limit) -> rows`` (a sized iterable of row tuples) for :func:`candidate_query`.
+    """``read(offset, limit) -> rows`` (a list of row tuples) for :func:`candidate_query`; their JSON
+    columns may still be text, which :class:`NodeView` decodes on first read.
 
     Building and compiling that queryset costs more than running it (several milliseconds of
     ORM work per request), so its SQL is compiled once per query shape — policy and requested
@@ -456,37 +485,15 @@ def _page_reader(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_ids=
     if connection.vendor == "postgresql":  # prepared: see _prepared_form
         sql, params = _prepared_form(sql, params, slots, pool.pk)
 
-    def read(offset: int, limit: int) -> _Page:
+    def read(offset: int, limit: int) -> list[tuple]:
         with prepared_cursor() as cursor:
             cursor.execute(sql, [*params, limit, offset])
-            return _Page(cursor.fetchall())
+            rows = cursor.fetchall()
+        if connection.vendor == "sqlite":  # UUIDs stored as 32 hex digits; JSON stays text (NodeView)
+            rows = [(uuid.UUID(row[0]), *row[1:]) for row in rows]
+        return rows
 
     return read
-
-
-class _Page:
-    """A page of candidate rows as the database gave them, each decoded only when iterated to.
-
-    A search stops at the rows it needs (:func:`feasible_rows`), while a page is sized to be
-    enough (the next page is 1.5 times the rows the pass rate so far says are needed): decoding
-    every row's JSON up front cost more than the query.
-    """
-
-    def __init__(self, rows: list[tuple]):
-        self._rows = rows
-
-    def __len__(self) -> int:
-        return len(self._rows)
-
-    def __iter__(self):
-        for row in self._rows:
-            row = list(row)
-            if not isinstance(row[0], uuid.UUID):
-                row[0] = uuid.UUID(str(row[0]))  # SQLite stores UUIDs as 32 hex digits
-            for column in _JSON_COLUMNS:  # Django's JSONField leaves decoding to from_db_value
-                if isinstance(row[column], str):
-                    row[column] = json.loads(row[column])
-            yield tuple(row)
 
 
 def _prepared_form(sql: str, params: list, slots: dict[int, str], pool_id) -> tuple[str, list]:

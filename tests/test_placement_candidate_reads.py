@@ -165,3 +165,33 @@ def test_a_tolerating_request_still_gets_the_tainted_nodes_first_under_binpack(t
     search = placement.find_candidates(pool, spec)
 
     assert search.candidates and all(c.node.hostname.startswith("gpu-") for c in search.candidates)
+
+
+def test_node_views_of_read_rows_decode_to_the_orms_documents(pools):
+    """The page reader leaves JSON columns as the database's text; NodeView decodes each on first
+    read to what the ORM's JSONField gives."""
+    pool = pools[0]
+    node = pool.nodes.first()
+    node.labels, node.node_labels = {"zone": "a", "7": "x"}, {"disk": "ssd"}
+    node.taints = [{"key": "k", "value": "v", "effect": "PreferNoSchedule"}]
+    node.save(update_fields=["labels", "node_labels", "taints"])
+    spec = PlacementSpec(workload_id="w", pool=pool.name, resources={"cpu": 100})
+    expected = {row[0]: row[2:6] for row in placement.candidate_query(pool, spec)}
+    for row in placement._page_reader(pool, spec)(0, 100):
+        view = placement.NodeView(*row[:7])
+        assert (view.labels, view.node_labels, view.taints, view.verified) == expected[view.pk]
+
+
+def test_a_request_without_selectors_leaves_its_candidates_label_documents_undecoded(pools):
+    """Decoding every candidate's labels was a tenth of a grant's CPU; only the filters and scores
+    that read labels decode them."""
+    pool = pools[0]
+    plain = placement.find_candidates(pool, PlacementSpec(workload_id="w", pool=pool.name, resources={"cpu": 100}))
+    assert plain.candidates
+    assert all(isinstance(c.node._labels, str) for c in plain.candidates)
+    assert all(c.node._label_view is None for c in plain.candidates)
+    selecting = PlacementSpec(
+        workload_id="w", pool=pool.name, resources={"cpu": 100}, node_selector={"kubernetes.io/hostname": "packed-0"}
+    )
+    [chosen] = placement.find_candidates(pool, selecting).candidates
+    assert chosen.node.hostname == "packed-0" and chosen.node._label_view["kubernetes.io/hostname"] == "packed-0"
