@@ -596,13 +596,28 @@ class Search(NamedTuple):
     explanation: dict | None = None
 
 
+def _first_page_size(pool: Pool, spec: PlacementSpec) -> int:
+    """:data:`FEASIBLE_TARGET` rows when the candidate SQL applies every filter (PostgreSQL, no
+    toleration, no hard pool taint, no selector, affinity, feature or anti-affinity): each row it
+    returns is then a feasible node, and a larger page would only be read past. Else
+    :data:`FIRST_PAGE_SIZE`, room for the rows the Python filters turn down."""
+    sql_decides = (
+        connection.vendor == "postgresql"
+        and not spec.tolerations
+        and not any(isinstance(t, dict) and t.get("effect") in HARD_TAINT_EFFECTS for t in pool.taints or [])
+        and not (spec.node_selector or spec.required or spec.features)
+        and not (spec.spread_group and spec.spread_mode == SpreadMode.ANTI_AFFINITY)
+    )
+    return FEASIBLE_TARGET if sql_decides else FIRST_PAGE_SIZE
+
+
 def find_candidates(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_ids=(), exclude_lease_id=None) -> Search:
     """Feasible nodes of ``pool`` for ``spec``, best first, as a :class:`Search`. Reads only."""
     counts = group_counts(spec, pool, exclude_lease_id=exclude_lease_id)
     query = _page_reader(pool, spec, now=now, exclude_node_ids=exclude_node_ids)
     feasible: list[Candidate] = []
     examined, offset = 0, 0
-    page_size = FIRST_PAGE_SIZE
+    page_size = first_page = _first_page_size(pool, spec)
     while len(feasible) < FEASIBLE_TARGET:
         page = query(offset, page_size)
         offset += page_size
@@ -611,7 +626,7 @@ def find_candidates(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_i
         examined += seen
         if len(page) < page_size:
             break
-        if not feasible and offset == FIRST_PAGE_SIZE:
+        if not feasible and offset == first_page:
             # A full first page and not one feasible node: ask the set-based census (every node
             # counted under its first failed filter; the nodes that pass are the ones left). When
             # a constraint (a selector, a taint, anti-affinity) excludes every node, walking on

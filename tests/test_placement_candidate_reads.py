@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 from fleet.choices import SchedulingPolicy
 from fleet.models import NodeResource
 from leases import placement
-from leases.spec import PlacementSpec
+from leases.spec import PlacementSpec, parse_spec
 from nodepool.db import PREPARE_THRESHOLD
 from tests.factories import PoolFactory, make_schedulable_node
 
@@ -195,3 +195,30 @@ def test_a_request_without_selectors_leaves_its_candidates_label_documents_undec
     )
     [chosen] = placement.find_candidates(pool, selecting).candidates
     assert chosen.node.hostname == "packed-0" and chosen.node._label_view["kubernetes.io/hostname"] == "packed-0"
+
+
+def test_the_first_page_is_the_feasible_target_only_when_the_sql_applies_every_filter():
+    pool = PoolFactory(name="plain")
+    for i in range(placement.FEASIBLE_TARGET + 4):
+        make_schedulable_node(pool, hostname=f"plain-{i}", resources={"cpu": 8000})
+    plain = PlacementSpec(workload_id="w", pool=pool.name, resources={"cpu": 100})
+    sql_decides = connection.vendor == "postgresql"  # SQLite has no jsonb containment for hard taints
+    expected = placement.FEASIBLE_TARGET if sql_decides else placement.FIRST_PAGE_SIZE
+    assert placement._first_page_size(pool, plain) == expected
+    search = placement.find_candidates(pool, plain)
+    assert len(search.candidates) == placement.FEASIBLE_TARGET and search.examined == placement.FEASIBLE_TARGET
+    # Anything a Python filter may turn down reads the larger page.
+    for spec in (
+        PlacementSpec(workload_id="w", pool=pool.name, resources={"cpu": 100}, node_selector={"zone": "a"}),
+        parse_spec(
+            {
+                "workload_id": "w",
+                "pool": pool.name,
+                "resources": {"cpu": "100m"},
+                "tolerations": [{"key": "gpu", "operator": "Exists"}],
+            }
+        ),  # fmt: skip
+    ):
+        assert placement._first_page_size(pool, spec) == placement.FIRST_PAGE_SIZE
+    pool.taints = [{"key": "dedicated", "value": "x", "effect": "NoSchedule"}]
+    assert placement._first_page_size(pool, plain) == placement.FIRST_PAGE_SIZE
