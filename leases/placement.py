@@ -363,13 +363,13 @@ def candidate_rows(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_id
             free_amount__gte=spec.resources[primary],
         )
     )
-    if not spec.tolerations and connection.vendor == "postgresql":
+    if not spec.tolerations:
         # Without a toleration, a node with a NoSchedule or NoExecute taint takes nothing
         # (constraint_failure still decides). Left in, such nodes gather at the front of a binpack
         # walk as tolerating work fills them, and every plain request read past them, page after
-        # page. jsonb containment has no SQLite form: there the Python filter alone sees them.
-        for effect in HARD_TAINT_EFFECTS:
-            qs = qs.exclude(node__taints__contains=[{"effect": effect}])
+        # page; the row's copy of the flag lets the walk take an index without them
+        # (noderesource_free_untainted).
+        qs = qs.filter(node_hard_tainted=False)
     others = [name for name in sorted(spec.resources) if name != primary]
     for index, name in enumerate(others):
         # One join per other resource (its row of the same node), not an EXISTS plus two scalar
@@ -597,13 +597,12 @@ class Search(NamedTuple):
 
 
 def _first_page_size(pool: Pool, spec: PlacementSpec) -> int:
-    """:data:`FEASIBLE_TARGET` rows when the candidate SQL applies every filter (PostgreSQL, no
-    toleration, no hard pool taint, no selector, affinity, feature or anti-affinity): each row it
-    returns is then a feasible node, and a larger page would only be read past. Else
-    :data:`FIRST_PAGE_SIZE`, room for the rows the Python filters turn down."""
+    """:data:`FEASIBLE_TARGET` rows when the candidate SQL applies every filter (no toleration, no
+    hard pool taint, no selector, affinity, feature or anti-affinity): each row it returns is then
+    a feasible node, and a larger page would only be read past. Else :data:`FIRST_PAGE_SIZE`, room
+    for the rows the Python filters turn down."""
     sql_decides = (
-        connection.vendor == "postgresql"
-        and not spec.tolerations
+        not spec.tolerations
         and not any(isinstance(t, dict) and t.get("effect") in HARD_TAINT_EFFECTS for t in pool.taints or [])
         and not (spec.node_selector or spec.required or spec.features)
         and not (spec.spread_group and spec.spread_mode == SpreadMode.ANTI_AFFINITY)

@@ -202,9 +202,7 @@ def test_the_first_page_is_the_feasible_target_only_when_the_sql_applies_every_f
     for i in range(placement.FEASIBLE_TARGET + 4):
         make_schedulable_node(pool, hostname=f"plain-{i}", resources={"cpu": 8000})
     plain = PlacementSpec(workload_id="w", pool=pool.name, resources={"cpu": 100})
-    sql_decides = connection.vendor == "postgresql"  # SQLite has no jsonb containment for hard taints
-    expected = placement.FEASIBLE_TARGET if sql_decides else placement.FIRST_PAGE_SIZE
-    assert placement._first_page_size(pool, plain) == expected
+    assert placement._first_page_size(pool, plain) == placement.FEASIBLE_TARGET
     search = placement.find_candidates(pool, plain)
     assert len(search.candidates) == placement.FEASIBLE_TARGET and search.examined == placement.FEASIBLE_TARGET
     # Anything a Python filter may turn down reads the larger page.
