@@ -315,20 +315,30 @@ def test_the_census_hashes_its_groups_and_leaves_the_planner_settings_as_they_we
     spec = parse_spec({"workload_id": "w", "pool": pool.name, "resources": {"cpu": "64"}})
     plans = []
 
+    settings = []
+
     def explain(execute, sql, params, many, context):
         if '"representative"' in sql and not sql.startswith("EXPLAIN"):
             with connection.cursor() as cursor:
                 cursor.execute("EXPLAIN " + sql, params)
                 plans.append("\n".join(row[0] for row in cursor.fetchall()))
+                cursor.execute("SHOW parallel_tuple_cost")
+                settings.append(cursor.fetchone()[0])
         return execute(sql, params, many, context)
 
     with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW parallel_tuple_cost")
+            before = cursor.fetchone()[0]
         with connection.execute_wrapper(explain):
             assert placement.diagnose(pool, spec)["reasons"] == {"insufficient_cpu": 1}
         with connection.cursor() as cursor:
             cursor.execute("SHOW enable_sort")
             assert cursor.fetchone()[0] == "on"
+            cursor.execute("SHOW parallel_tuple_cost")
+            assert cursor.fetchone()[0] == before
     assert len(plans) == 1 and "HashAggregate" in plans[0], plans
+    assert settings == ["0.02"]  # parallel workers for the scans and joins of a large pool
 
 
 def test_a_label_key_of_digits_is_told_apart_by_the_census_and_the_walk_goes_on():
