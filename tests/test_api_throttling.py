@@ -1,0 +1,88 @@
+"""nodepool.api.throttling.UserRateThrottle: DRF's per-user rate (scope ``user``) counted in two
+cache counters, whatever the rate, with a ``Retry-After`` after which the client is let through."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import time_machine
+from django.contrib.auth import get_user_model
+from django.core.cache import cache
+from rest_framework.response import Response
+from rest_framework.test import APIRequestFactory, force_authenticate
+from rest_framework.views import APIView
+
+from nodepool.api.throttling import UserRateThrottle
+
+pytestmark = pytest.mark.django_db
+T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)  # a window boundary (minutes since the epoch)
+
+
+class FivePerMinute(UserRateThrottle):
+    rate = "5/min"
+
+
+class Limited(APIView):
+    permission_classes: list = []
+    throttle_classes = [FivePerMinute]
+
+    def get(self, request):
+        return Response({"ok": True})
+
+
+@pytest.fixture(autouse=True)
+def _fresh_counts():
+    cache.clear()
+    yield
+    cache.clear()
+
+
+@pytest.fixture
+def call():
+    users = {name: get_user_model().objects.create(username=name) for name in ("ada", "bob")}
+    factory = APIRequestFactory()
+
+    def call(name="ada"):
+        request = factory.get("/limited")
+        force_authenticate(request, user=users[name])
+        return Limited.as_view()(request)
+
+    return call
+
+
+def test_the_rate_holds_per_user_and_retry_after_lets_the_client_through(call):
+    with time_machine.travel(T0, tick=False) as clock:
+        assert [call().status_code for _ in range(6)] == [200] * 5 + [429]
+        assert call("bob").status_code == 200  # another user's budget
+        refused = call()
+        retry_after = int(refused["Retry-After"])
+        assert refused.status_code == 429 and 60 <= retry_after <= 61
+        clock.move_to(T0 + timedelta(seconds=retry_after - 1))
+        assert call().status_code == 429
+        clock.move_to(T0 + timedelta(seconds=retry_after))
+        assert call().status_code == 200
+
+
+def test_the_previous_window_counts_by_the_share_of_it_still_inside_the_sliding_minute(call):
+    with time_machine.travel(T0 + timedelta(seconds=30), tick=False) as clock:
+        assert [call().status_code for _ in range(4)] == [200] * 4
+        # 15 s into the next window: 4 × 45/60 = 3 of the last minute's requests still count.
+        clock.move_to(T0 + timedelta(seconds=75))
+        assert [call().status_code for _ in range(3)] == [200, 200, 429]
+        # Refused requests are not counted: as the previous window slides out, room comes back.
+        clock.move_to(T0 + timedelta(seconds=105))  # 4 × 15/60 = 1, + 2 this window
+        assert [call().status_code for _ in range(3)] == [200, 200, 429]
+
+
+def test_the_cache_holds_one_counter_per_window_however_many_requests_were_made(call, monkeypatch):
+    """DRF's log kept every request's time in one entry (18,000 at 300/s under 100000/min)."""
+    monkeypatch.setattr(FivePerMinute, "rate", "100000/min")
+    user = get_user_model().objects.get(username="ada")
+    key = FivePerMinute.cache_format % {"scope": "user", "ident": user.pk}
+    window = int(T0.timestamp() // 60)
+    with time_machine.travel(T0 + timedelta(seconds=10), tick=False):
+        for _ in range(300):
+            assert call().status_code == 200
+        assert cache.get(f"{key}:{window}") == 300
+        assert cache.get(key) is None and cache.get(f"{key}:{window - 1}") is None  # no log, no other window
