@@ -393,6 +393,21 @@ ROW_FIELDS = (
 )  # fmt: skip
 
 
+class _JsonDocument:
+    """A :class:`NodeView` attribute given as the database's JSON text or already decoded;
+    decoded on first read and kept."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.slot = f"_{name}"
+
+    def __get__(self, node, owner=None):
+        value = getattr(node, self.slot)
+        if isinstance(value, str):
+            value = json.loads(value)
+            setattr(node, self.slot, value)
+        return value
+
+
 class NodeView:
     """The few node fields placement reads, without building a full ``Node`` (and its FSM state)
     for every row: model instantiation was most of the cost of a placement at 10,000 nodes.
@@ -403,35 +418,15 @@ class NodeView:
     """
 
     __slots__ = ("pk", "hostname", "_labels", "_node_labels", "_taints", "_verified", "incarnation", "_label_view")
+    labels = _JsonDocument()
+    node_labels = _JsonDocument()
+    taints = _JsonDocument()
+    verified = _JsonDocument()
 
     def __init__(self, pk, hostname: str, labels, node_labels, taints, verified, incarnation: int):
         self.pk, self.hostname, self.incarnation = pk, hostname, incarnation
         self._labels, self._node_labels, self._taints, self._verified = labels, node_labels, taints, verified
         self._label_view: dict | None = None
-
-    @staticmethod
-    def _decoded(value):
-        return json.loads(value) if isinstance(value, str) else value
-
-    @property
-    def labels(self) -> dict:
-        self._labels = self._decoded(self._labels)
-        return self._labels
-
-    @property
-    def node_labels(self) -> dict:
-        self._node_labels = self._decoded(self._node_labels)
-        return self._node_labels
-
-    @property
-    def taints(self) -> list:
-        self._taints = self._decoded(self._taints)
-        return self._taints
-
-    @property
-    def verified(self) -> dict:
-        self._verified = self._decoded(self._verified)
-        return self._verified
 
     def __str__(self) -> str:
         return self.hostname or str(self.pk)
