@@ -247,17 +247,16 @@ def constraint_failure(node: Node, pool: Pool, spec: PlacementSpec, counts: Grou
     for taint in node_taints(node, pool):
         if taint.get("effect") in HARD_TAINT_EFFECTS and not any(t.tolerates(taint) for t in spec.tolerations):
             return UNTOLERATED_TAINT
-    anti_affinity = spec.spread_group and spec.spread_mode == SpreadMode.ANTI_AFFINITY
     # The label view only when a filter reads it: most requests select nothing, and their
     # candidates' label documents then stay undecoded (NodeView).
-    labels = node_label_view(node, pool) if spec.node_selector or spec.required or anti_affinity else {}
+    labels = node_label_view(node, pool) if spec.node_selector or spec.required or spec.anti_affinity else {}
     if any(labels.get(k) != v for k, v in spec.node_selector.items()):
         return NODE_SELECTOR_MISMATCH
     if not all(req.matches(labels) for req in spec.required):
         return NODE_AFFINITY_MISMATCH
     if not all(has_feature(node, k, v) for k, v in spec.features.items()):
         return MISSING_FEATURE
-    if anti_affinity:
+    if spec.anti_affinity:
         domain = topology_domain(labels, spec)
         if domain is not None and counts.by_domain.get(domain, 0) > 0:
             return ANTI_AFFINITY_CONFLICT
@@ -600,7 +599,7 @@ def _first_page_size(pool: Pool, spec: PlacementSpec) -> int:
         not spec.tolerations
         and not any(isinstance(t, dict) and t.get("effect") in HARD_TAINT_EFFECTS for t in pool.taints or [])
         and not (spec.node_selector or spec.required or spec.features)
-        and not (spec.spread_group and spec.spread_mode == SpreadMode.ANTI_AFFINITY)
+        and not spec.anti_affinity
     )
     return FEASIBLE_TARGET if sql_decides else FIRST_PAGE_SIZE
 
@@ -822,7 +821,7 @@ def _signature(pool: Pool, spec: PlacementSpec, counts: GroupCounts) -> dict[str
     from django.db.models.functions import Cast
 
     keys = set(spec.node_selector) | {req.key for req in spec.required}
-    if spec.spread_group and spec.spread_mode == SpreadMode.ANTI_AFFINITY:
+    if spec.anti_affinity:
         keys |= set(spec.topology_labels)
     features = KeyTransform("features", "verified")
 

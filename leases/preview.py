@@ -25,7 +25,6 @@ from fleet.choices import SchedulingPolicy
 from fleet.models import Pool
 
 from . import placement
-from .choices import SpreadMode
 from .models import Shape
 from .spec import PlacementSpec, bad, parse_spec
 
@@ -97,7 +96,7 @@ def fits_count(rows: list[tuple], pool: Pool, spec: PlacementSpec, counts) -> in
     topology label are unconstrained, as in :func:`placement.constraint_failure`).
     """
     feasible, _ = placement.feasible_rows(rows, pool, spec, counts, limit=len(rows) + 1)
-    anti = bool(spec.spread_group) and spec.spread_mode == SpreadMode.ANTI_AFFINITY
+    anti = spec.anti_affinity
     total, domains = 0, set()
     for candidate in feasible:
         per_node = min(

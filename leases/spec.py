@@ -116,6 +116,11 @@ class PlacementSpec:
     command: tuple[str, ...] = ()
 
     @property
+    def anti_affinity(self) -> bool:
+        """Whether the request keeps off every topology domain its spread group already holds."""
+        return bool(self.spread_group) and self.spread_mode == SpreadMode.ANTI_AFFINITY
+
+    @property
     def topology_labels(self) -> tuple[str, ...]:
         return TOPOLOGY_KEYS.get(self.topology_key, (self.topology_key,)) if self.topology_key else ()
 

@@ -14,8 +14,9 @@ from rest_framework.test import APIRequestFactory, force_authenticate
 from rest_framework.views import APIView
 
 from nodepool.api.throttling import UserRateThrottle
+from tests.fleet_support import fresh_throttles  # noqa: F401
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_throttles")]
 T0 = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)  # a window boundary (minutes since the epoch)
 
 
@@ -29,13 +30,6 @@ class Limited(APIView):
 
     def get(self, request):
         return Response({"ok": True})
-
-
-@pytest.fixture(autouse=True)
-def _fresh_counts():
-    cache.clear()
-    yield
-    cache.clear()
 
 
 @pytest.fixture
