@@ -212,11 +212,13 @@ AXES_RESET_ON_SUCCESS = True
 # lockout parameters (username, IP), not the user agent.
 AXES_VERBOSE = False
 AXES_LOCKOUT_TEMPLATE = "nodepool/login_locked_out.html"
-# Behind a reverse proxy, set NODEPOOL_PROXY_COUNT to the number of proxies adding X-Forwarded-For.
-AXES_IPWARE_PROXY_COUNT = env.int("NODEPOOL_PROXY_COUNT", default=0) or None
-AXES_IPWARE_META_PRECEDENCE_ORDER = (
-    ["HTTP_X_FORWARDED_FOR", "REMOTE_ADDR"] if env.int("NODEPOOL_PROXY_COUNT", default=0) else ["REMOTE_ADDR"]
-)
+# Behind a reverse proxy (deploy/nginx), set NODEPOOL_PROXY_COUNT to the number of proxies adding
+# X-Forwarded-For: the client's address is then the entry that many places from the right (login
+# lockouts here, anonymous throttles in REST_FRAMEWORK's NUM_PROXIES). With 0, X-Forwarded-For is
+# ignored: a client cannot pick its own address by sending one.
+NODEPOOL_PROXY_COUNT = env.int("NODEPOOL_PROXY_COUNT", default=0)
+AXES_IPWARE_PROXY_COUNT = NODEPOOL_PROXY_COUNT or None
+AXES_IPWARE_META_PRECEDENCE_ORDER = ["HTTP_X_FORWARDED_FOR", "REMOTE_ADDR"] if NODEPOOL_PROXY_COUNT else ["REMOTE_ADDR"]
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -273,6 +275,8 @@ REST_FRAMEWORK = {
         "rest_framework.throttling.AnonRateThrottle",
         "nodepool.api.throttling.UserRateThrottle",  # DRF's, counted in O(1)
     ],
+    # DRF trusts the whole X-Forwarded-For when this is None; 0 means REMOTE_ADDR only.
+    "NUM_PROXIES": NODEPOOL_PROXY_COUNT,
     "DEFAULT_THROTTLE_RATES": {
         "anon": env.str("THROTTLE_ANON", default="120/min"),
         "user": env.str("THROTTLE_USER", default="100000/min"),

@@ -80,3 +80,28 @@ def test_the_cache_holds_one_counter_per_window_however_many_requests_were_made(
             assert call().status_code == 200
         assert cache.get(f"{key}:{window}") == 300
         assert cache.get(key) is None and cache.get(f"{key}:{window - 1}") is None  # no log, no other window
+
+
+# --- the client's address (anonymous throttles) -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("proxies", "forwarded", "expected"),
+    [
+        (0, "203.0.113.9", "10.0.0.5"),  # no proxy: a forged X-Forwarded-For is ignored
+        (0, None, "10.0.0.5"),
+        (1, "203.0.113.9, 198.51.100.7", "198.51.100.7"),  # the entry our one proxy appended
+        (1, None, "10.0.0.5"),
+    ],
+)
+def test_the_anonymous_identity_is_the_address_our_proxies_saw_not_one_the_client_chose(proxies, forwarded, expected):
+    from django.conf import settings as django_settings
+    from django.test import override_settings
+    from rest_framework.throttling import AnonRateThrottle
+
+    meta = {"REMOTE_ADDR": "10.0.0.5"} | ({"HTTP_X_FORWARDED_FOR": forwarded} if forwarded else {})
+    request = APIRequestFactory().get("/api/v1/", **meta)
+    assert django_settings.REST_FRAMEWORK["NUM_PROXIES"] == django_settings.NODEPOOL_PROXY_COUNT == 0
+
+    with override_settings(REST_FRAMEWORK={**django_settings.REST_FRAMEWORK, "NUM_PROXIES": proxies}):
+        assert AnonRateThrottle().get_ident(request) == expected
