@@ -86,6 +86,7 @@ function delay()
   return wait
 end
 function request()
+  if verification_call() then return wrk.format("GET", "/") end
   local n = pending or next_node()
   pending = nil
   n.seq = n.seq + 1
