@@ -4,11 +4,14 @@
 ``django_setup(url)``              configure Django in this process against ``url`` (before any model import)
 ``Gunicorn(url, workers=2)``       context manager: gunicorn on a free port with ``DATABASE_URL`` and
                                    ``NODEPOOL_BENCH=1`` (which serves the baseline views); ``.base`` is its URL
+``Nginx(upstream)``                context manager: nginx on a free port in front of ``upstream`` (``host:port``)
+                                   with the shipped deploy/nginx/nodepool.conf.template; ``.base`` is its URL
 ``wrk(base, script, duration=, connections=, threads=, env=)``
                                    run ``wrk`` with a Lua script; returns the JSON the script's ``done()``
                                    prints (``requests``, ``rps``, ``p50_ms``, ``p99_ms``, plus counters)
 ``WRK_LUA_LIB``                    Lua snippet defining ``done()`` that prints that JSON line; scripts
-                                   append it and count with ``counters[name] = (counters[name] or 0) + 1``
+                                   append it and count with ``counters[name] = (counters[name] or 0) + 1``;
+                                   ``verification_call()`` tells wrk's check of request() from a real one
 ``percentile(values, p)``          for in-process timings
 ``emit(figures)``                  print the final one-line JSON every bench ends with
 
@@ -133,6 +136,90 @@ class Gunicorn:
                 self.process.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
+
+
+NGINX_TEMPLATE = ROOT / "deploy" / "nginx" / "nodepool.conf.template"
+
+
+def render_nginx_conf(upstream: str, listen_port: int, work_dir: Path) -> Path:
+    """Write a whole nginx.conf into ``work_dir`` around the shipped http-context template.
+
+    Only ``${NODEPOOL_UPSTREAM}`` is substituted (as the nginx image's envsubst does with only the
+    variables defined); the template's ``listen 8080`` becomes ``listen 127.0.0.1:<listen_port>``.
+    Paths (pid, logs, temporary files) stay inside ``work_dir``, so no root is needed.
+    """
+    text = NGINX_TEMPLATE.read_text().replace("${NODEPOOL_UPSTREAM}", upstream)
+    if "listen 8080;" not in text or "${" in text:
+        raise RuntimeError(f"{NGINX_TEMPLATE} no longer has the shape render_nginx_conf expects")
+    text = text.replace("listen 8080;", f"listen 127.0.0.1:{listen_port};")
+    (work_dir / "nodepool.conf").write_text(text)
+    user = ""
+    if os.geteuid() == 0:  # workers would drop to nobody, who cannot write work_dir's temp paths
+        user = "user root;"
+    conf = work_dir / "nginx.conf"
+    conf.write_text(
+        f"""{user}
+worker_processes 1;
+daemon off;
+pid {work_dir}/nginx.pid;
+error_log {work_dir}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    client_body_temp_path {work_dir}/client_body;
+    proxy_temp_path {work_dir}/proxy;
+    fastcgi_temp_path {work_dir}/fastcgi;
+    uwsgi_temp_path {work_dir}/uwsgi;
+    scgi_temp_path {work_dir}/scgi;
+    include {work_dir}/nodepool.conf;
+}}
+"""
+    )
+    return conf
+
+
+class Nginx:
+    """nginx (``apt-get install -y nginx``) on a free port in front of ``upstream`` (``host:port``),
+    configured by the shipped template (docker-compose.yml's proxy); stops on exit."""
+
+    def __init__(self, upstream: str):
+        if not shutil.which("nginx") and not Path("/usr/sbin/nginx").exists():
+            raise RuntimeError("nginx is not installed: apt-get install -y nginx")
+        self.binary = shutil.which("nginx") or "/usr/sbin/nginx"
+        self.upstream = upstream
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.work_dir = Path(tempfile.mkdtemp(prefix="nodepool-nginx-"))
+        self.conf = render_nginx_conf(upstream, self.port, self.work_dir)
+        self.process: subprocess.Popen | None = None
+
+    def check(self) -> subprocess.CompletedProcess:
+        """``nginx -t`` on the rendered configuration (returncode 0 when nginx accepts it)."""
+        return subprocess.run([self.binary, "-t", "-c", str(self.conf)], capture_output=True, text=True)
+
+    def __enter__(self) -> Nginx:
+        self.process = subprocess.Popen([self.binary, "-c", str(self.conf)], start_new_session=True,
+                                        stderr=subprocess.DEVNULL)  # fmt: skip
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                break
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return self
+            time.sleep(0.05)
+        log = (self.work_dir / "error.log").read_text() if (self.work_dir / "error.log").exists() else ""
+        self.__exit__(None, None, None)
+        raise RuntimeError(f"nginx did not start:\n{log}")
+
+    def __exit__(self, *exc) -> None:
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+        shutil.rmtree(self.work_dir, ignore_errors=True)
 
 
 WRK_LUA_LIB = r"""

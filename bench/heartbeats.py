@@ -17,10 +17,13 @@ Rounds alternate the three so that drift hits them alike; both ratios are to the
 measured with the hot-path counter ``nodepool_heartbeats_total`` in. Goal: renewal ≥ 0.8.
 
 Then the flood phase (skipped with ``--quick``): the other nodes renew as agents do (each every
-10 s, paced, together half the renewal rate just measured) while one credential sends renewals
-with 50 requests in flight, and the liveness sweep runs every 2 s in this process. Reported: the
-other nodes' renewal p99 flooded vs unflooded (goal ≤ 2×), the flooder's applied/429 counts, and
-liveness transitions of the other nodes (must be 0).
+10 s, paced, together half the renewal rate just measured), first alone, then while one
+credential sends renewals with 50 requests in flight; the liveness sweep runs every 2 s in this
+process throughout. Reported: the other nodes' renewal p99 flooded vs unflooded (goal ≤ 2×), the
+flooder's applied/429 counts, and liveness transitions of the other nodes (must be 0). The phase
+runs twice: straight to gunicorn, and through the production shape's proxy (nginx with the
+shipped deploy/nginx/nodepool.conf.template, whose per-credential bucket holds the flooder's
+requests; ``apt-get install -y nginx``, ``--no-proxy`` skips it).
 
 The pool's interval is 15 s, so the flood guard (half the interval) lets each node through every
 7.5 s: with 20,000 nodes round-robin that holds up to ~2,600 requests/s. ``--quick`` uses 2,000
@@ -31,6 +34,7 @@ nodes and sets ``NODEPOOL_MIN_SPACING_FRACTION=0.01`` on the server so wrk may c
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -42,7 +46,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import DEFAULT_DATABASE_URL, WRK_LUA_LIB, Gunicorn, django_setup, emit, prepare_database, wrk
+from bench.common import (
+    DEFAULT_DATABASE_URL,
+    WRK_LUA_LIB,
+    Gunicorn,
+    Nginx,
+    django_setup,
+    emit,
+    prepare_database,
+    wrk,
+)
 
 # What a healthy node reports every time; the seeded nodes already hold it, so each benchmarked
 # heartbeat is the steady-state one (applied, nothing but counters changed, no events).
@@ -82,8 +95,12 @@ function init(args)
     elseif i % nthreads == tid then table.insert(mine, {id = id, secret = secret, seq = base}) end
     i = i + 1
   end
+  -- BENCH_START: where the previous run of the same nodes stopped, so that consecutive paced runs
+  -- go on with the same rotation (each node renewed once per turn) instead of starting over.
+  idx = math.floor(tonumber(os.getenv("BENCH_START") or "0") / nthreads) % math.max(#mine, 1)
 end
 function request()
+  if verification_call() then return wrk.format("GET", "/") end
   idx = idx % #mine + 1
   local n = mine[idx]
   n.seq = n.seq + 1
@@ -181,9 +198,15 @@ OTHERS_PERIOD = 10
 OTHERS_SHARE = 0.5
 
 
-def flood_phase(server, nodes_file: str, others_file: str, args, run, *, pace_ms: float) -> dict:
-    """Others renew while one credential floods with 50 in flight; the sweep runs every 2 s."""
+def flood_phase(nodes_file: str, others_file: str, args, run, *, pace_ms: float, cursor: list[int]) -> dict:
+    """The unflooded reference run, then the same while one credential floods with 50 in flight.
+
+    The liveness sweep runs every 2 s in this process during both, so the two runs differ by the
+    flood alone. ``run`` sends to one server (gunicorn, or nginx in front of it). ``cursor[0]`` is
+    where the other nodes' rotation goes on from (updated): every phase renews them in turn.
+    """
     from django.db import close_old_connections
+    from django.utils import timezone
 
     from fleet.liveness import sweep_liveness
     from fleet.models import NodeEvent
@@ -192,9 +215,6 @@ def flood_phase(server, nodes_file: str, others_file: str, args, run, *, pace_ms
         flooder = handle.readline().split()[0]
     with open(others_file) as handle:
         other_ids = [line.split()[0] for line in handle]
-    started_at = time.time()
-    from django.utils import timezone
-
     phase_start = timezone.now()
     stop = threading.Event()
     sweeps: list[dict] = []
@@ -209,23 +229,39 @@ def flood_phase(server, nodes_file: str, others_file: str, args, run, *, pace_ms
     def flood():
         results["flood"] = run("flood", args.duration, nodes=nodes_file, connections=50, threads=1)
 
-    threads = [threading.Thread(target=sweeper), threading.Thread(target=flood)]
-    for thread in threads:
-        thread.start()
-    results["others"] = run("renewal", args.duration, nodes=others_file, pace_ms=pace_ms)
-    stop.set()
-    for thread in threads:
-        thread.join()
+    sweeping = threading.Thread(target=sweeper)
+    sweeping.start()
+    try:
+        for key in ("unflooded", "others"):
+            if key == "others":
+                flooding = threading.Thread(target=flood)
+                flooding.start()
+            results[key] = run("renewal", args.duration, nodes=others_file, pace_ms=pace_ms, start=cursor[0])
+            cursor[0] += results[key]["requests"]
+        flooding.join()
+    finally:
+        stop.set()
+        sweeping.join()
     changed = NodeEvent.objects.filter(type="liveness", created_at__gte=phase_start, node_id__in=other_ids).count()
     return {
-        "others": results["others"],
-        "flood": results["flood"],
+        "unflooded_renewal_p99_ms": results["unflooded"]["p99_ms"],
+        "flooded_renewal_p99_ms": results["others"]["p99_ms"],
+        "flooded_p99_ratio": round(results["others"]["p99_ms"] / max(results["unflooded"]["p99_ms"], 0.001), 2),
+        "others_per_second": results["others"]["rps"],
+        "flooder_requests": results["flood"]["requests"],
+        "flooder_counters": results["flood"]["counters"],
         "other_nodes_liveness_changes": changed,
         "other_nodes": len(other_ids),
         "flooder": flooder,
         "sweeps": len(sweeps),
-        "seconds": round(time.time() - started_at, 1),
     }
+
+
+def print_flood(where: str, flood: dict) -> None:
+    print(f"{where}: others' renewal p99 {flood['unflooded_renewal_p99_ms']:6.2f} ms unflooded, "
+          f"{flood['flooded_renewal_p99_ms']:6.2f} ms flooded (ratio {flood['flooded_p99_ratio']}); flooder "
+          f"{flood['flooder_counters']}; other nodes' liveness changes {flood['other_nodes_liveness_changes']}",
+          flush=True)  # fmt: skip
 
 
 def main() -> None:
@@ -238,6 +274,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="CI: 2,000 nodes, 2 s runs, one round, no flood")
+    parser.add_argument("--no-proxy", dest="proxy", action="store_false",
+                        help="flood only straight to gunicorn, not also through nginx (deploy/nginx)")  # fmt: skip
     args = parser.parse_args()
     extra_env = {}
     if args.quick:
@@ -255,18 +293,18 @@ def main() -> None:
     others_file = ""
 
     results: dict[str, list[dict]] = {mode: [] for mode in MODES}
-    flood: dict | None = None
-    unflooded: dict | None = None
+    floods: dict[str, dict] = {}
     try:
         with Gunicorn(args.database_url, workers=args.workers, extra_env=extra_env) as server:
             print(f"gunicorn ({args.workers} workers) at {server.base}; wrk -t{args.threads} -c{args.connections}")
 
             def run(mode: str, duration: float, *, nodes=nodes_file, connections=None, threads=None,
-                    pace_ms: float = 0) -> dict:  # fmt: skip
+                    pace_ms: float = 0, base: str = server.base, start: int = 0) -> dict:  # fmt: skip
                 threads = threads or args.threads
                 env = {"BENCH_NODES": nodes, "BENCH_MODE": mode, "BENCH_THREADS": str(threads),
-                       "BENCH_SEQ_BASE": str(int(time.time() * 1000)), "BENCH_PACE_MS": str(int(pace_ms))}  # fmt: skip
-                return wrk(server.base, LUA, duration=duration, connections=connections or args.connections,
+                       "BENCH_SEQ_BASE": str(int(time.time() * 1000)), "BENCH_PACE_MS": str(int(pace_ms)),
+                       "BENCH_START": str(start)}  # fmt: skip
+                return wrk(base, LUA, duration=duration, connections=connections or args.connections,
                            threads=threads, env=env)  # fmt: skip
 
             for mode in MODES:  # warm-up: connections, caches, the fleet-size count, each node's pool
@@ -288,13 +326,18 @@ def main() -> None:
                 with tempfile.NamedTemporaryFile("w", suffix=".nodes", delete=False) as handle:
                     handle.writelines(f"{node_id} {secret}\n" for node_id, secret in others)
                     others_file = handle.name
-                unflooded = run("renewal", args.duration, nodes=others_file, pace_ms=pace_ms)
-                print(f"unflooded renewals of {len(others)} nodes {unflooded['rps']:8.1f} req/s  "
-                      f"p99 {unflooded['p99_ms']:6.2f} ms", flush=True)  # fmt: skip
-                flood = flood_phase(server, nodes_file, others_file, args, run, pace_ms=pace_ms)
-                print(f"flooded   renewals {flood['others']['rps']:8.1f} req/s  p99 {flood['others']['p99_ms']:6.2f} "
-                      f"ms; flooder {flood['flood']['counters']}; other nodes' liveness changes "
-                      f"{flood['other_nodes_liveness_changes']}", flush=True)  # fmt: skip
+                print(f"flood: {len(others)} other nodes renew, {offered:.0f}/s offered", flush=True)
+                cursor = [0]
+                floods["gunicorn"] = flood_phase(nodes_file, others_file, args, run, pace_ms=pace_ms, cursor=cursor)
+                print_flood("straight to gunicorn", floods["gunicorn"])
+                if args.proxy:
+                    # The production shape (docker-compose.yml): the shipped nginx configuration in
+                    # front, whose per-credential bucket keeps the flooder's requests waiting there.
+                    with Nginx(f"127.0.0.1:{server.port}") as proxy:
+                        through = functools.partial(run, base=proxy.base)
+                        floods["nginx"] = flood_phase(nodes_file, others_file, args, through, pace_ms=pace_ms,
+                                                      cursor=cursor)  # fmt: skip
+                    print_flood("through nginx (deploy/nginx)", floods["nginx"])
     finally:
         os.unlink(nodes_file)
         if others_file:
@@ -331,18 +374,9 @@ def main() -> None:
     figures["renewal_ratio"] = round(figures["renewals_per_second"] / figures["baseline_per_second"], 3)
     figures["status_report_ratio"] = round(figures["status_reports_per_second"] / figures["baseline_per_second"], 3)
     figures["goal_renewal_ratio"] = 0.8
-    if flood is not None and unflooded is not None:
-        figures.update(
-            unflooded_renewal_p99_ms=unflooded["p99_ms"],
-            flooded_renewal_p99_ms=flood["others"]["p99_ms"],
-            flooded_p99_ratio=round(flood["others"]["p99_ms"] / max(unflooded["p99_ms"], 0.001), 2),
-            goal_flooded_p99_ratio=2.0,
-            flooder_requests=flood["flood"]["requests"],
-            flooder_counters=flood["flood"]["counters"],
-            other_nodes_liveness_changes=flood["other_nodes_liveness_changes"],
-            flood_other_nodes=flood["other_nodes"],
-            flood_sweeps=flood["sweeps"],
-        )
+    if floods:
+        figures["goal_flooded_p99_ratio"] = 2.0
+        figures["flood"] = floods
     print(
         f"\nrenewals {figures['renewals_per_second']:.0f}/s (p99 {figures['renewal_p99_ms']} ms), status reports "
         f"{figures['status_reports_per_second']:.0f}/s (p99 {figures['status_report_p99_ms']} ms) vs baseline "

@@ -16,7 +16,7 @@ import yaml
 from tests.processes import ROOT
 
 COMPOSE = ROOT / "docker-compose.yml"
-SERVICES = {"postgres", "redis", "migrate", "web", "worker", "beat"}
+SERVICES = {"postgres", "redis", "migrate", "web", "proxy", "worker", "beat"}
 APP_SERVICES = {"migrate", "web", "worker", "beat"}
 
 
@@ -88,6 +88,21 @@ def test_every_service_has_a_healthcheck_or_says_why_not(compose):
             continue
         assert check["test"][0] in ("CMD", "CMD-SHELL"), name
         assert {"interval", "timeout", "retries"} <= set(check), name
+
+
+def test_only_the_proxy_is_published_and_web_trusts_exactly_that_one_proxy(compose):
+    services = compose["services"]
+    published = {name for name, service in services.items() if service.get("ports") and not service.get("profiles")}
+    assert published == {"proxy"}
+    proxy = services["proxy"]
+    assert proxy["ports"] == ["${NODEPOOL_PORT:-8000}:8080"]
+    assert proxy["environment"]["NODEPOOL_UPSTREAM"] == "web:8000"
+    assert "./deploy/nginx/nodepool.conf.template:/etc/nginx/templates/nodepool.conf.template:ro" in proxy["volumes"]
+    assert (ROOT / "deploy/nginx/nodepool.conf.template").exists()
+    assert proxy["depends_on"] == {"web": {"condition": "service_healthy"}}
+    assert services["web"]["environment"]["NODEPOOL_PROXY_COUNT"] == "1"
+    for name in APP_SERVICES - {"web"}:
+        assert "NODEPOOL_PROXY_COUNT" not in services[name]["environment"], name
 
 
 def test_web_is_healthy_only_when_readyz_says_so(compose):

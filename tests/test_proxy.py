@@ -1,0 +1,159 @@
+"""The shipped nginx configuration (deploy/nginx) in front of the real application.
+
+docker-compose.yml publishes only this proxy. Each node credential gets its own request bucket
+there, so one node with many requests in flight waits at the proxy instead of ahead of every
+other node in gunicorn's queue (issue: no node can starve another). These tests start nginx with
+the very file compose mounts (rendered by bench.common.Nginx) in front of pytest-django's live
+server, and send real HTTP through it. nginx comes from ``apt-get install -y nginx`` (.ci/run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import shutil
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bench.common import Nginx
+from fleet.models import Node
+from tests.control_plane import ControlPlane
+from tests.factories import PoolFactory, make_schedulable_node
+
+NGINX_INSTALLED = bool(shutil.which("nginx")) or Path("/usr/sbin/nginx").exists()
+pytestmark = [
+    pytest.mark.skipif(not NGINX_INSTALLED, reason="nginx is not installed (apt-get install -y nginx)"),
+    pytest.mark.django_db(transaction=True),
+]
+
+# The shipped bucket: 5 requests/s, 5 at once beyond the first, 100 more waiting (the template).
+IMMEDIATE = 1 + 5
+WAITING = 100
+
+
+@pytest.fixture
+def proxy(live_server):
+    upstream = live_server.url.removeprefix("http://")
+    with Nginx(upstream) as nginx:
+        yield nginx
+
+
+def fake_credential(prefix: str, variant: int = 0) -> str:
+    """A ``Node`` Authorization header for ``npn_<prefix>``: the proxy keys on the prefix only, so
+    the secret part and the spacing may vary (``variant``) and still count in one bucket."""
+    spacing = (" ", "  ", "\t")[variant % 3]
+    return f"Node{spacing}npn_{prefix}.secret-{variant}"
+
+
+async def fire(base: str, headers: list[dict], *, wait: float) -> tuple[list[httpx.Response], int]:
+    """Send one GET /healthz per headers dict, all at once; after ``wait`` seconds, cancel what
+    has not been answered (the proxy drops a waiting request whose client went away).
+
+    Returns ``(responses received, number still waiting when cancelled)``.
+    """
+    limits = httpx.Limits(max_connections=len(headers) + 10, max_keepalive_connections=0)
+    async with httpx.AsyncClient(base_url=base, limits=limits, timeout=30) as client:
+        tasks = [asyncio.create_task(client.get("/healthz", headers=h)) for h in headers]
+        done, pending = await asyncio.wait(tasks, timeout=wait)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+    return [task.result() for task in done], len(pending)
+
+
+def test_nginx_accepts_the_shipped_configuration(live_server):
+    nginx = Nginx(live_server.url.removeprefix("http://"))
+    try:
+        result = nginx.check()
+    finally:
+        shutil.rmtree(nginx.work_dir, ignore_errors=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_node_renews_through_the_proxy_and_the_applications_answers_pass_untouched(proxy):
+    node, secret = make_schedulable_node(PoolFactory(name="general"))
+    url = f"{proxy.base}/api/v1/nodes/{node.pk}/renewals"
+    headers = {"Authorization": f"Node {secret}"}
+
+    applied = httpx.post(url, json={"incarnation": node.incarnation, "sequence": node.sequence + 1}, headers=headers)
+    too_soon = httpx.post(url, json={"incarnation": node.incarnation, "sequence": node.sequence + 2}, headers=headers)
+    stranger = httpx.post(url, json={"incarnation": 1, "sequence": 1}, headers={"Authorization": "Node npn_x.y"})
+
+    assert applied.status_code == 200 and applied.json()["applied"] is True
+    # The application's own 429 (its flood guard) with its own Retry-After, not the proxy's.
+    assert too_soon.status_code == 429 and too_soon.headers["content-type"] == "application/problem+json"
+    assert int(too_soon.headers["retry-after"]) > 1 and "retry_after" in too_soon.json()
+    assert stranger.status_code == 401 and stranger.json()["code"] == "authentication_failed"
+
+
+def test_the_agent_enrolls_reports_and_renews_through_the_proxy(proxy, tmp_path, monkeypatch, time_machine):
+    import agent.runner as runner
+    from agent.runner import Agent, AgentConfig
+
+    cp = ControlPlane(heartbeat_interval=10)
+    now = {"t": 1000.0}
+    time_machine.move_to(datetime.now(UTC), tick=False)
+    monkeypatch.setattr(runner.time, "monotonic", lambda: now["t"])
+    config = AgentConfig(url=proxy.base, state_path=tmp_path / "state.json", bootstrap_token=cp.token,
+                         work_dir=tmp_path / "work", stop_grace=2.0)  # fmt: skip
+    agent = Agent(config, rng=random.Random(7))
+    agent.start()
+    try:
+        for _ in range(4):
+            agent.step()
+            now["t"] += 10
+            time_machine.shift(10)
+    finally:
+        agent.shutdown()
+
+    node = Node.objects.get(pk=agent.state.node_id)
+    # Enrollment, a status report, then renewals (and a report when a flag asked), all through
+    # nginx: each of the four steps was applied, none refused on the way.
+    assert node.sequence == agent.state.sequence >= 4
+    assert node.incarnation == agent.state.incarnation and node.liveness == "alive"
+
+
+def test_a_flooding_credential_waits_at_the_proxy_while_another_node_goes_straight_through(proxy):
+    async def scenario():
+        flood = asyncio.create_task(fire(proxy.base, [{"Authorization": fake_credential("f100d")}] * 40, wait=3))
+        await asyncio.sleep(0.3)  # the flood is in: its bucket is full and its requests wait
+        async with httpx.AsyncClient(base_url=proxy.base, timeout=10) as client:
+            other = await client.get("/healthz", headers={"Authorization": fake_credential("0ther")})
+            plain = await client.get("/healthz")
+        return other, plain, await flood
+
+    other, plain, (flooded, still_waiting) = asyncio.run(scenario())
+
+    assert other.status_code == 200 and plain.status_code == 200
+    # At 5/s, about 6 + 5 × 3 of the flooder's 40 were let through in 3 s; the rest still waited.
+    assert all(r.status_code == 200 for r in flooded)
+    assert IMMEDIATE <= len(flooded) <= IMMEDIATE + 5 * 3 + 2
+    assert still_waiting == 40 - len(flooded)
+
+
+def test_beyond_its_waiting_room_a_credential_gets_the_proxys_429_problem_json(proxy):
+    count = IMMEDIATE + WAITING + 20
+    headers = [{"Authorization": fake_credential("b0057", i)} for i in range(count)]
+
+    responses, still_waiting = asyncio.run(fire(proxy.base, headers, wait=2))
+
+    refused = [r for r in responses if r.status_code == 429]
+    assert len(refused) >= 15, [r.status_code for r in responses]
+    for response in refused:
+        assert response.headers["content-type"] == "application/problem+json"
+        assert response.headers["retry-after"] == "1"
+        body = response.json()
+        assert body["code"] == "too_many_requests" and body["status"] == 429
+    assert still_waiting >= WAITING - 15  # the bucket's waiting room held the rest
+
+
+def test_requests_without_a_node_credential_are_not_bucketed(proxy):
+    headers = [{}] * 20 + [{"Authorization": "Token some-user-token"}] * 20
+
+    responses, still_waiting = asyncio.run(fire(proxy.base, headers, wait=10))
+
+    assert still_waiting == 0 and len(responses) == 40
+    assert {r.status_code for r in responses} == {200}
