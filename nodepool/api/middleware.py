@@ -34,10 +34,10 @@ class RequestIdMiddleware:
 
 
 def _too_large(limit: int, detail: str):
-    response = problem_response(413, "payload_too_large", f"{detail} The limit is {limit} bytes.", limit=limit)
-    # The rest of the body is not read; do not let the client reuse a connection in that state.
-    response["Connection"] = "close"
-    return response
+    # No `Connection: close` although the rest of the body is not read: WSGI forbids hop-by-hop
+    # headers (PEP 3333; wsgiref, under runserver and the live test server, turns one into a 500),
+    # gunicorn drops it anyway and itself discards an unread body before the next request.
+    return problem_response(413, "payload_too_large", f"{detail} The limit is {limit} bytes.", limit=limit)
 
 
 class BodyLimitMiddleware:
