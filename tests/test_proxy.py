@@ -22,6 +22,7 @@ from bench.common import Nginx
 from fleet.models import Node
 from tests.control_plane import ControlPlane
 from tests.factories import PoolFactory, make_schedulable_node
+from tests.processes import free_port
 
 NGINX_INSTALLED = bool(shutil.which("nginx")) or Path("/usr/sbin/nginx").exists()
 pytestmark = [
@@ -157,3 +158,36 @@ def test_requests_without_a_node_credential_are_not_bucketed(proxy):
 
     assert still_waiting == 0 and len(responses) == 40
     assert {r.status_code for r in responses} == {200}
+
+
+def assert_proxy_problem(response: httpx.Response, status: int, code: str) -> dict:
+    assert response.status_code == status, response.text[:300]
+    assert response.headers["content-type"] == "application/problem+json"
+    body = response.json()
+    assert body["status"] == status and body["code"] == code
+    assert body["type"] == "https://nodepool.dev/problems/" + code.replace("_", "-")
+    return body
+
+
+def test_what_nginx_refuses_itself_is_problem_json_too_and_the_applications_refusals_pass(proxy):
+    url = f"{proxy.base}/api/v1/nodes"
+    json_headers = {"Content-Type": "application/json"}
+
+    app_body = httpx.post(url, content=b"[" + b"0," * 150_000 + b"0]", headers=json_headers)
+    proxy_body = httpx.post(url, content=b"0" * (1024 * 1024 + 1), headers=json_headers)
+    proxy_header = httpx.get(url, headers={"X-Padding": "x" * 9000})
+    proxy_uri = httpx.get(f"{url}?q={'x' * 9000}")
+
+    # 300 KB: above the application's limit (256 KiB), below the proxy's (1 MiB): the app answers.
+    assert assert_proxy_problem(app_body, 413, "payload_too_large")["limit"] == 256 * 1024
+    assert assert_proxy_problem(proxy_body, 413, "payload_too_large")["limit"] == 1024 * 1024
+    assert_proxy_problem(proxy_header, 431, "header_too_large")
+    assert_proxy_problem(proxy_uri, 414, "uri_too_long")
+
+
+def test_a_web_tier_that_does_not_answer_is_a_502_problem_with_retry_after():
+    with Nginx(f"127.0.0.1:{free_port()}") as nginx:  # nothing listens there
+        response = httpx.post(f"{nginx.base}/api/v1/nodes/x/renewals", json={}, timeout=10)
+
+    assert_proxy_problem(response, 502, "upstream_unavailable")
+    assert response.headers["retry-after"] == "5"
