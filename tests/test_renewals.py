@@ -100,6 +100,28 @@ def test_a_renewal_revives_a_stale_node_with_a_liveness_event(node_secret, time_
 
 
 @pytest.mark.parametrize(
+    ("separator", "applied"),
+    [(" ", True), ("\t", True), ("  ", True), ("\xa0", False), ("\x85", False)],
+)
+def test_the_authorization_header_splits_on_ascii_whitespace_only_as_drf_and_the_proxy_do(
+    node_secret, separator, applied
+):
+    # A no-break space (0xA0) or NEL (0x85) is whitespace to str.split but not to DRF, nor to the
+    # proxy's per-credential bucket (deploy/nginx): accepting it would let a node flood unbucketed.
+    node, secret = node_secret
+    response = Client().post(
+        f"/api/v1/nodes/{node.pk}/renewals", json.dumps({"incarnation": 1, "sequence": 1}),
+        content_type="application/json", HTTP_AUTHORIZATION=f"Node{separator}{secret}",
+    )  # fmt: skip
+
+    if applied:
+        assert response.status_code == 200 and response.json()["applied"] is True
+    else:
+        assert response.status_code == 401 and response.json()["reason"] == "credential_missing"
+        assert Node.objects.get(pk=node.pk).sequence == node.sequence
+
+
+@pytest.mark.parametrize(
     ("incarnation", "sequence", "code"),
     [(1, 5, "duplicate_sequence"), (1, 4, "stale_sequence"), (0 + 1, 0, "stale_sequence")],
 )

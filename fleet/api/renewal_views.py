@@ -29,6 +29,23 @@ from ..heartbeats import MAX_COUNTER
 _ALLOWED_KEYS = frozenset({"incarnation", "sequence"})
 
 
+def node_secret(authorization: str) -> str | None:
+    """The secret of ``Authorization: Node <secret>``, else None.
+
+    Split as DRF splits every ``Authorization`` header (``rest_framework.authentication``): as
+    ISO-8859-1 bytes, on ASCII whitespace only. ``str.split`` would also split on a no-break space
+    (0xA0) or 0x85, which the proxy's per-credential bucket (deploy/nginx, PCRE ``\\s``) does not
+    treat as a separator: a flooding node could then reach this view outside its bucket.
+    """
+    try:
+        parts = authorization.encode("iso-8859-1").split()
+    except UnicodeEncodeError:
+        return None
+    if len(parts) != 2 or parts[0] != b"Node":
+        return None
+    return parts[1].decode("iso-8859-1")
+
+
 def _problem(request, status: int, code: str, detail: str, headers: dict | None = None, **extra) -> HttpResponse:
     metrics.count(metrics.RENEWAL, code)
     response = problem_response(status, code, detail, request_id=getattr(request, "request_id", ""), **extra)
@@ -62,8 +79,8 @@ def renewal_view(request, pk):
             request, 413, "payload_too_large", f"A renewal is at most {rn.MAX_BODY_BYTES} bytes.",
             limit=rn.MAX_BODY_BYTES,
         )  # fmt: skip
-    header = request.META.get("HTTP_AUTHORIZATION", "").split()
-    if len(header) != 2 or header[0] != "Node":
+    secret = node_secret(request.META.get("HTTP_AUTHORIZATION", ""))
+    if secret is None:
         return _problem(
             request, 401, "authentication_failed", "A node credential is required (Authorization: Node <secret>).",
             headers={"WWW-Authenticate": "Node"}, reason="credential_missing",
@@ -96,7 +113,7 @@ def renewal_view(request, pk):
         return _problem(request, 400, "validation_error", "Invalid renewal.", errors=errors)
     try:
         outcome = rn.renew(
-            node_id=pk, secret=header[1], incarnation=incarnation, sequence=sequence,
+            node_id=pk, secret=secret, incarnation=incarnation, sequence=sequence,
             request_id=getattr(request, "request_id", ""),
         )  # fmt: skip
     except Problem as exc:
@@ -155,13 +172,13 @@ class RenewalFloodGate:
             # limit middleware has not de-chunked yet (an empty body), for this request's view.
             return None
         try:
-            header = request.META.get("HTTP_AUTHORIZATION", "").split()
+            secret = node_secret(request.META.get("HTTP_AUTHORIZATION", ""))
             body = json.loads(request.body)
             incarnation = body.get("incarnation") if isinstance(body, dict) else None
-            if len(header) != 2 or header[0] != "Node" or not isinstance(incarnation, int):
+            if secret is None or not isinstance(incarnation, int):
                 return None
             return rn.remembered_refusal(
-                uuid.UUID(node_id), node_secrets.hash_secret(header[1]), incarnation, timezone.now()
+                uuid.UUID(node_id), node_secrets.hash_secret(secret), incarnation, timezone.now()
             )
         except (ValueError, UnicodeDecodeError):
             return None
