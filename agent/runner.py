@@ -488,9 +488,16 @@ class Agent:
         self.pending_benchmark = None
 
     # -- lease events --------------------------------------------------------------------------
-    def flush_events(self) -> None:
-        """Send queued lease events in order; stop work whose lease the server says is not ours."""
+    def flush_events(self, until: float | None = None) -> None:
+        """Send queued lease events in order; stop work whose lease the server says is not ours.
+
+        ``until`` (``time.monotonic()`` seconds): stop sending when it is reached and keep the rest
+        for the next tick, so that a long backlog (after a partition, or paced by the proxy's
+        per-node bucket, deploy/nginx) never holds back the renewal that keeps this node alive.
+        """
         while self.outbox:
+            if until is not None and time.monotonic() >= until:
+                return
             event = self.outbox[0]
             body = {
                 "fencing_token": event.fencing_token,
@@ -515,11 +522,11 @@ class Agent:
                     log.warning("lease %s event %s refused: %s", event.lease_id, event.state, exc)
             self.outbox.pop(0)
 
-    def tick(self) -> None:
-        """Between heartbeats: reap workloads, escalate stops, send events and benchmark results,
-        watch for a spot preemption."""
+    def tick(self, until: float | None = None) -> None:
+        """Between heartbeats: reap workloads, escalate stops, send events (until ``until``, the
+        next heartbeat's ``time.monotonic()``) and benchmark results, watch for a spot preemption."""
         self.outbox.extend(self.supervisor.poll())
-        self.flush_events()
+        self.flush_events(until)
         self.post_benchmark()
         self.watch_preemption()
 
@@ -568,7 +575,7 @@ class Agent:
                     if once:
                         self.tick()
                         break
-                self.tick()
+                self.tick(until=next_step)
                 stop.wait(max(0.0, min(self.config.tick, next_step - time.monotonic())))
             return EXIT_OK
         except AgentExit as exc:

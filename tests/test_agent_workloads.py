@@ -86,6 +86,18 @@ def test_a_command_that_cannot_start_is_reported_failed(cp, agent):
     assert _lease(lease).workload_state == "failed"
 
 
+def test_lease_events_wait_for_the_next_tick_when_the_next_heartbeat_is_due(cp, agent):
+    import time
+
+    lease = cp.grant_lease(["/nonexistent/binary"])
+    agent.step()
+
+    agent.tick(until=time.monotonic())  # the heartbeat is due: the backlog keeps
+    assert _states(cp, lease) == [] and len(agent.outbox) == 1
+    agent.tick(until=time.monotonic() + 60)
+    assert _states(cp, lease) == ["failed"] and agent.outbox == []
+
+
 def test_running_leases_are_reported_in_heartbeats_with_their_fencing_tokens(cp, agent):
     lease = cp.grant_lease([PY, "-c", POLITE])
     agent.step()
