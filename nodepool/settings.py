@@ -214,11 +214,10 @@ AXES_VERBOSE = False
 AXES_LOCKOUT_TEMPLATE = "nodepool/login_locked_out.html"
 # Behind a reverse proxy (deploy/nginx), set NODEPOOL_PROXY_COUNT to the number of proxies adding
 # X-Forwarded-For: the client's address is then the entry that many places from the right (login
-# lockouts here, anonymous throttles in REST_FRAMEWORK's NUM_PROXIES). With 0, X-Forwarded-For is
-# ignored: a client cannot pick its own address by sending one.
+# lockouts through AXES_CLIENT_IP_CALLABLE, anonymous throttles through REST_FRAMEWORK's
+# NUM_PROXIES: one rule). With 0, X-Forwarded-For is ignored: a client cannot pick its address.
 NODEPOOL_PROXY_COUNT = env.int("NODEPOOL_PROXY_COUNT", default=0)
-AXES_IPWARE_PROXY_COUNT = NODEPOOL_PROXY_COUNT or None
-AXES_IPWARE_META_PRECEDENCE_ORDER = ["HTTP_X_FORWARDED_FOR", "REMOTE_ADDR"] if NODEPOOL_PROXY_COUNT else ["REMOTE_ADDR"]
+AXES_CLIENT_IP_CALLABLE = "nodepool.api.throttling.client_address"
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

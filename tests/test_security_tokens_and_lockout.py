@@ -10,6 +10,7 @@ import pytest
 from django.contrib.auth.models import Group, User
 from django.core.management import call_command
 from django.db import connection
+from django.test import Client
 from django.utils import timezone
 from knox.models import AuthToken
 from rest_framework.test import APIClient
@@ -150,6 +151,46 @@ def test_the_lockout_is_per_user_and_address(client, settings):
     )
 
     assert elsewhere.status_code == 302  # logged in from another address
+
+
+def behind_proxy(settings):
+    """The compose shape: one proxy (deploy/nginx) appending the address it saw to X-Forwarded-For."""
+    settings.NODEPOOL_PROXY_COUNT = 1
+    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "NUM_PROXIES": 1}
+    proxy = {"REMOTE_ADDR": "172.18.0.5"}
+
+    def via(client_address: str, forged: str | None = None) -> dict:
+        chain = f"{forged}, {client_address}" if forged else client_address
+        return {**proxy, "HTTP_X_FORWARDED_FOR": chain}
+
+    return via
+
+
+def test_behind_the_proxy_a_guesser_locks_only_its_own_address_not_the_real_operator(client, settings):
+    via = behind_proxy(settings)
+    _operator()
+    for _ in range(settings.AXES_FAILURE_LIMIT):
+        client.post("/admin/login/", {"username": "ops", "password": "wrong"}, **via("198.51.100.66"))
+
+    real = client.post("/admin/login/", {"username": "ops", "password": "correct horse battery staple"},
+                       **via("203.0.113.10"))  # fmt: skip
+    guesser = Client().post("/admin/login/", {"username": "ops", "password": "correct horse battery staple"},
+                            **via("198.51.100.66"))  # fmt: skip
+
+    assert real.status_code == 302  # every client behind the proxy used to share one (absent) address
+    assert guesser.status_code == 429
+
+
+def test_behind_the_proxy_a_forged_x_forwarded_for_does_not_reset_the_count(client, settings):
+    via = behind_proxy(settings)
+    _operator()
+    for n in range(settings.AXES_FAILURE_LIMIT):
+        client.post("/admin/login/", {"username": "ops", "password": "wrong"}, **via("198.51.100.66", f"10.0.0.{n}"))
+
+    response = client.post("/admin/login/", {"username": "ops", "password": "correct horse battery staple"},
+                           **via("198.51.100.66", "10.0.0.99"))  # fmt: skip
+
+    assert response.status_code == 429
 
 
 def test_a_few_wrong_passwords_then_the_right_one_log_in_and_reset_the_count(client, settings):

@@ -60,3 +60,17 @@ class UserRateThrottle(throttling.UserRateThrottle):
         # The estimate must fall below the rate, not reach it: a client retrying after exactly
         # ``wait()`` seconds would be refused again.
         return max(0.0, seconds) + 0.001
+
+
+def client_address(request) -> str:
+    """The client's address, as every per-address limit reads it (``AXES_CLIENT_IP_CALLABLE``, the
+    login lockout; DRF's anonymous throttle computes the same).
+
+    ``REMOTE_ADDR``; behind ``NODEPOOL_PROXY_COUNT`` proxies that each append to
+    ``X-Forwarded-For`` (deploy/nginx), the entry that many places from the right: the address the
+    outermost of our proxies saw, which a client cannot choose. DRF's ``NUM_PROXIES`` rule
+    (``rest_framework.throttling.BaseThrottle.get_ident``). django-ipware's ``proxy_count``, axes'
+    default, expects one more entry than a single proxy writes (it found no address behind nginx)
+    and otherwise trusts the leftmost, which the client wrote.
+    """
+    return throttling.BaseThrottle().get_ident(request)
