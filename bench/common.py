@@ -144,11 +144,16 @@ NGINX_TEMPLATE = ROOT / "deploy" / "nginx" / "nodepool.conf.template"
 def render_nginx_conf(upstream: str, listen_port: int, work_dir: Path) -> Path:
     """Write a whole nginx.conf into ``work_dir`` around the shipped http-context template.
 
-    Only ``${NODEPOOL_UPSTREAM}`` is substituted (as the nginx image's envsubst does with only the
-    variables defined); the template's ``listen 8080`` becomes ``listen 127.0.0.1:<listen_port>``.
-    Paths (pid, logs, temporary files) stay inside ``work_dir``, so no root is needed.
+    Only ``${NODEPOOL_UPSTREAM}`` and ``${NODEPOOL_RESOLVER}`` are substituted, as the nginx
+    image's envsubst does with only the variables defined (the resolver is never asked here: a
+    host name in ``upstream`` is resolved now, from /etc/hosts); the template's ``listen 8080`` becomes
+    ``listen 127.0.0.1:<listen_port>``. Paths (pid, logs, temporary files) stay inside
+    ``work_dir``, so no root is needed.
     """
-    text = NGINX_TEMPLATE.read_text().replace("${NODEPOOL_UPSTREAM}", upstream)
+    host, _, port = upstream.rpartition(":")
+    upstream = f"{socket.gethostbyname(host)}:{port}"  # e.g. localhost: there is no DNS server to ask
+    text = NGINX_TEMPLATE.read_text()
+    text = text.replace("${NODEPOOL_UPSTREAM}", upstream).replace("${NODEPOOL_RESOLVER}", "127.0.0.1")
     if "listen 8080;" not in text or "${" in text:
         raise RuntimeError(f"{NGINX_TEMPLATE} no longer has the shape render_nginx_conf expects")
     text = text.replace("listen 8080;", f"listen 127.0.0.1:{listen_port};")

@@ -218,6 +218,10 @@ AXES_LOCKOUT_TEMPLATE = "nodepool/login_locked_out.html"
 # NUM_PROXIES: one rule). With 0, X-Forwarded-For is ignored: a client cannot pick its address.
 NODEPOOL_PROXY_COUNT = env.int("NODEPOOL_PROXY_COUNT", default=0)
 AXES_CLIENT_IP_CALLABLE = "nodepool.api.throttling.client_address"
+# Behind our proxy the scheme is the one it saw (it always overwrites X-Forwarded-Proto): links,
+# redirects and CSRF's origin check then say https when TLS ends there. Only behind the proxy:
+# reachable directly, a client could claim https by sending the header itself.
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if NODEPOOL_PROXY_COUNT else None
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

@@ -10,6 +10,7 @@ server, and send real HTTP through it. nginx comes from ``apt-get install -y ngi
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import shutil
 from datetime import UTC, datetime
@@ -30,9 +31,13 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
 ]
 
-# The shipped bucket: 5 requests/s, 5 at once beyond the first, 100 more waiting (the template).
-IMMEDIATE = 1 + 5
-WAITING = 100
+# The shipped buckets (the template): per node credential 10/s, 20 at once beyond the first, 200
+# more waiting; per address, requests without any Authorization 50/s, 100 at once beyond the first.
+RATE = 10
+IMMEDIATE = 1 + 20
+WAITING = 200
+ANONYMOUS_IMMEDIATE = 1 + 100
+ANONYMOUS_RATE = 50
 
 
 @pytest.fixture
@@ -42,11 +47,39 @@ def proxy(live_server):
         yield nginx
 
 
-def fake_credential(prefix: str, variant: int = 0) -> str:
-    """A ``Node`` Authorization header for ``npn_<prefix>``: the proxy keys on the prefix only, so
-    the secret part and the spacing may vary (``variant``) and still count in one bucket."""
+@pytest.fixture
+def bare_proxy():
+    """The proxy in front of an upstream that answers 200 at once (a thread per connection): for
+    what the buckets hold, without the application's own pace in the figures."""
+    import socketserver
+    import threading
+
+    class Answer(socketserver.StreamRequestHandler):
+        def handle(self):
+            while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                pass
+            self.wfile.write(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    class Server(socketserver.ThreadingTCPServer):
+        daemon_threads = True
+        request_queue_size = 1024  # the default 5 would queue the proxy's connections here instead
+
+    server = Server(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with Nginx(f"127.0.0.1:{server.server_address[1]}") as nginx:
+            yield nginx
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def fake_credential(prefix: str, variant: int = 0, secret: str = "secret") -> str:
+    """A ``Node`` Authorization header for ``npn_<prefix>.<secret>``. The proxy keys on the whole
+    credential, split on ASCII whitespace as the application splits it, so the spacing may vary
+    (``variant``) and the requests still count in one bucket."""
     spacing = (" ", "  ", "\t")[variant % 3]
-    return f"Node{spacing}npn_{prefix}.secret-{variant}"
+    return f"Node{spacing}npn_{prefix}.{secret}"
 
 
 async def fire(base: str, headers: list[dict], *, wait: float) -> tuple[list[httpx.Response], int]:
@@ -119,42 +152,56 @@ def test_the_agent_enrolls_reports_and_renews_through_the_proxy(proxy, tmp_path,
 
 def test_a_flooding_credential_waits_at_the_proxy_while_another_node_goes_straight_through(proxy):
     async def scenario():
-        flood = asyncio.create_task(fire(proxy.base, [{"Authorization": fake_credential("f100d")}] * 40, wait=3))
+        flood = asyncio.create_task(fire(proxy.base, [{"Authorization": fake_credential("f100d")}] * 80, wait=2))
         await asyncio.sleep(0.3)  # the flood is in: its bucket is full and its requests wait
         async with httpx.AsyncClient(base_url=proxy.base, timeout=10) as client:
             other = await client.get("/healthz", headers={"Authorization": fake_credential("0ther")})
+            # The flooder's prefix with another secret: the prefix shows in events and to
+            # schedulers, so it must not be enough to spend (or use) the flooder's bucket.
+            same_prefix = await client.get("/healthz", headers={"Authorization": fake_credential("f100d", 0, "x")})
             plain = await client.get("/healthz")
-        return other, plain, await flood
+        return other, same_prefix, plain, await flood
 
-    other, plain, (flooded, still_waiting) = asyncio.run(scenario())
+    other, same_prefix, plain, (flooded, still_waiting) = asyncio.run(scenario())
 
-    assert other.status_code == 200 and plain.status_code == 200
-    # At 5/s, about 6 + 5 × 3 of the flooder's 40 were let through in 3 s; the rest still waited.
+    assert other.status_code == same_prefix.status_code == plain.status_code == 200
+    assert other.elapsed.total_seconds() < 1 and same_prefix.elapsed.total_seconds() < 1
+    # At 10/s, about 21 + 10 × 2 of the flooder's 80 were let through in 2 s; the rest still waited.
     assert all(r.status_code == 200 for r in flooded)
-    assert IMMEDIATE <= len(flooded) <= IMMEDIATE + 5 * 3 + 2
-    assert still_waiting == 40 - len(flooded)
+    assert IMMEDIATE <= len(flooded) <= IMMEDIATE + RATE * 2 + 3
+    assert still_waiting == 80 - len(flooded)
 
 
-def test_beyond_its_waiting_room_a_credential_gets_the_proxys_429_problem_json(proxy):
+def test_beyond_its_waiting_room_a_credential_gets_the_proxys_429_problem_json(bare_proxy):
     count = IMMEDIATE + WAITING + 20
-    headers = [{"Authorization": fake_credential("b0057", i)} for i in range(count)]
+    headers = [{"Authorization": fake_credential("b0057", i), "X-Request-ID": f"flood-{i}"} for i in range(count)]
 
-    responses, still_waiting = asyncio.run(fire(proxy.base, headers, wait=2))
+    responses, still_waiting = asyncio.run(fire(bare_proxy.base, headers, wait=2))
 
     refused = [r for r in responses if r.status_code == 429]
     assert len(refused) >= 15, [r.status_code for r in responses]
     for response in refused:
-        assert response.headers["content-type"] == "application/problem+json"
         assert response.headers["retry-after"] == "1"
-        body = response.json()
-        assert body["code"] == "too_many_requests" and body["status"] == 429
-    assert still_waiting >= WAITING - 15  # the bucket's waiting room held the rest
+        body = assert_proxy_problem(response, 429, "too_many_requests")
+        assert body["request_id"] == response.headers["x-request-id"] and body["request_id"].startswith("flood-")
+    assert still_waiting >= WAITING - RATE * 2 - 30  # the bucket's waiting room held the rest
 
 
-def test_requests_without_a_node_credential_are_not_bucketed(proxy):
-    headers = [{}] * 20 + [{"Authorization": "Token some-user-token"}] * 20
+def test_an_address_sending_no_credential_has_a_bucket_of_its_own(bare_proxy):
+    import time
 
-    responses, still_waiting = asyncio.run(fire(proxy.base, headers, wait=10))
+    count = 300
+    started = time.monotonic()
+    responses, still_waiting = asyncio.run(fire(bare_proxy.base, [{}] * count, wait=60))
+    took = time.monotonic() - started
+
+    assert still_waiting == 0 and {r.status_code for r in responses} == {200}
+    # 101 at once, the rest let through at 50/s: about 4 s, however fast the client and upstream.
+    assert took >= (count - ANONYMOUS_IMMEDIATE - 10) / ANONYMOUS_RATE
+
+
+def test_requests_with_a_user_token_are_left_to_the_applications_throttle(proxy):
+    responses, still_waiting = asyncio.run(fire(proxy.base, [{"Authorization": "Token some-user-token"}] * 40, wait=10))
 
     assert still_waiting == 0 and len(responses) == 40
     assert {r.status_code for r in responses} == {200}
@@ -191,3 +238,41 @@ def test_a_web_tier_that_does_not_answer_is_a_502_problem_with_retry_after():
 
     assert_proxy_problem(response, 502, "upstream_unavailable")
     assert response.headers["retry-after"] == "5"
+
+
+def raw(base: str, request: bytes) -> tuple[int, dict, bytes]:
+    """Send ``request`` as bytes (what httpx would refuse to write); returns status, headers, body."""
+    import socket
+
+    host, port = base.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    return int(lines[0].split()[1]), headers, body
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status", "code"),
+    [
+        (b"GET /healthz HTTP/1.0\r\n\r\n", 400, "bad_request"),  # no Host: links would name the upstream
+        (b"GET /healthz HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400, "bad_request"),
+        (b"POST /api/v1/nodes HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", 400, "bad_request"),
+        (b"POST /api/v1/nodes HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n", 501, "not_implemented"),
+        (b"GET /healthz HTTP/2.0\r\nHost: a\r\n\r\n", 505, "http_version_not_supported"),
+        (b"TRACE /healthz HTTP/1.1\r\nHost: a\r\n\r\n", 405, "method_not_allowed"),
+    ],
+    ids=["no-host", "two-hosts", "bad-chunk", "gzip-encoding", "http2-line", "trace"],
+)
+def test_requests_nginx_cannot_read_get_problem_json_not_its_html_pages(proxy, request_bytes, status, code):
+    got, headers, body = raw(proxy.base, request_bytes)
+
+    assert got == status, body[:300]
+    assert headers["content-type"] == "application/problem+json"
+    problem = json.loads(body)
+    assert problem["status"] == status and problem["code"] == code
+    assert problem["request_id"] == headers["x-request-id"]
