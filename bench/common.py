@@ -141,19 +141,27 @@ class Gunicorn:
 NGINX_TEMPLATE = ROOT / "deploy" / "nginx" / "nodepool.conf.template"
 
 
-def render_nginx_conf(upstream: str, listen_port: int, work_dir: Path) -> Path:
+def render_nginx_conf(
+    upstream: str, listen_port: int, work_dir: Path, *, node_rate_per_address: str = "200r/s"
+) -> Path:
     """Write a whole nginx.conf into ``work_dir`` around the shipped http-context template.
 
-    Only ``${NODEPOOL_UPSTREAM}`` and ``${NODEPOOL_RESOLVER}`` are substituted, as the nginx
-    image's envsubst does with only the variables defined (the resolver is never asked here: a
-    host name in ``upstream`` is resolved now, from /etc/hosts); the template's ``listen 8080`` becomes
+    Only the template's ``${NODEPOOL_...}`` are substituted, as the nginx image's envsubst does
+    with the variables compose defines: the upstream (a host name is resolved now, from
+    /etc/hosts, so the resolver is never asked), the resolver and ``node_rate_per_address``
+    (compose's default, 200r/s); the template's ``listen 8080`` becomes
     ``listen 127.0.0.1:<listen_port>``. Paths (pid, logs, temporary files) stay inside
     ``work_dir``, so no root is needed.
     """
     host, _, port = upstream.rpartition(":")
     upstream = f"{socket.gethostbyname(host)}:{port}"  # e.g. localhost: there is no DNS server to ask
     text = NGINX_TEMPLATE.read_text()
-    text = text.replace("${NODEPOOL_UPSTREAM}", upstream).replace("${NODEPOOL_RESOLVER}", "127.0.0.1")
+    for name, value in (
+        ("UPSTREAM", upstream),
+        ("RESOLVER", "127.0.0.1"),
+        ("NODE_RATE_PER_ADDRESS", node_rate_per_address),
+    ):
+        text = text.replace("${NODEPOOL_" + name + "}", value)
     if "listen 8080;" not in text or "${" in text:
         raise RuntimeError(f"{NGINX_TEMPLATE} no longer has the shape render_nginx_conf expects")
     text = text.replace("listen 8080;", f"listen 127.0.0.1:{listen_port};")
@@ -187,7 +195,7 @@ class Nginx:
     """nginx (``apt-get install -y nginx``) on a free port in front of ``upstream`` (``host:port``),
     configured by the shipped template (docker-compose.yml's proxy); stops on exit."""
 
-    def __init__(self, upstream: str):
+    def __init__(self, upstream: str, *, node_rate_per_address: str = "200r/s"):
         if not shutil.which("nginx") and not Path("/usr/sbin/nginx").exists():
             raise RuntimeError("nginx is not installed: apt-get install -y nginx")
         self.binary = shutil.which("nginx") or "/usr/sbin/nginx"
@@ -195,7 +203,7 @@ class Nginx:
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.work_dir = Path(tempfile.mkdtemp(prefix="nodepool-nginx-"))
-        self.conf = render_nginx_conf(upstream, self.port, self.work_dir)
+        self.conf = render_nginx_conf(upstream, self.port, self.work_dir, node_rate_per_address=node_rate_per_address)
         self.process: subprocess.Popen | None = None
 
     def check(self) -> subprocess.CompletedProcess:

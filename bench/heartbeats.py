@@ -333,7 +333,9 @@ def main() -> None:
                 if args.proxy:
                     # The production shape (docker-compose.yml): the shipped nginx configuration in
                     # front, whose per-credential bucket keeps the flooder's requests waiting there.
-                    with Nginx(f"127.0.0.1:{server.port}") as proxy:
+                    # Every virtual node sends from 127.0.0.1, as if the whole fleet sat behind
+                    # one NAT: the per-address node rate is sized for that, as the docs say to.
+                    with Nginx(f"127.0.0.1:{server.port}", node_rate_per_address="100000r/s") as proxy:
                         through = functools.partial(run, base=proxy.base)
                         floods["nginx"] = flood_phase(nodes_file, others_file, args, through, pace_ms=pace_ms,
                                                       cursor=cursor)  # fmt: skip

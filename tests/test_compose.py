@@ -96,7 +96,11 @@ def test_only_the_proxy_is_published_and_web_trusts_exactly_that_one_proxy(compo
     assert published == {"proxy"}
     proxy = services["proxy"]
     assert proxy["ports"] == ["${NODEPOOL_PORT:-8000}:8080"]
-    assert proxy["environment"] == {"NODEPOOL_UPSTREAM": "web:8000", "NODEPOOL_RESOLVER": "127.0.0.11"}
+    assert proxy["environment"] == {
+        "NODEPOOL_UPSTREAM": "web:8000",
+        "NODEPOOL_RESOLVER": "127.0.0.11",
+        "NODEPOOL_NODE_RATE_PER_ADDRESS": "${NODEPOOL_NODE_RATE_PER_ADDRESS:-200r/s}",
+    }
     template = (ROOT / "deploy/nginx/nodepool.conf.template").read_text()
     assert set(re.findall(r"\$\{(\w+)\}", template)) == set(proxy["environment"])  # what envsubst fills
     assert "./deploy/nginx/nodepool.conf.template:/etc/nginx/templates/nodepool.conf.template:ro" in proxy["volumes"]
