@@ -257,6 +257,21 @@ def flood_phase(nodes_file: str, others_file: str, args, run, *, pace_ms: float,
     }
 
 
+def park_bystanders(*, flooder: str, others: list[str]) -> None:
+    """Take the sweep's work on nodes outside the flood phase out of it: the seeded nodes that
+    renewed only in the rounds would otherwise all go stale and unreachable during the phase, in
+    sweeps of hundreds of transitions that land in whichever run is then measuring (their next
+    liveness check is moved an hour on). Status reports are not sent in the phase, so no node's
+    report falls due in it either."""
+    from django.utils import timezone
+
+    from fleet.models import Node
+
+    later = timezone.now() + timedelta(hours=1)
+    Node.objects.exclude(pk__in=[flooder, *others]).update(next_liveness_check_at=later)
+    Node.objects.update(status_report_due_at=later)
+
+
 def print_flood(where: str, flood: dict) -> None:
     print(f"{where}: others' renewal p99 {flood['unflooded_renewal_p99_ms']:6.2f} ms unflooded, "
           f"{flood['flooded_renewal_p99_ms']:6.2f} ms flooded (ratio {flood['flooded_p99_ratio']}); flooder "
@@ -326,6 +341,7 @@ def main() -> None:
                 with tempfile.NamedTemporaryFile("w", suffix=".nodes", delete=False) as handle:
                     handle.writelines(f"{node_id} {secret}\n" for node_id, secret in others)
                     others_file = handle.name
+                park_bystanders(flooder=pairs[0][0], others=[node_id for node_id, _ in others])
                 print(f"flood: {len(others)} other nodes renew, {offered:.0f}/s offered", flush=True)
                 cursor = [0]
                 floods["gunicorn"] = flood_phase(nodes_file, others_file, args, run, pace_ms=pace_ms, cursor=cursor)
