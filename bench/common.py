@@ -89,6 +89,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def stop_group(process: subprocess.Popen | None, *, timeout: float) -> None:
+    """SIGTERM the process group ``process`` leads (started with ``start_new_session``); SIGKILL
+    it if it is still there after ``timeout`` seconds."""
+    if process and process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+
+
 class Gunicorn:
     """gunicorn serving nodepool on a free port; stops its process group on exit."""
 
@@ -130,12 +141,7 @@ class Gunicorn:
         raise RuntimeError("gunicorn did not start")
 
     def __exit__(self, *exc) -> None:
-        if self.process and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
+        stop_group(self.process, timeout=15)
 
 
 NGINX_TEMPLATE = ROOT / "deploy" / "nginx" / "nodepool.conf.template"
@@ -191,14 +197,19 @@ http {{
     return conf
 
 
+def nginx_binary() -> str | None:
+    """nginx's path (Debian installs it in /usr/sbin, not always on a user's PATH), or None."""
+    return shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+
+
 class Nginx:
     """nginx (``apt-get install -y nginx``) on a free port in front of ``upstream`` (``host:port``),
     configured by the shipped template (docker-compose.yml's proxy); stops on exit."""
 
     def __init__(self, upstream: str, *, node_rate_per_address: str = "200r/s"):
-        if not shutil.which("nginx") and not Path("/usr/sbin/nginx").exists():
+        self.binary = nginx_binary()
+        if self.binary is None:
             raise RuntimeError("nginx is not installed: apt-get install -y nginx")
-        self.binary = shutil.which("nginx") or "/usr/sbin/nginx"
         self.upstream = upstream
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
@@ -226,12 +237,7 @@ class Nginx:
         raise RuntimeError(f"nginx did not start:\n{log}")
 
     def __exit__(self, *exc) -> None:
-        if self.process and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
+        stop_group(self.process, timeout=10)
         shutil.rmtree(self.work_dir, ignore_errors=True)
 
 

@@ -229,15 +229,17 @@ def flood_phase(nodes_file: str, others_file: str, args, run, *, pace_ms: float,
     def flood():
         results["flood"] = run("flood", args.duration, nodes=nodes_file, connections=50, threads=1)
 
+    def others(key: str) -> None:
+        results[key] = run("renewal", args.duration, nodes=others_file, pace_ms=pace_ms, start=cursor[0])
+        cursor[0] += results[key]["requests"]
+
     sweeping = threading.Thread(target=sweeper)
     sweeping.start()
     try:
-        for key in ("unflooded", "others"):
-            if key == "others":
-                flooding = threading.Thread(target=flood)
-                flooding.start()
-            results[key] = run("renewal", args.duration, nodes=others_file, pace_ms=pace_ms, start=cursor[0])
-            cursor[0] += results[key]["requests"]
+        others("unflooded")
+        flooding = threading.Thread(target=flood)
+        flooding.start()
+        others("others")
         flooding.join()
     finally:
         stop.set()

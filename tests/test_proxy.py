@@ -14,20 +14,18 @@ import json
 import random
 import shutil
 from datetime import UTC, datetime
-from pathlib import Path
 
 import httpx
 import pytest
 
-from bench.common import Nginx
+from bench.common import Nginx, nginx_binary
 from fleet.models import Node
 from tests.control_plane import ControlPlane
 from tests.factories import PoolFactory, make_schedulable_node
 from tests.processes import free_port
 
-NGINX_INSTALLED = bool(shutil.which("nginx")) or Path("/usr/sbin/nginx").exists()
 pytestmark = [
-    pytest.mark.skipif(not NGINX_INSTALLED, reason="nginx is not installed (apt-get install -y nginx)"),
+    pytest.mark.skipif(nginx_binary() is None, reason="nginx is not installed (apt-get install -y nginx)"),
     pytest.mark.django_db(transaction=True),
 ]
 
