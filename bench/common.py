@@ -210,7 +210,6 @@ class Nginx:
         self.binary = nginx_binary()
         if self.binary is None:
             raise RuntimeError("nginx is not installed: apt-get install -y nginx")
-        self.upstream = upstream
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.work_dir = Path(tempfile.mkdtemp(prefix="nodepool-nginx-"))

@@ -20,6 +20,25 @@ from .credentials import CREDENTIAL_KIND, is_superseded, revoke_lineage_on_reuse
 from .models import NodeCredential
 
 KEYWORD = "Node"
+KEYWORD_BYTES = KEYWORD.encode()
+
+
+def node_secret(authorization: str) -> str | None:
+    """The secret of ``Authorization: Node <secret>``, else None.
+
+    Split as DRF splits every ``Authorization`` header (``rest_framework.authentication``): as
+    ISO-8859-1 bytes, on ASCII whitespace only. ``str.split`` would also split on a no-break space
+    (0xA0) or 0x85, which the proxy's per-credential bucket (deploy/nginx, PCRE ``\\s``) does not
+    treat as a separator: a flooding node could then reach the renewal view
+    (fleet.api.renewal_views, which is not DRF) outside its bucket.
+    """
+    try:
+        parts = authorization.encode("iso-8859-1").split()
+    except UnicodeEncodeError:
+        return None
+    if len(parts) != 2 or parts[0] != KEYWORD_BYTES:
+        return None
+    return parts[1].decode("iso-8859-1")
 
 
 class NodeCredentialAuthentication(authentication.BaseAuthentication):

@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.test import APIRequestFactory, force_authenticate
 from rest_framework.views import APIView
 
-from nodepool.api.throttling import UserRateThrottle
+from nodepool.api.throttling import UserRateThrottle, client_address
 from tests.fleet_support import fresh_throttles  # noqa: F401
 
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_throttles")]
@@ -105,3 +105,5 @@ def test_the_anonymous_identity_is_the_address_our_proxies_saw_not_one_the_clien
 
     with override_settings(REST_FRAMEWORK={**django_settings.REST_FRAMEWORK, "NUM_PROXIES": proxies}):
         assert AnonRateThrottle().get_ident(request) == expected
+        assert client_address(request) == expected  # the login lockout's (AXES_CLIENT_IP_CALLABLE)
+    assert django_settings.AXES_CLIENT_IP_CALLABLE == "nodepool.api.throttling.client_address"

@@ -24,26 +24,10 @@ from nodepool.api.problems import Problem, problem_response
 from .. import metrics
 from .. import renewals as rn
 from .. import secrets as node_secrets
+from ..authentication import node_secret
 from ..heartbeats import MAX_COUNTER
 
 _ALLOWED_KEYS = frozenset({"incarnation", "sequence"})
-
-
-def node_secret(authorization: str) -> str | None:
-    """The secret of ``Authorization: Node <secret>``, else None.
-
-    Split as DRF splits every ``Authorization`` header (``rest_framework.authentication``): as
-    ISO-8859-1 bytes, on ASCII whitespace only. ``str.split`` would also split on a no-break space
-    (0xA0) or 0x85, which the proxy's per-credential bucket (deploy/nginx, PCRE ``\\s``) does not
-    treat as a separator: a flooding node could then reach this view outside its bucket.
-    """
-    try:
-        parts = authorization.encode("iso-8859-1").split()
-    except UnicodeEncodeError:
-        return None
-    if len(parts) != 2 or parts[0] != b"Node":
-        return None
-    return parts[1].decode("iso-8859-1")
 
 
 def _problem(request, status: int, code: str, detail: str, headers: dict | None = None, **extra) -> HttpResponse:
