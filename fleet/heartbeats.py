@@ -21,7 +21,7 @@ look alive longer and one in the past never makes a fresh heartbeat look stale.
 The accepted path costs a fixed number of statements: the credential lookup (authentication,
 which also loads the node and its pool) and this UPDATE; plus, only when something changed, one
 INSERT of events inside a transaction, and only for a node being admitted, a benchmark lookup
-(tests/test_heartbeats_api.py asserts the counts).
+(tests/fleet/test_heartbeats_api.py asserts the counts).
 """
 
 from __future__ import annotations

@@ -235,7 +235,7 @@ def quick_fits(pool: Pool, spec: PlacementSpec, *, now=None) -> int:
     tolerate. So the untainted nodes are counted in SQL (the sum over nodes of the smallest
     ``free // amount``, on the same candidate query real grants use), and only the tainted ones go
     through :func:`placement.feasible_rows` in Python. Anything else takes the full path. Both
-    paths give the same number (tests/test_placement_previews.py checks it).
+    paths give the same number (tests/leases/test_placement_previews.py checks it).
     """
     from django.db.models import F, IntegerField, Q, Sum, Value
     from django.db.models.functions import Least

@@ -8,7 +8,7 @@ the worker saw its pool processes die under it ("Process 'ForkPoolWorker-1' exit
 Here SIGTERM goes to each main process only (gunicorn's master and Celery's main process stop
 their own children; the demo's supervisor does the same), and only the SIGKILL after the grace,
 a last resort, goes to the group. Measured: the stop takes about 6-8 s on a busy 2-core machine
-(tests/test_make_run.py requires under 10 s and no SIGKILL).
+(tests/project/test_make_run.py requires under 10 s and no SIGKILL).
 
 Usage: ``python -m nodepool.procfile -f Procfile start``.
 

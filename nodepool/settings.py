@@ -336,7 +336,7 @@ if CACHES["default"]["BACKEND"].endswith("RedisCache"):
 # --- Celery ------------------------------------------------------------------------------------
 # The embedded broker is kombu's SQLAlchemy transport on a SQLite file: it needs no server and,
 # unlike the filesystem transport, never hands a worker a half-written message (see the tests in
-# tests/test_celery_worker.py, which run a real worker against it).
+# tests/plumbing/test_celery_worker.py, which run a real worker against it).
 CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=f"sqla+sqlite:///{VAR_DIR / 'celery-broker.sqlite3'}")
 CELERY_RESULT_BACKEND = env.str(
     "CELERY_RESULT_BACKEND",

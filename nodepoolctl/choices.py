@@ -1,7 +1,7 @@
 """The API's enumerations that nodepoolctl's options offer, in one place.
 
 nodepoolctl talks to the server over HTTP only (it does not import the server's code), so the
-values are spelled here; tests/test_nodepoolctl.py checks each against the server's choices
+values are spelled here; tests/cli/test_nodepoolctl.py checks each against the server's choices
 (``maintenance.choices.EvictionPolicy``, ``leases.choices.ReleaseOutcome``) so they cannot drift.
 """
 

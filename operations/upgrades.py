@@ -251,7 +251,7 @@ def lock_upgrade(upgrade_id) -> Upgrade:
     ``FOR UPDATE`` too (select_related's default) made every event written for a node of the pool
     (its foreign key takes ``FOR KEY SHARE`` on the pool row, checked at COMMIT) wait for the
     whole tick: a liveness sweep holding a node the tick wanted then waited for the tick, which
-    waited for it (a deadlock; tests/test_lock_order_cross_app.py).
+    waited for it (a deadlock; tests/operations/test_lock_order_cross_app.py).
     """
     try:
         return Upgrade.objects.select_for_update(of=("self",)).select_related("pool").get(pk=upgrade_id)

@@ -1,6 +1,6 @@
 """Real Celery workers for tests: a private queue on the embedded broker or Redis, a client app.
 
-Used by tests/test_celery_worker.py (the plumbing) and tests/test_celery_product_tasks.py (the
+Used by tests/plumbing/test_celery_worker.py (the plumbing) and tests/project/test_celery_product_tasks.py (the
 product's own tasks). Workers import ``tests.celery_tasks`` (``-I``): test-only tasks and the
 test-only fault injection, which the product never imports.
 """

@@ -13,7 +13,7 @@ from tests.celery_support import broker  # noqa: F401  (the real-worker fixture,
 
 @pytest.fixture(autouse=True)
 def _eager_celery(settings):
-    """Unit tests run tasks inline; tests/test_celery_worker.py starts real workers instead."""
+    """Unit tests run tasks inline; tests/plumbing/test_celery_worker.py starts real workers instead."""
     from nodepool.celery import app
 
     app.conf.task_always_eager = True
@@ -57,12 +57,12 @@ def admin_user(db) -> User:
 
 @pytest.fixture
 def clock_at_t0(time_machine):
-    """The clock stopped at ``tests.heartbeat_helpers.T0`` (moved on with ``time_machine``), and an
+    """The clock stopped at ``tests.heartbeat_support.T0`` (moved on with ``time_machine``), and an
     empty cache, shared or not: the fleet size behind the heartbeat interval and the flood guard's
     spacing are cached."""
     from django.core.cache import cache
 
-    from tests.heartbeat_helpers import T0
+    from tests.heartbeat_support import T0
 
     cache.clear()
     time_machine.move_to(T0, tick=False)
@@ -72,7 +72,7 @@ def clock_at_t0(time_machine):
 @pytest.fixture
 def no_flood_guard(settings):
     """For tests about ordering, not spacing: they send messages back to back on purpose.
-    The flood guard itself is tested in tests/test_renewals_flood.py."""
+    The flood guard itself is tested in tests/fleet/test_renewals_flood.py."""
     settings.NODEPOOL = {**settings.NODEPOOL, "MIN_SPACING_FRACTION": 0.0}
 
 

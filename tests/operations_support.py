@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from fleet.models import Node, Pool
 from tests.factories import PoolFactory, make_schedulable_node
-from tests.heartbeat_helpers import beat, node_api
+from tests.heartbeat_support import beat, node_api
 
 
 def ready_pool(name: str, count: int, **pool_fields) -> tuple[Pool, list[tuple[Node, str]]]:

@@ -1,7 +1,7 @@
 """Small helpers every area's tests share: a node's API client and granting a lease.
 
 Kept here once (they were written three times each); area-specific helpers stay in
-``fleet_support``, ``heartbeat_helpers`` and ``maintenance_helpers``.
+``fleet_support``, ``heartbeat_support`` and ``maintenance_support``.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from playwright.sync_api import expect
 from fleet.models import Node
 from maintenance.models import Drain, Quarantine
 from tests.factories import PoolFactory, make_schedulable_node, place_test_hold
-from tests.maintenance_helpers import make_lease
+from tests.maintenance_support import make_lease
 
 
 def node_page(page, node):

@@ -14,7 +14,7 @@ from maintenance import services as maintenance
 from marketplace.models import Appeal, UsageRecord
 from marketplace.reconciliation import reconcile_usage
 from tests.browser.conftest import login
-from tests.marketplace_helpers import ACTOR, Reporter, at, grant_at, owned_node, priced_pool
+from tests.marketplace_support import ACTOR, Reporter, at, grant_at, owned_node, priced_pool
 
 
 def owners_world(owner, client_user):

@@ -1,0 +1,57 @@
+"""Dependencies point one way (docs/foundation.md): nodepool plumbing <- fleet <- leases <- maintenance <- wiring.
+
+The contracts live in pyproject.toml ([tool.importlinter]); import-linter's grimp graph includes
+imports made inside functions, so "a lower app never imports a higher one, not even inside a
+function" is what is checked.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def contracts() -> list[dict]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+
+
+def test_every_import_contract_is_kept():
+    lint = Path(sys.executable).parent / "lint-imports"
+    result = subprocess.run([str(lint), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    assert "0 broken" in result.stdout
+
+
+def test_the_layers_cover_every_module_of_the_nodepool_package():
+    """A new plumbing or wiring module must be placed in a layer, or it would escape the contract."""
+    layers = next(c for c in contracts() if c["type"] == "layers")["layers"]
+    placed = {name.strip() for layer in layers for name in layer.replace("|", ":").split(":")}
+    modules = {
+        f"nodepool.{path.stem if path.is_file() else path.name}"
+        for path in (ROOT / "nodepool").iterdir()
+        if (path.suffix == ".py" and path.stem != "__init__") or (path / "__init__.py").exists()
+    }
+    assert modules <= placed, f"not in any layer: {sorted(modules - placed)}"
+    assert {"fleet", "leases", "maintenance", "operations"} <= placed
+
+
+def test_fleet_declares_the_hooks_the_higher_apps_connect():
+    from fleet import signals
+
+    def uids(signal):  # Django keeps ((dispatch_uid, sender key), receiver, is_async) per receiver
+        return [entry[0][0] for entry in signal.receivers]
+
+    # Leases reconciles before maintenance's rules look at the node (the order apps are installed);
+    # operations answers a parked node's report with its upgrade instruction.
+    assert uids(signals.status_report_applied) == [
+        "leases.reconcile_status_report",
+        "leases.status_report_kicks_queue",
+        "maintenance.rules",
+        "operations.upgrade_instruction",
+    ]
+    assert uids(signals.nodes_lost) == ["leases.lose_leases"]
+    assert uids(signals.node_revived) == ["leases.revived_node_kicks"]
