@@ -14,6 +14,8 @@ from pathlib import Path
 
 import psutil
 
+from humanunits import quantity
+
 
 @dataclass(frozen=True)
 class Thresholds:
@@ -65,7 +67,7 @@ def measure(thresholds: Thresholds = Thresholds(), *, ready: bool = True, ready_
             memory_bad,
             "AvailableMemoryLow",
             "SufficientMemory",
-            f"{mem.available} bytes available of {mem.total}",
+            f"memory {quantity('memory', mem.available)} available of {quantity('memory', mem.total)}",
         ),
     ]
     disk = psutil.disk_usage(thresholds.disk_path)

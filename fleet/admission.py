@@ -30,6 +30,7 @@ from django.utils import timezone
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
+from humanunits import quantity
 from nodepool import metrics
 from nodepool.api.problems import Conflict, Gone, NotFound
 
@@ -380,7 +381,8 @@ def compare_benchmark(node: Node, measured: dict[str, int]) -> Outcome:
         ratios[name] = round(ratio, 3)
         if ratio < pool.benchmark_tolerance:
             shortfalls.append(
-                f"measured {name} {measured.get(name, 0)} is {ratio:.0%} of declared {want} "
+                f"measured {name} {quantity(name, measured.get(name, 0))} is {ratio:.0%} "
+                f"of declared {quantity(name, want)} "
                 f"(tolerance {pool.benchmark_tolerance:.0%})"
             )
     if shortfalls:

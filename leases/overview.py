@@ -20,7 +20,7 @@ from django.utils import timezone
 from fleet import fleet_state
 from fleet.models import LivenessSweepState, NodeEvent, Pool
 from fleet.selectors import IN_SERVICE_LIFECYCLES
-from nodepool.quantity import format_quantity
+from humanunits import quantity
 
 from .choices import LeaseRequestState
 from .models import LeaseRequest
@@ -65,7 +65,7 @@ def fleet_overview(*, now=None, events_per_pool: int = EVENTS_PER_POOL) -> list[
     for pool, name, allocatable, allocated in figures["capacity"]:
         if pool in by_pool:
             percent = round(100 * allocated / allocatable, 1) if allocatable else 0.0
-            label = f"{format_quantity(name, allocated)} of {format_quantity(name, allocatable)}"
+            label = f"{quantity(name, allocated)} of {quantity(name, allocatable)}"
             by_pool[pool]["capacity"].append(
                 {
                     "resource": name,

@@ -29,6 +29,7 @@ from fleet.events import Actor, record_event
 from fleet.instructions import Instruction, post_instructions
 from fleet.models import Node, NodeResource, Pool
 from fleet.selectors import SCHEDULABLE_HEALTH
+from humanunits import quantity
 from nodepool.api.permissions import is_operator
 from nodepool.api.problems import Conflict, NotFound, Problem, Unprocessable
 from nodepool.db import fetch_rows, insert_row, prepared_cursor
@@ -270,11 +271,16 @@ def _reserve(
     return lease
 
 
+def _free(inventory: tuple[int, int]) -> int:
+    """Free amount from an ``(allocatable, allocated)`` pair."""
+    return inventory[0] - inventory[1]
+
+
 def _why(pool: Pool, spec: PlacementSpec, candidate) -> list[str]:
     reasons = [
         "fits: "
         + ", ".join(
-            f"{n} {a} of {candidate.inventory.get(n, (0, 0))[0] - candidate.inventory.get(n, (0, 0))[1]} free"
+            f"{n} {quantity(n, a)} of {quantity(n, _free(candidate.inventory.get(n, (0, 0))))} free"
             for n, a in sorted(spec.resources.items())
         )
     ]

@@ -21,6 +21,7 @@ from packaging.version import InvalidVersion, Version
 from fleet.choices import Lifecycle
 from fleet.events import Actor
 from fleet.models import Node, NodeResource, Pool
+from humanunits import quantity
 
 from . import conf
 from .choices import QuarantineRule
@@ -236,7 +237,8 @@ def evaluate_declared_capacity(node, *, declared: dict | None = None, actor, fac
     if not over:
         return None
     names = ", ".join(
-        f"{name} {item['declared']} > {factor} x verified {item['verified']}" for name, item in over.items()
+        f"{name} {quantity(name, item['declared'])} > {factor} x verified {quantity(name, item['verified'])}"
+        for name, item in over.items()
     )
     return _quarantine(
         node,

@@ -7,7 +7,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from .render import age, amount
+from .render import age, amount, timestamp
 
 
 def _grid(rows: list[tuple[str, str]]) -> Table:
@@ -74,18 +74,21 @@ def describe_node(node: dict, leases: list[dict], events: list[dict]) -> Group:
     ]
     conditions = [
         [c.get("type", ""), str(c.get("status", "")), c.get("reason") or "", c.get("message") or "",
-         c.get("last_transition_time") or ""]
+         timestamp(c.get("last_transition_time"))]
         for c in node.get("conditions") or []
     ]  # fmt: skip
     capacity = [
         [name, *(amount(name, r.get(k)) for k in ("capacity", "reserved", "allocatable", "allocated", "free"))]
         for name, r in sorted((node.get("capacity") or {}).items())
     ]
-    holds = [[h.get("owner", ""), h.get("reason") or "", h.get("created_at") or "", h.get("expires_at") or "<never>"]
-             for h in node.get("holds") or []]  # fmt: skip
+    holds = [
+        [h.get("owner", ""), h.get("reason") or "", timestamp(h.get("created_at")),
+         timestamp(h.get("expires_at")) if h.get("expires_at") else "<never>"]
+        for h in node.get("holds") or []
+    ]  # fmt: skip
     lease_rows = [
         [lease.get("workload_id", ""), str(lease.get("fencing_token", "")), lease.get("state", ""),
-         lease.get("workload_state") or "-", lease.get("expires_at") or ""]
+         lease.get("workload_state") or "-", timestamp(lease.get("expires_at"))]
         for lease in leases
     ]  # fmt: skip
     event_rows = [

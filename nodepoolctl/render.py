@@ -5,44 +5,18 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from datetime import UTC, datetime
-from decimal import Decimal
 
 import yaml
 from rich.console import Console, RenderableType
 from rich.measure import Measurement
 from rich.table import Table
 
-BINARY = [("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)]
-BYTES = frozenset({"memory", "ephemeral-storage"})
+import humanunits
 
-
-def amount(resource: str, value) -> str:
-    """``7900`` cpu → ``7.9``; bytes → ``23.5Gi``; counts as they are; None → ``-``."""
-    if value is None:
-        return "-"
-    if resource == "cpu":
-        return f"{Decimal(value) / 1000:.3f}".rstrip("0").rstrip(".")
-    if resource in BYTES:
-        for suffix, size in BINARY:
-            if value >= size:
-                return f"{value / size:.1f}".removesuffix(".0") + suffix
-    return str(value)
-
-
-def age(timestamp: str | None, now: datetime | None = None) -> str:
-    """kubectl's AGE: ``45s``, ``12m``, ``3h``, ``2d`` since an RFC 3339 time; ``<none>`` for None."""
-    if not timestamp:
-        return "<none>"
-    try:
-        moment = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
-    except ValueError:
-        return timestamp
-    seconds = max(0, int(((now or datetime.now(UTC)) - moment).total_seconds()))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
+# Amounts and times come from the one formatting module shared with the server (issue 33 item 4).
+amount = humanunits.quantity  # 7900 cpu -> "7900m", 2100 -> "2.1"; bytes -> "23.5Gi"; None -> "-"
+age = humanunits.age  # kubectl's AGE since an RFC 3339 time: "45s", "5m30s", "3h12m"; None -> "<none>"
+timestamp = humanunits.timestamp  # the one absolute format: "2026-12-02 09:48:53 UTC"
 
 
 def free(node: dict, resource: str) -> str:
@@ -113,7 +87,7 @@ KINDS: dict[str, tuple[Callable[[dict], str], list[Column], list[Column]]] = {
             ("TOKEN", lambda lease: str(lease.get("fencing_token", ""))),
             ("STATE", lambda lease: lease.get("state", "")),
             ("WORKLOAD STATE", lambda lease: lease.get("workload_state") or "-"),
-            ("EXPIRES", lambda lease: lease.get("expires_at") or ""),
+            ("EXPIRES", lambda lease: timestamp(lease.get("expires_at"))),
         ],
         [
             ("POOL", lambda lease: lease.get("pool") or ""),
@@ -131,7 +105,7 @@ KINDS: dict[str, tuple[Callable[[dict], str], list[Column], list[Column]]] = {
             ("NODE", lambda d: (d.get("node") or {}).get("hostname") or (d.get("node") or {}).get("id", "")),
             ("STATE", lambda d: d.get("state", "")),
             ("POLICY", lambda d: d.get("policy", "")),
-            ("DEADLINE", lambda d: d.get("deadline") or ""),
+            ("DEADLINE", lambda d: timestamp(d.get("deadline"))),
             ("LEASES LEFT", lambda d: str(d.get("leases_remaining", ""))),
         ],
         [("REASON", lambda d: d.get("reason", "")), ("BY", lambda d: d.get("requested_by_name") or "")],
@@ -143,7 +117,7 @@ KINDS: dict[str, tuple[Callable[[dict], str], list[Column], list[Column]]] = {
             ("NODE", lambda q: str(q.get("node", ""))),
             ("RULE", lambda q: q.get("rule", "")),
             ("SINCE", lambda q: age(q.get("created_at"))),
-            ("RELEASED", lambda q: q.get("released_at") or "<open>"),
+            ("RELEASED", lambda q: timestamp(q.get("released_at")) if q.get("released_at") else "<open>"),
         ],
         [("REASON", lambda q: q.get("reason", ""))],
     ),

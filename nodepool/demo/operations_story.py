@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 
+from humanunits import quantity
 from simulator import FleetSimulator, FleetThread, PoolSpec
 
 from .client import poll
@@ -70,8 +71,9 @@ def step_upgrade(story) -> list[str]:
     story.check(peak <= 2, f"{peak} nodes out of service at once (max_unavailable_nodes 2)")
     order = ", ".join(f"{item['phase'][0]}:{item['name'][-4:]}" for item in plan["order"])
     return [
-        f"dry run: order {order}; capacity {plan['current_capacity'].get('cpu', 0) // 1000} CPU now, at least "
-        f"{plan['predicted_minimum_capacity'].get('cpu', 0) // 1000} CPU during the roll ({plan['waves']} waves)",
+        f"dry run: order {order}; capacity cpu {quantity('cpu', plan['current_capacity'].get('cpu', 0))} now, "
+        f"at least cpu {quantity('cpu', plan['predicted_minimum_capacity'].get('cpu', 0))} during the roll "
+        f"({plan['waves']} waves)",
         "canary 1 node, soak 5 s, then 2 at a time: cordoned by system:upgrade, drained, told to upgrade, "
         "restarted, admitted at the target",
         f"completed in {time.monotonic() - started:.0f} s; at most {peak} node(s) out at once; versions now {versions}",

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from humanunits import quantity
+
 from . import operations_story
 from .client import Api, poll
 
@@ -152,7 +154,7 @@ class Story:
         return [
             f"{self.this_machine}: node {node['id']} in pool {node['pool']}, {node['lifecycle']}/{node['liveness']}, "
             f"incarnation {node['incarnation']}, agent {node['agent_version']}",
-            f"verified capacity: {cpu / 1000:g} CPU, {memory / 2**30:.1f} GiB memory",
+            f"verified capacity: cpu {quantity('cpu', cpu)}, memory {quantity('memory', memory)}",
             f"lease {lease['id']} (fencing token {lease['fencing_token']}): `sleep 600` runs here as a real "
             f"subprocess, reported {lease['state']}",
         ]

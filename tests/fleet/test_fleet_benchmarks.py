@@ -79,7 +79,7 @@ def test_a_large_shortfall_on_a_marketplace_pool_is_suspected_misreported_hardwa
     node.refresh_from_db()
     assert node.lifecycle == Lifecycle.REJECTED
     assert "suspected misreported hardware" in node.lifecycle_reason
-    assert "measured cpu 2000 is 25% of declared 8000" in node.lifecycle_reason
+    assert "measured cpu 2 is 25% of declared 8" in node.lifecycle_reason
 
 
 def test_a_shortfall_on_a_standard_pool_reads_benchmark_shortfall(benchmarked, django_capture_on_commit_callbacks):
