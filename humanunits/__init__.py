@@ -72,10 +72,14 @@ def quantity(resource: str, canonical: int | float | Decimal | None) -> str:
             return f"{sign}{value / 1000:.1f}"
         return f"{sign}{_plain(value)}m"
     if resource in BYTE_RESOURCES:
+        larger = None  # rounding 1023.96Ki up gives 1024Ki: written 1Mi instead
         for suffix, size in _BINARY:
             if value >= size:
                 scaled = (value / size).quantize(Decimal("0.1"), rounding=ROUND_HALF_UP)
+                if scaled >= 1024 and larger:
+                    return f"{sign}1{larger}"
                 return f"{sign}{_plain(scaled)}{suffix}"
+            larger = suffix
         return f"{sign}{_plain(value)}"
     return f"{sign}{_plain(value)}"
 

@@ -32,6 +32,7 @@ NOW = datetime(2026, 12, 2, 9, 48, 53, tzinfo=UTC)
         ("memory", 6085452932 * 1024, "5.7Ti"),
         ("memory", 512 * 2**20, "512Mi"),
         ("memory", 900, "900"),
+        ("memory", 2**20 - 1, "1Mi"),
         ("ephemeral-storage", 100 * GiB, "100Gi"),
         ("nvidia.com/gpu", 8, "8"),
         ("cpu", None, "-"),
@@ -49,7 +50,7 @@ def test_cpu_is_exact_and_parses_back_to_the_same_millicores(millicores):
 @given(st.integers(min_value=1024, max_value=2**62))
 def test_bytes_are_within_five_hundredths_of_a_unit(amount):
     text = quantity("memory", amount)
-    assert abs(_bytes(text) - amount) <= 0.05 * _unit(text)
+    assert abs(_bytes(text) - amount) <= 0.050001 * _unit(text)  # half a tenth, plus float noise
 
 
 def _unit(text: str) -> int:
