@@ -236,6 +236,11 @@ STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
 STATIC_ROOT.mkdir(exist_ok=True)
 
+# --- Outbound calls (nodepool.egress) ---------------------------------------------------------------
+# Destinations beyond the public internet that webhooks may reach: CIDR networks, addresses or
+# exact host names, comma-separated (e.g. "10.20.0.0/16,provider.corp.example"). Empty: none.
+NODEPOOL_EGRESS_ALLOW = env.list("NODEPOOL_EGRESS_ALLOW", default=[])
+
 # --- Request limits --------------------------------------------------------------------------
 # Bodies above this are refused with 413 before parsing (see nodepool.api.parsers).
 NODEPOOL_MAX_BODY_BYTES = env.int("NODEPOOL_MAX_BODY_BYTES", default=256 * 1024)

@@ -29,9 +29,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Protocol
 
-import httpx
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+
+from nodepool import egress
 
 from . import conf
 from .choices import ProviderKind
@@ -137,13 +138,15 @@ class WebhookProvider:
     ``create`` machines carry ``name``, ``bootstrap_token`` (single use), ``template`` and
     ``version``. A 2xx answer is success; its JSON may map machine names to provider data
     (``{"machines": {name: {...}}}``). Anything else, or no answer within ``PROVIDER_TIMEOUT``,
-    is a :class:`ProviderError`.
+    is a :class:`ProviderError` whose text is a fixed summary (never the answer's body). The call
+    goes through :func:`nodepool.egress.post_json`: destinations outside ``NODEPOOL_EGRESS_ALLOW``
+    that are not public are refused, redirects are not followed.
     """
 
     kind = ProviderKind.WEBHOOK
 
-    def __init__(self, *, pool_name: str, url: str, secret: str, transport=None):
-        self.pool_name, self.url, self.secret, self.transport = pool_name, url, secret, transport
+    def __init__(self, *, pool_name: str, url: str, secret: str):
+        self.pool_name, self.url, self.secret = pool_name, url, secret
 
     def _post(self, action: str, machines: list[dict]) -> dict:
         delivery = uuid.uuid4().hex
@@ -158,16 +161,16 @@ class WebhookProvider:
             separators=(",", ":"),
         ).encode()
         try:
-            with httpx.Client(timeout=float(conf.get("PROVIDER_TIMEOUT")), transport=self.transport) as client:
-                response = client.post(self.url, content=body, headers=signed_headers(self.secret, body, delivery))
-        except httpx.HTTPError as exc:
-            raise ProviderError(f"webhook {action}: {type(exc).__name__}: {exc}") from exc
-        if not 200 <= response.status_code < 300:
-            raise ProviderError(f"webhook {action}: HTTP {response.status_code}: {response.text[:200]}")
-        try:
-            answer = response.json()
-        except ValueError:
-            answer = {}
+            response = egress.post_json(
+                self.url,
+                body,
+                headers=signed_headers(self.secret, body, delivery),
+                timeout=float(conf.get("PROVIDER_TIMEOUT")),
+            ).raise_for_status()
+        except egress.EgressError as exc:
+            # A fixed summary (status code and phrase, "timed out"...), never the remote body.
+            raise ProviderError(f"webhook {action}: {exc.summary}") from exc
+        answer = response.json()
         return answer if isinstance(answer, dict) else {}
 
     def create(self, machines: list[MachineRequest]) -> dict[str, dict]:

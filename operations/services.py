@@ -15,10 +15,12 @@ from fleet.events import Actor, record_event
 from fleet.models import Pool
 from leases.spec import resources_from_wire
 from maintenance.choices import EvictionPolicy
+from nodepool import egress
 from nodepool.api.problems import Problem
 from nodepool.api.versioning import check_version
 
 from .choices import ProviderKind
+from .models import PoolOperations
 from .upgrades import pool_operations
 
 SPOT_TAINT = {"key": "nodepool.dev/spot", "value": "true", "effect": "NoSchedule"}
@@ -71,8 +73,11 @@ def parse_changes(data: Any, pool: Pool) -> dict:
             raise _bad(name, "must be '', 'simulated' or 'webhook'")
         elif name in ("provider_url", "provider_secret") and (not isinstance(value, str) or len(value) > 200):
             raise _bad(name, "must be a string of at most 200 characters")
-        elif name == "provider_url" and value and not value.startswith(("http://", "https://")):
-            raise _bad(name, "must be an http(s) URL")
+        elif name == "provider_url" and value:
+            try:  # the form always; where it leads, below, once the provider is known
+                egress.check_url(value, destination=False)
+            except egress.EgressRefused as exc:
+                raise _bad(name, exc.summary) from None
         elif name == "scale_down_utilization" and (
             isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1
         ):
@@ -90,7 +95,23 @@ def parse_changes(data: Any, pool: Pool) -> dict:
         elif name == "node_template":
             value = parse_template(value)
         changes[name] = value
+    _check_webhook_destination(changes, pool)
     return changes
+
+
+def _check_webhook_destination(changes: dict, pool: Pool) -> None:
+    """A webhook provider's URL must lead somewhere the server may call (nodepool.egress):
+    checked when either the provider or the URL changes, against the values after the change."""
+    if "provider" not in changes and "provider_url" not in changes:
+        return
+    current = PoolOperations.objects.filter(pool=pool).values("provider", "provider_url").first() or {}
+    provider = changes.get("provider", current.get("provider"))
+    url = changes.get("provider_url", current.get("provider_url"))
+    if provider == ProviderKind.WEBHOOK and url:
+        try:
+            egress.check_url(url)
+        except egress.EgressRefused as exc:
+            raise _bad("provider_url", exc.summary) from None
 
 
 def parse_template(value: Any) -> dict:

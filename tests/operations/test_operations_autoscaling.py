@@ -21,6 +21,7 @@ from leases.models import LeaseRequest
 from maintenance.models import DisruptionBudget
 from operations import autoscaler, providers
 from operations.models import PoolOperations, ProviderMachine, ScaleDecision
+from tests.egress_support import allow_loopback
 from tests.factories import PoolFactory, make_schedulable_node, set_lifecycle
 from tests.maintenance_support import make_lease
 from tests.processes import free_port
@@ -34,6 +35,13 @@ TEMPLATE = {"resources": {"cpu": "4", "memory": "8Gi"}, "labels": {"zone": "zone
 @pytest.fixture(autouse=True)
 def _fresh_cache():
     cache.clear()
+
+
+@pytest.fixture(autouse=True)
+def _loopback_receivers_allowed(settings):
+    """The receivers here listen on 127.0.0.1: allowed as an operator allows a provider inside
+    their network (NODEPOOL_EGRESS_ALLOW; nodepool.egress refuses loopback otherwise)."""
+    allow_loopback(settings)
 
 
 class Receiver:
@@ -173,7 +181,8 @@ def test_a_failing_provider_is_retried_a_bounded_number_of_times_and_leaves_noth
     assert len(creates) == 2
     decision = ScaleDecision.objects.get(direction="up")
     assert (decision.outcome, decision.attempts) == ("failed", 2)
-    assert "HTTP 503" in decision.error
+    assert "HTTP 503 Service Unavailable" in decision.error
+    assert "machines" not in decision.error  # the receiver's body is never reflected
     machine = ProviderMachine.objects.get()
     assert machine.state == "failed"
     assert BootstrapToken.objects.get(pk=machine.bootstrap_token_id).revoked_at is not None
