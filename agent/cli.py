@@ -19,7 +19,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import __version__, benchmark, inventory
+from . import __version__, benchmark, devices, inventory, nvidia
 from .client import ApiError, NodeClient, ServerUnavailable
 from .conditions import Thresholds, measure
 from .runner import EXIT_CONFIG, EXIT_RESTART, Agent, AgentConfig, parse_time, rfc3339
@@ -136,6 +136,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="header sent with each poll (repeatable; GCE needs 'Metadata-Flavor: Google')",
     )
     run.add_argument("--preemption-poll", type=float, default=5.0, help="seconds between two polls")
+    run.add_argument(
+        "--xid-source",
+        choices=["auto", "nvml", "kmsg", "none"],
+        default="auto",
+        help="where GPU XID events come from: NVML events, the kernel log (/dev/kmsg, needs CAP_SYSLOG), "
+        "or auto (NVML, else the kernel log)",
+    )
+    run.add_argument("--device-refresh", type=float, default=30.0, help="seconds an nvidia-smi inventory is reused")
 
     inv = sub.add_parser("inventory", parents=[common], help="print the host inventory and conditions as JSON")
     inv.add_argument("--disk-path", default="/")
@@ -189,6 +197,8 @@ def _run(args) -> int:
         preemption_url=args.preemption_url,
         preemption_headers=dict(args.preemption_header),
         preemption_poll=args.preemption_poll,
+        xid_source=args.xid_source,
+        device_refresh=args.device_refresh,
     )
     stop = threading.Event()
     # SIGTERM and Ctrl-C stop the loop gracefully. Signals reach only the main thread; when the
@@ -259,6 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     if command == "inventory":
         facts = inventory.collect(disk_path=args.disk_path)
         facts["conditions"] = measure(Thresholds(disk_path=args.disk_path))
+        facts["boot_id"] = devices.boot_id()
+        facts["devices"] = nvidia.NvidiaProvider().inventory()
         print(json.dumps(facts, indent=2))
         return 0
     if command == "benchmark":

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from . import benchmark, conditions, inventory, preemption
+from . import benchmark, conditions, devices, inventory, nvidia, preemption
 from .backoff import Backoff, jittered
 from .client import ApiError, NodeClient, NodeRetired, ServerUnavailable
 from .state import AgentState, StateFile
@@ -81,6 +81,10 @@ class AgentConfig:
     preemption_url: str = ""
     preemption_headers: dict = field(default_factory=dict)
     preemption_poll: float = 5.0
+    # Devices (agent/devices.py): where XID events come from (auto | nvml | kmsg | none) and how
+    # long an inventory (nvidia-smi) is reused between status reports, in seconds.
+    xid_source: str = "auto"
+    device_refresh: float = 30.0
 
 
 def rfc3339(ts: float) -> str:
@@ -110,6 +114,7 @@ class Agent:
         measure_conditions=None,
         run_benchmark=None,
         preemption_probe=None,
+        device_providers=None,
     ):
         self.config = config
         self.client = client or NodeClient(config.url, timeout=config.timeout, verify=config.verify)
@@ -152,6 +157,10 @@ class Agent:
         self.next_preemption_poll = 0.0  # time.monotonic()
         self.preemption_deadline: float | None = None  # the reclaim time seen, until the notice is sent
         self.preemption_sent = False
+        if device_providers is None:
+            device_providers = [nvidia.NvidiaProvider(xid_source=lambda: nvidia.open_xid_source(config.xid_source))]
+        self.devices = devices.DeviceTracker(device_providers, refresh=config.device_refresh)
+        self.boot_id = devices.boot_id()
 
     @property
     def version(self) -> str:
@@ -275,6 +284,10 @@ class Agent:
                 for w in self.supervisor.running()
             ],
             "benchmark": None,
+            # DEVICES-WIRE.md: a changed boot id tells the server the host rebooted; each device
+            # carries its health and the XID events not yet in an answered report.
+            "boot_id": self.boot_id,
+            "devices": self.devices.report(),
         }
 
     def _failure_delay(self, exc: ServerUnavailable) -> float:
@@ -293,15 +306,19 @@ class Agent:
             payload["ready_reason"],
             tuple(sorted((c["type"], c["status"], c.get("reason", "")) for c in payload["conditions"])),
             tuple(sorted((lease["lease_id"], lease["fencing_token"]) for lease in payload["leases"])),
+            devices.DeviceTracker.fingerprint(payload.get("devices") or []),
         )
 
     def wants_status_report(self, payload: dict) -> bool:
         """A status report when renewals are unavailable, when asked (a flag, a new incarnation),
-        when the last one is ``status_report_interval`` old, or when the observations changed."""
+        when the last one is ``status_report_interval`` old, when an XID event waits, or when the
+        observations changed."""
         if not self.renewals_supported or self.report_wanted or self.last_report_at is None:
             return True
         if time.monotonic() - self.last_report_at >= self.status_report_interval:
             return True
+        if devices.DeviceTracker.has_unreported_events(payload.get("devices") or []):
+            return True  # an XID waits: the server decides device taints from it, now
         return self.fingerprint(payload) != self.reported_fingerprint
 
     def step(self) -> float:
@@ -321,6 +338,7 @@ class Agent:
                 if delay is not None:
                     return delay
             answer = self.client.heartbeat(self.state.node_id, payload)
+            self.devices.reported(payload["devices"])
             self.last_report_at = time.monotonic()
             self.reported_fingerprint = self.fingerprint(payload)
             self.report_wanted = False
@@ -446,7 +464,8 @@ class Agent:
                 self.supervisor.refresh_secret(lease_id, secret)
             if not command or local or lease_id in self.supervisor.finished:
                 continue
-            self.outbox.append(self.supervisor.start(lease_id, token, command, secret=secret))
+            lease_devices = lease.get("devices") if isinstance(lease.get("devices"), list) else []
+            self.outbox.append(self.supervisor.start(lease_id, token, command, secret=secret, devices=lease_devices))
         for w in self.supervisor.running():
             if w.lease_id not in assigned_ids:
                 self.supervisor.stop(w.lease_id, "lease no longer assigned to this node")
@@ -599,3 +618,7 @@ class Agent:
             self.state_file.save(self.state)
         self.state_file.unlock()
         self.client.close()
+        for provider in self.devices.providers:
+            close = getattr(provider, "close", None)
+            if close:
+                close()

@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .devices import lease_environment
+
 log = logging.getLogger(__name__)
 
 RUNNING, STOPPING, EXITED = "running", "stopping", "exited"
@@ -39,6 +41,7 @@ class Workload:
     fencing_token: int
     command: list[str]
     process: subprocess.Popen
+    devices: list[str] = field(default_factory=list)  # the ids the workload was confined to
     state: str = RUNNING
     started_at: float = field(default_factory=time.monotonic)
     stop_deadline: float | None = None
@@ -93,17 +96,28 @@ class Supervisor:
     def running(self) -> list[Workload]:
         return [w for w in self.workloads.values() if w.state != EXITED]
 
-    def start(self, lease_id: str, fencing_token: int, command: list[str], secret: str = "") -> LeaseEvent:
+    def start(
+        self, lease_id: str, fencing_token: int, command: list[str], secret: str = "", devices: list | None = None
+    ) -> LeaseEvent:
         """Start ``command`` for a lease; returns the ``running`` event (or ``failed`` if it cannot start).
 
         ``secret`` is the lease's secret from the heartbeat answer: given to the workload as
         ``NODEPOOL_LEASE_SECRET`` (and ``NODEPOOL_LEASE_SECRET_FILE``), never logged, removed at its end.
+        ``devices`` are the lease's (``[{"id", "type", "index"}]``): the workload sees exactly
+        those GPUs (``CUDA_VISIBLE_DEVICES`` / ``NVIDIA_VISIBLE_DEVICES``, :func:`lease_environment`)
+        and none when the lease has none, whatever the agent's own environment says.
         """
         self.work_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         if isinstance(command, str):  # tolerate "sleep 30"; the contract's shape is an argv list
             command = shlex.split(command)
         log_path = self.work_dir / f"{lease_id}.log"
-        env = {**os.environ, **self.env, "NODEPOOL_LEASE_ID": lease_id, "NODEPOOL_FENCING_TOKEN": str(fencing_token)}
+        env = {
+            **os.environ,
+            **self.env,
+            **lease_environment(devices),
+            "NODEPOOL_LEASE_ID": lease_id,
+            "NODEPOOL_FENCING_TOKEN": str(fencing_token),
+        }
         secret_path = ""
         if secret:
             # The workload reads its lease secret from its environment; the file holds the current
@@ -135,6 +149,7 @@ class Supervisor:
             secret_path=secret_path,
             secret_digest=hashlib.sha256(secret.encode()).hexdigest() if secret else "",
         )
+        self.workloads[lease_id].devices = [d for d in env["NODEPOOL_DEVICES"].split(",") if d]
         log.info("lease %s: started pid %s: %s", lease_id, process.pid, command)
         return LeaseEvent(lease_id, fencing_token, "running", f"pid {process.pid}")
 
