@@ -395,7 +395,5 @@ def test_status_reports_carry_boot_id_and_devices_and_a_new_xid_is_reported_at_o
     assert all(b["boot_id"] == boot_id() for b in beats)
     assert [d["id"] for d in beats[0]["devices"]] == fake_smi.uuids
     assert all(not d["health"]["xid_events"] for d in beats[0]["devices"])
-    assert beats[1]["devices"][2]["health"]["xid_events"] == [
-        {"xid": 79, "at": "2026-12-02T10:00:00Z", "message": "x"}
-    ]
+    assert beats[1]["devices"][2]["health"]["xid_events"] == [{"xid": 79, "at": "2026-12-02T10:00:00Z", "message": "x"}]
     assert not agent.devices.pending, "answered: the event is not sent again"
