@@ -65,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--impossible", type=int, default=0, help="nodes that declare impossible capacity at enrollment")
     f.add_argument("--underperform", type=int, default=0, help="nodes whose benchmark does not confirm the declared")
     f.add_argument("--underperform-factor", type=float, default=0.4)
+    f.add_argument("--xid", type=int, default=0, help="GPU nodes on which one GPU reports an XID")
+    f.add_argument("--xid-code", type=int, default=79, help="the XID reported (79: fell off the bus; 94: contained)")
     return p
 
 
@@ -118,6 +120,11 @@ async def run(args) -> dict:
             faults[kind] = names
             for name in names:
                 apply(name)
+        xid_nodes = [n for n in sim.pick(len(sim.nodes), exclude=used) if sim.node(n).devices] if args.xid else []
+        faults["xid"] = []
+        for name in xid_nodes[: args.xid]:
+            gpu = sim.rng.randrange(len(sim.node(name).devices))
+            faults["xid"].append(f"{name}/{sim.inject_xid(name, gpu, args.xid_code)}")
         if args.heal_after and faults.get("partition"):
             await asyncio.sleep(args.heal_after)
             for name in faults["partition"]:

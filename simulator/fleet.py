@@ -211,6 +211,22 @@ class FleetSimulator:
         """The node's next upgrades restart it without changing its version (admission refuses them)."""
         self.node(name).broken_upgrade = broken
 
+    def inject_xid(self, name: str, device: int | str, xid: int, message: str = "") -> str:
+        """GPU ``device`` (index or id) of node ``name`` reports Xid ``xid``; returns the device id."""
+        return self.node(name).inject_xid(device, xid, message)
+
+    def set_device_health(self, name: str, device: int | str, **flags) -> str:
+        """Change a GPU's health flags (``ecc_uncorrectable=2``, ``thermal_throttle=True`` ...)."""
+        return self.node(name).set_device_health(device, **flags)
+
+    def reboot(self, name: str) -> None:
+        """The host reboots: a new boot id, a new incarnation, its devices healthy again."""
+        self.node(name).reboot()
+
+    def gpu_nodes(self) -> list[str]:
+        """Names of the nodes that have devices."""
+        return sorted(n.name for n in self.nodes.values() if n.devices)
+
     async def preempt(self, name: str, seconds: float) -> int:
         """Inject a spot preemption notice: the node says it goes away in ``seconds``."""
         return await self.node(name).preemption_notice(self._client(), seconds)
@@ -228,6 +244,7 @@ class FleetSimulator:
             "enrolled": sum(n.enrolled for n in self.nodes.values()),
             "enroll_failed": sum(bool(n.enroll_error) and not n.enrolled for n in self.nodes.values()),
             "running_leases": sum(len(n.leases) for n in self.nodes.values()),
+            "devices": sum(len(n.devices) for n in self.nodes.values()),
             "partitioned": sorted(n.name for n in self.nodes.values() if n.partitioned),
             "lifecycles": dict(lifecycles),
             "counters": dict(sorted(counters.items())),
@@ -300,6 +317,15 @@ class FleetThread:
 
     def break_upgrades(self, name: str, broken: bool = True) -> None:
         self._call(self.sim.break_upgrades, name, broken)
+
+    def inject_xid(self, name: str, device: int | str, xid: int, message: str = "") -> str:
+        return self._call(self.sim.inject_xid, name, device, xid, message)
+
+    def set_device_health(self, name: str, device: int | str, **flags) -> str:
+        return self._call(lambda: self.sim.set_device_health(name, device, **flags))
+
+    def reboot(self, name: str) -> None:
+        self._call(self.sim.reboot, name)
 
     def preempt(self, name: str, seconds: float) -> int:
         return self._run(self.sim.preempt(name, seconds))

@@ -16,7 +16,16 @@ reads them at each beat:
 * ``impossible`` — declared at enrollment: absurd capacity;
 * ``benchmark_factor`` — benchmarks answer declared × factor (< 1: declared but not confirmed);
 * ``broken_upgrade`` — an ``upgrade`` instruction restarts the node but the new version does
-  not take (it comes back with the old one, so admission refuses the target).
+  not take (it comes back with the old one, so admission refuses the target);
+* ``inject_xid(device, xid)`` — a GPU reports an XID: the next beat is a status report carrying
+  it in that device's ``health.xid_events`` (DEVICES-WIRE.md), as the agent's would;
+* ``set_device_health(device, ecc_uncorrectable=2, ...)`` — a GPU's health flags change;
+* ``reboot()`` — the host reboots: a new ``boot_id``, a new incarnation, healthy devices.
+
+A node of a GPU shape reports its devices (``NodeSpec.devices``: ids, models, NVLink islands) in
+every status report, and records the devices each lease was given
+(``VirtualLease.devices``; ``counters["device_double_assigned"]`` counts a device handed to two
+running leases at once, which must stay 0).
 
 An ``upgrade`` instruction (docs/pool-operations.md) is carried out as the real agent does it:
 the node restarts (a new incarnation, its work gone) running the instructed version. A node
@@ -31,6 +40,7 @@ import contextlib
 import logging
 import random
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -39,6 +49,7 @@ import httpx
 
 from agent import __version__
 from agent.backoff import Backoff, jittered
+from agent.devices import MAX_XID_EVENTS, lease_environment
 
 from .shapes import NodeSpec
 
@@ -66,6 +77,8 @@ class VirtualLease:
     fencing_token: int
     command: list
     ends_at: float | None  # loop time when a ``sleep N`` command completes; None runs until stopped
+    devices: tuple = ()  # the device ids the lease was given, in its order
+    env: dict | None = None  # what the agent would set: CUDA_VISIBLE_DEVICES, NODEPOOL_DEVICES...
 
 
 class Unavailable(Exception):
@@ -124,10 +137,21 @@ class VirtualNode:
         self.counters: Counter = Counter()
         self.enroll_error = ""
         self._tasks: set[asyncio.Task] = set()
+        # Devices: what the node has, their health, XID events not yet in an answered report.
+        self.reboots = 0
+        self.devices = spec.devices()
+        self.device_health = {d["id"]: _healthy() for d in self.devices}
+        self.pending_xids: dict[str, list[dict]] = {}
+        self.reported_health: tuple = ()
 
     @property
     def enrolled(self) -> bool:
         return bool(self.node_id)
+
+    @property
+    def boot_id(self) -> str:
+        """Stable for a name until :meth:`reboot` (the agent reads /proc/sys/kernel/random/boot_id)."""
+        return str(uuid.uuid5(uuid.NAMESPACE_URL, f"nodepool-simulator/{self.name}/boot/{self.reboots}"))
 
     # -- HTTP ----------------------------------------------------------------------------------
     async def _post(self, client: httpx.AsyncClient, path: str, body: dict, *, auth: bool = True) -> httpx.Response:
@@ -190,6 +214,52 @@ class VirtualNode:
             task.cancel()
         self.counters["restarts"] += 1
 
+    def reboot(self) -> None:
+        """The host rebooted: a new boot id, the agent restarts, devices come back healthy."""
+        self.reboots += 1
+        self.pending_xids.clear()
+        self.device_health = {d["id"]: _healthy() for d in self.devices}
+        self.restart()
+
+    def device_id(self, device: int | str) -> str:
+        """The id of ``device`` (an index on this node, or an id). Raises KeyError if unknown."""
+        for d in self.devices:
+            if device in (d["index"], d["id"]) or str(device) == str(d["index"]):
+                return d["id"]
+        raise KeyError(f"{self.name} has no device {device!r}")
+
+    def inject_xid(self, device: int | str, xid: int, message: str = "") -> str:
+        """``device`` reports Xid ``xid``; the next beat is a status report carrying it. Returns its id."""
+        device_id = self.device_id(device)
+        queue = self.pending_xids.setdefault(device_id, [])
+        queue.append({"xid": int(xid), "at": rfc3339(time.time() + self.clock_skew), "message": message or "simulated"})
+        del queue[:-MAX_XID_EVENTS]
+        self.counters["xids_injected"] += 1
+        return device_id
+
+    def set_device_health(self, device: int | str, **flags) -> str:
+        """Change ``device``'s health (``ecc_uncorrectable``, ``retired_pages_pending``,
+        ``remapped_rows_failure``, ``thermal_throttle``, ``power_throttle``). Returns its id."""
+        device_id = self.device_id(device)
+        unknown = set(flags) - set(_healthy())
+        if unknown:
+            raise ValueError(f"unknown health fields: {sorted(unknown)}")
+        self.device_health[device_id].update(flags)
+        return device_id
+
+    def devices_body(self) -> list[dict]:
+        """The devices of a status report: each with its health and its unreported XID events."""
+        return [
+            {
+                **d,
+                "health": {**self.device_health[d["id"]], "xid_events": list(self.pending_xids.get(d["id"], []))},
+            }
+            for d in self.devices
+        ]
+
+    def _health_fingerprint(self) -> tuple:
+        return tuple(sorted((i, tuple(sorted(h.items()))) for i, h in self.device_health.items()))
+
     def upgrade(self, instruction: dict) -> bool:
         """Carry out an ``upgrade`` instruction: restart running ``version`` (unless already there).
 
@@ -232,6 +302,8 @@ class VirtualNode:
                 for lease in self.leases.values()
             ],
             "benchmark": None,
+            "boot_id": self.boot_id,
+            **({"devices": self.devices_body()} if self.devices else {}),
         }
 
     def _conditions(self) -> list[dict]:
@@ -279,6 +351,7 @@ class VirtualNode:
                 self.report_wanted = True  # not delivered: send it again after the backoff
                 raise
             self.last_report_at = time.monotonic()
+            self._reported_devices(bodies[0].get("devices") or [])
             # What the report said, not what its answer started: newly assigned work is a change.
             self.reported_leases = tuple(sorted(lease["lease_id"] for lease in bodies[0]["leases"]))
         except Unavailable:
@@ -286,9 +359,22 @@ class VirtualNode:
         self.backoff.reset()
         return jittered(self.interval, rng=self.rng)
 
+    def _reported_devices(self, devices: list[dict]) -> None:
+        """A report carrying ``devices`` was answered: their XID events are not pending any more."""
+        for device in devices:
+            sent = len(device["health"]["xid_events"])
+            queue = self.pending_xids.get(device["id"])
+            if queue and sent:
+                del queue[:sent]
+                if not queue:
+                    del self.pending_xids[device["id"]]
+        self.reported_health = self._health_fingerprint()
+
     def _wants_status_report(self) -> bool:
         if not self.renewals_supported or self.report_wanted or self.last_report_at is None:
             return True
+        if self.pending_xids or self._health_fingerprint() != self.reported_health:
+            return True  # device health changed: the server decides device taints from it
         if self.reorder_next or self.duplicate_next:  # those faults are about status reports
             return True
         if time.monotonic() - self.last_report_at >= self.status_report_interval:
@@ -375,16 +461,31 @@ class VirtualNode:
             if not command or lease_id in self.leases or lease_id in self.finished:
                 continue
             seconds = _sleep_seconds(command)
+            given = [d for d in entry.get("devices") or [] if isinstance(d, dict)]
             lease = VirtualLease(
                 lease_id,
                 int(entry.get("fencing_token") or 0),
                 list(command),
                 loop.time() + seconds if seconds is not None else None,
+                devices=tuple(str(d.get("id")) for d in given),
+                env=lease_environment(given),
             )
+            self._check_devices(lease)
             self.leases[lease_id] = lease
             await self._event(client, lease, "running", "simulated")
             if lease.ends_at is not None:
                 self._spawn(self._finish_later(client, lease))
+
+    def _check_devices(self, lease: VirtualLease) -> None:
+        """Count what must never happen: a device given to two running leases, or not ours."""
+        mine = {d["id"] for d in self.devices}
+        held = {device for other in self.leases.values() if other is not lease for device in other.devices}
+        for device in lease.devices:
+            if device in held:
+                self.counters["device_double_assigned"] += 1
+                log.error("%s: device %s given to lease %s while another lease holds it", self.name, device, lease)
+            if device not in mine:
+                self.counters["device_unknown"] += 1
 
     async def _finish_later(self, client: httpx.AsyncClient, lease: VirtualLease) -> None:
         await asyncio.sleep(max(0.0, lease.ends_at - asyncio.get_running_loop().time()))
@@ -492,10 +593,24 @@ class VirtualNode:
                     "clock_skew": self.clock_skew,
                     "impossible": self.impossible,
                     "benchmark_factor": self.benchmark_factor if self.benchmark_factor != 1.0 else None,
+                    "pending_xids": {i: [e["xid"] for e in q] for i, q in self.pending_xids.items()},
                 }.items()
                 if v
             },
+            "boot_id": self.boot_id,
+            "devices": [d["id"] for d in self.devices],
+            "lease_devices": {lease.lease_id: list(lease.devices) for lease in self.leases.values() if lease.devices},
         }
+
+
+def _healthy() -> dict:
+    return {
+        "ecc_uncorrectable": 0,
+        "retired_pages_pending": False,
+        "remapped_rows_failure": False,
+        "thermal_throttle": False,
+        "power_throttle": False,
+    }
 
 
 def _code(response: httpx.Response) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import uuid
 from dataclasses import dataclass, field
 
 # (name, cpu cores, memory GiB, disk GiB, weight). Roughly the spread of a general-purpose cloud.
@@ -20,6 +21,22 @@ GPU_SHAPES = [
     ("gpu-a100x4", 48, 384, 2000, "NVIDIA-A100-SXM4-80GB", 80, 4, 2),
     ("gpu-h100x8", 96, 1024, 4000, "NVIDIA-H100-80GB-HBM3", 80, 8, 1),
 ]
+# How each GPU shape's GPUs are joined: (interconnect kind, number of equal islands). An 8-GPU
+# H100 node in two NVLink islands of four lets placement's co-location rules be exercised.
+GPU_INTERCONNECT = {
+    "gpu-a16": (None, 1),
+    "gpu-l4x2": ("pcie", 1),
+    "gpu-a100x4": ("nvlink", 1),
+    "gpu-h100x8": ("nvlink", 2),
+}
+# The label-safe model names above as nvidia-smi prints them (a device's ``model``).
+GPU_DISPLAY_MODELS = {
+    "NVIDIA-A16": "NVIDIA A16",
+    "NVIDIA-L4": "NVIDIA L4",
+    "NVIDIA-A100-SXM4-80GB": "NVIDIA A100-SXM4-80GB",
+    "NVIDIA-H100-80GB-HBM3": "NVIDIA H100 80GB HBM3",
+}
+SIM_DRIVER_VERSION, SIM_CUDA_VERSION = "550.54.15", "12.4"
 ARCHES = [("amd64", 9), ("arm64", 1)]
 NETWORK = [("10g", 6), ("25g", 3), ("100g", 1)]
 KERNELS = ["6.1.0-18-amd64", "5.15.0-105-generic", "6.8.0-31-generic"]
@@ -60,6 +77,37 @@ class NodeSpec:
     address: str = ""
     labels: dict = field(default_factory=dict)
     agent_version: str = ""  # empty: the agent package's own version
+
+    def devices(self) -> list[dict]:
+        """This node's GPUs as DEVICES-WIRE devices (``health`` not included).
+
+        Ids are UUIDs derived from the node's name, so the same seed gives the same devices and
+        no two simulated nodes share one. Interconnect groups and NUMA nodes follow
+        ``GPU_INTERCONNECT`` (islands of equal size; an island is also a NUMA node).
+        """
+        kind, islands = GPU_INTERCONNECT.get(self.shape, (None, 1))
+        per_island = max(1, -(-self.gpu_count // islands))
+        out = []
+        for index in range(self.gpu_count):
+            island = index // per_island
+            out.append(
+                {
+                    "id": f"GPU-{uuid.uuid5(uuid.NAMESPACE_URL, f'nodepool-simulator/{self.name}/gpu/{index}')}",
+                    "type": "nvidia.com/gpu",
+                    "index": index,
+                    "model": GPU_DISPLAY_MODELS.get(self.gpu_model, self.gpu_model),
+                    "memory_bytes": self.gpu_memory,
+                    "mig_profile": None,
+                    "parent": None,
+                    "pci_bus_id": f"00000000:{0x17 + index * 0x10:02X}:00.0",
+                    "numa_node": island,
+                    "interconnect_group": f"{kind}-{island}" if kind and self.gpu_count > 1 else None,
+                    "serial": f"{uuid.uuid5(uuid.NAMESPACE_URL, f'{self.name}/serial/{index}').int % 10**13:013d}",
+                    "driver_version": SIM_DRIVER_VERSION,
+                    "cuda_version": SIM_CUDA_VERSION,
+                }
+            )
+        return out
 
     def capability(self, *, impossible: bool = False) -> dict:
         """The ``capability`` of the enrollment body; ``impossible`` declares absurd figures."""
