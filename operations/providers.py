@@ -230,6 +230,8 @@ class SimulatedProvider:
         ]
         if machine.version:
             args += ["--version", machine.version]
+        if int(resources.get("nvidia.com/gpu", 0) or 0):  # a GPU template: a machine with devices
+            args += ["--gpus", str(int(resources["nvidia.com/gpu"]))]
         env = {**os.environ, "NODEPOOL_BOOTSTRAP_TOKEN": machine.bootstrap_token}
         log_dir = self.log_dir or Path(os.environ.get("NODEPOOL_VAR_DIR", ROOT / "var"))
         log_dir.mkdir(parents=True, exist_ok=True)

@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--memory-bytes", type=int, default=4 * 2**30)
     parser.add_argument("--labels", default="{}", help="JSON object of node labels")
     parser.add_argument("--version", default="", help="the agent version it runs (default: the package's)")
+    parser.add_argument("--gpus", type=int, default=0, help="GPUs it reports as devices (8: two NVLink islands)")
+    parser.add_argument("--gpu-model", default="NVIDIA-H100-80GB-HBM3", help="their model (label-safe name)")
+    parser.add_argument("--gpu-memory-bytes", type=int, default=80 * 2**30, help="memory per GPU")
     parser.add_argument(
         "--max-lifetime",
         type=float,
@@ -47,7 +50,8 @@ async def run(args: argparse.Namespace, token: str) -> int:
         name=args.name, pool="", bootstrap_token=token, zone=str(labels.get("zone", "zone-a")), shape="template",
         cpu=max(1, args.cpu_millicores // 1000), memory=args.memory_bytes, disk=50 * 2**30, arch="amd64",
         kernel="6.1.0-18-amd64", network_class="10g", address="127.0.0.1", labels=labels,
-        agent_version=args.version,
+        agent_version=args.version, gpu_count=max(0, args.gpus), gpu_model=args.gpu_model if args.gpus else "",
+        gpu_memory=args.gpu_memory_bytes if args.gpus else 0,
     )  # fmt: skip
     sim = FleetSimulator(args.url, pools=[], progress=False, max_backoff=5.0)
     node = VirtualNode(spec, gate=sim.gate(), max_backoff=5.0)

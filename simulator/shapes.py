@@ -85,7 +85,8 @@ class NodeSpec:
         no two simulated nodes share one. Interconnect groups and NUMA nodes follow
         ``GPU_INTERCONNECT`` (islands of equal size; an island is also a NUMA node).
         """
-        kind, islands = GPU_INTERCONNECT.get(self.shape, (None, 1))
+        # A shape not in the table (a provider's machine template): NVLink, two islands from 8 GPUs.
+        kind, islands = GPU_INTERCONNECT.get(self.shape, ("nvlink", 2 if self.gpu_count >= 8 else 1))
         per_island = max(1, -(-self.gpu_count // islands))
         out = []
         for index in range(self.gpu_count):

@@ -137,3 +137,28 @@ def test_a_gpu_node_reports_its_devices_and_an_injected_xid_at_once_then_a_reboo
     (carrying,) = [d for d in reports[1]["devices"] if d["health"]["xid_events"]]
     assert carrying["id"] == device_id and carrying["health"]["xid_events"][0]["xid"] == 94
     assert all(not d["health"]["xid_events"] for d in reports[2]["devices"])
+
+
+def test_a_provider_machine_from_a_gpu_template_reports_its_gpus(monkeypatch, tmp_path):
+    from operations.providers import MachineRequest, SimulatedProvider
+    from simulator import machine
+    from simulator.shapes import NodeSpec
+
+    started = []
+    monkeypatch.setattr("operations.providers.subprocess.Popen", lambda args, **kw: started.append(args) or _Pid())
+    template = {"resources": {"cpu": 8000, "memory": 2**34, "nvidia.com/gpu": 8}}
+    request = MachineRequest(name="m-1", bootstrap_token="npb_x", template=template, version="")
+    SimulatedProvider(url="http://cp", log_dir=tmp_path)._start(request)
+    args = machine.build_parser().parse_args(started[0][3:])
+
+    assert args.gpus == 8
+    spec = NodeSpec(
+        name="m-1", pool="", bootstrap_token="", zone="a", shape="template", cpu=8, memory=2**34, disk=2**35,
+        arch="amd64", kernel="6.1", network_class="10g", gpu_count=args.gpus, gpu_model=args.gpu_model,
+        gpu_memory=args.gpu_memory_bytes,
+    )  # fmt: skip
+    assert [d["interconnect_group"] for d in spec.devices()] == ["nvlink-0"] * 4 + ["nvlink-1"] * 4
+
+
+class _Pid:
+    pid = 4242
