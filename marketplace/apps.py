@@ -5,20 +5,26 @@ class MarketplaceConfig(AppConfig):
     """Usage evidence, reconciliation, pricing, statements, appeals and the owner's view.
 
     Sits above maintenance (it reads quarantines); lower apps reach it only through hooks
-    connected here: the lease's end (leases.signals.lease_ended) and the retention guard."""
+    connected here: the lease's end (leases.signals.lease_ended), the retention guard and the
+    status report (fleet.signals.status_report_applied: availability evidence)."""
 
     name = "marketplace"
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
+        from fleet import signals as fleet_signals
         from leases.signals import lease_ended
         from nodepool import retention
         from nodepool.metrics import register_collector
 
-        from . import collectors, receivers, selectors
+        from . import availability, collectors, receivers, selectors
 
         lease_ended.connect(receivers.open_usage_record, dispatch_uid="marketplace.open_usage_record")
         # Retention (nodepool.retention) keeps unsettled usage's leases and their events.
         retention.keep_leases(selectors.keep_unsettled_leases)
         retention.keep_events(selectors.keep_unsettled_lease_events)
         register_collector("marketplace", collectors.collect)
+        # Availability evidence (what each node offered) from every applied status report.
+        fleet_signals.status_report_applied.connect(
+            availability.record_status_report, dispatch_uid="marketplace.availability"
+        )

@@ -380,24 +380,27 @@ def test_an_accepted_heartbeat_uses_a_small_fixed_number_of_queries(node_secret,
     api = node_api(secret)
     post_beat(api, node, sequence=1)  # warm the fleet-size cache
     # An unchanged heartbeat: the credential lookup (with node and pool), the conditional UPDATE,
-    # the node's live leases (reconciliation) and its capacity (the impossible-usage rule).
+    # the node's live leases (reconciliation), its capacity (the impossible-usage rule) and the
+    # UPDATE extending its availability interval (marketplace.availability).
     for sequence in (2, 3):
         time_machine.shift(10)
         with CaptureQueriesContext(connection) as unchanged:
             assert post_beat(api, node, sequence=sequence).json()["applied"] is True
         sql = statements(unchanged)
-        assert len(sql) == 4, sql
+        assert len(sql) == 5, "\n".join(s[:150] for s in sql)
         assert "leases_lease" in sql[2] and "fleet_noderesource" in sql[3]
+        assert "marketplace_nodeavailability" in sql[4]
     # ...plus one INSERT for all the events, however many there are.
     with CaptureQueriesContext(connection) as changed:
         post_beat(api, node, sequence=4, ready=False, observed_at=T0 + timedelta(hours=1))
-    assert len(statements(changed)) == 5
+    assert len(statements(changed)) == 6
     assert NodeEvent.objects.filter(node=node, created_at=T0 + seconds(20)).count() == 3  # ready, skew, health
-    # A node being admitted also looks up a requested benchmark (and is exempt from the usage rule).
+    # A node being admitted also looks up a requested benchmark (and is exempt from the usage rule);
+    # it offers nothing, so its availability interval is closed instead of extended.
     set_lifecycle(node, Lifecycle.ADMITTING)
     with CaptureQueriesContext(connection) as admitting:
         post_beat(api, node, sequence=5, ready=False, observed_at=T0 + timedelta(hours=1))
-    assert len(statements(admitting)) == 5
+    assert len(statements(admitting)) == 6
 
 
 def test_a_requested_benchmark_is_in_the_instructions(node_secret):

@@ -52,6 +52,7 @@ def test_fleet_declares_the_hooks_the_higher_apps_connect():
         "leases.status_report_kicks_queue",
         "maintenance.rules",
         "operations.upgrade_instruction",
+        "marketplace.availability",
     ]
     assert uids(signals.nodes_lost) == ["leases.lose_leases"]
     assert uids(signals.node_revived) == ["leases.revived_node_kicks"]

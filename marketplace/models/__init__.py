@@ -17,7 +17,7 @@ from django.db.models import Q
 from leases.models import Lease
 from maintenance.models import Quarantine
 
-from .choices import AppealState, StatementPeriod, StatementState, UsageState
+from ..choices import AppealState, StatementPeriod, StatementState, UsageState
 
 currency_code = RegexValidator(r"^[A-Z]{3}$", "An ISO 4217 currency code: three capital letters (EUR, USD).")
 
@@ -269,3 +269,7 @@ class OwnedQuarantine(Quarantine):
         proxy = True
         verbose_name = "quarantine of my node"
         verbose_name_plural = "quarantines of my nodes"
+
+
+# The money models live in modules of this package (small files); Django finds them through here.
+from .availability import AvailabilityClose, NodeAvailability  # noqa: E402, F401
