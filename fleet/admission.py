@@ -31,7 +31,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from humanunits import quantity
-from nodepool import metrics
+from nodepool import failsafe, metrics
 from nodepool.api.problems import Conflict, Gone, NotFound
 
 from .capability import CapabilityError, implausible_values
@@ -395,7 +395,7 @@ def _dispatch_admission(node_id, attempt: int) -> None:
     def dispatch():
         from .tasks import run_admission as task
 
-        task.delay(str(node_id), attempt)
+        failsafe.publish(task, args=(str(node_id), attempt))  # fails open: the stalled sweep catches up
 
     transaction.on_commit(dispatch)
 

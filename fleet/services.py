@@ -19,6 +19,7 @@ from django.db.models.functions import Greatest
 from django.utils import timezone
 from django_fsm import can_proceed
 
+from nodepool import failsafe
 from nodepool.api.problems import Conflict, Forbidden, Gone, NotFound, Problem, TooManyRequests
 from nodepool.api.versioning import check_version
 
@@ -369,7 +370,8 @@ def queue_admission(*, node: Node) -> int:
     def dispatch():
         from .tasks import run_admission
 
-        run_admission.delay(node_id, attempt)
+        # Fails open (nodepool.failsafe): the stalled-admission sweep sends what the broker missed.
+        failsafe.publish(run_admission, args=(node_id, attempt))
 
     transaction.on_commit(dispatch)
     return attempt

@@ -30,6 +30,7 @@ from fleet.instructions import Instruction, post_instructions
 from fleet.models import Node, NodeResource, Pool
 from fleet.selectors import SCHEDULABLE_HEALTH
 from humanunits import quantity
+from nodepool import failsafe
 from nodepool.api.permissions import is_operator
 from nodepool.api.problems import Conflict, NotFound, Problem, Unprocessable
 from nodepool.db import fetch_rows, insert_row, prepared_cursor
@@ -601,10 +602,8 @@ def kick_queue() -> None:
         return
     from .tasks import place_pending_requests
 
-    try:
-        place_pending_requests.apply_async(**options)
-    except Exception:  # the beat entry retries; a broker hiccup must not fail the request
-        logger.exception("could not enqueue place_pending_requests")
+    # One bounded attempt, failing open (nodepool.failsafe): the beat entry places what it misses.
+    failsafe.publish(place_pending_requests, **options)
 
 
 # --- shapes --------------------------------------------------------------------------------------

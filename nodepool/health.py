@@ -1,5 +1,11 @@
 """Probes for load balancers and compose: ``/healthz`` (process up), ``/readyz`` (dependencies).
 
+``/readyz`` is 503 only when the **database** fails: it is the one dependency node traffic needs
+(issue 30). The broker and a Redis cache are checked and named too, but their failure answers 200
+with ``"status": "degraded"`` and ``"degraded": [...]``: requests still succeed without them
+(nodepool.failsafe), and taking every web process out of its load balancer because Redis is down
+would turn a Redis outage back into an outage of everything.
+
 ``/readyz`` answers within ``NODEPOOL_READYZ_BUDGET`` seconds (2.5 by default, at most 3) whatever
 its dependencies do: each check runs in its own thread and is given up on at the deadline. A check
 still hanging from an earlier probe is not started again (it counts as failing), so a dependency
@@ -17,6 +23,7 @@ from collections.abc import Callable
 
 from celery import current_app
 from django.conf import settings
+from django.core.cache import caches
 from django.db import connections
 from django.http import JsonResponse
 from django.views.decorators.http import require_GET
@@ -61,7 +68,20 @@ def check_broker() -> None:
         conn.default_channel.queue_declare(queue=current_app.conf.task_default_queue, passive=False)
 
 
-CHECKS: dict[str, Callable[[], None]] = {"database": check_database, "broker": check_broker}
+def check_cache() -> None:
+    """``PING`` the Redis cache directly (past the fail-open wrapper). Raises on failure."""
+    backend = caches["default"]
+    client = backend._cache.get_client(None, write=True)  # django's RedisCacheClient
+    client.ping()
+
+
+def cache_is_redis() -> bool:
+    return settings.CACHES["default"]["BACKEND"].endswith("RedisCache")
+
+
+CHECKS: dict[str, Callable[[], None]] = {"database": check_database, "broker": check_broker, "cache": check_cache}
+# Failing these makes the process degraded, not unready (see the module docstring).
+OPTIONAL = ("broker", "cache")
 
 
 def run_checks(checks: dict[str, Callable[[], None]], budget: float) -> dict[str, bool]:
@@ -102,14 +122,18 @@ def run_checks(checks: dict[str, Callable[[], None]], budget: float) -> dict[str
 
 @require_GET
 def readyz(request):
-    """200 when the database and the broker answer; 503 problem+json naming the failing ones otherwise."""
+    """200 when the database answers (``"status": "degraded"`` naming the broker or cache if they
+    do not); 503 problem+json naming the failing ones when the database does not."""
     started = time.monotonic()
-    passed = run_checks(CHECKS, settings.NODEPOOL_READYZ_BUDGET)
+    checks_to_run = {name: check for name, check in CHECKS.items() if name != "cache" or cache_is_redis()}
+    passed = run_checks(checks_to_run, settings.NODEPOOL_READYZ_BUDGET)
     checks = {name: "ok" if ok else "failed" for name, ok in passed.items()}
     elapsed_ms = round((time.monotonic() - started) * 1000, 1)
     failing = [name for name, ok in passed.items() if not ok]
     if not failing:
         return JsonResponse({"status": "ok", "checks": checks, "elapsed_ms": elapsed_ms})
+    if all(name in OPTIONAL for name in failing):
+        return JsonResponse({"status": "degraded", "checks": checks, "degraded": failing, "elapsed_ms": elapsed_ms})
     response = problem_response(
         503,
         "not_ready",

@@ -333,9 +333,15 @@ CACHES = {"default": env.cache("CACHE_URL", default="locmemcache://")}
 # Redis (broker, results, cache): a hung Redis fails a call within seconds instead of blocking it.
 REDIS_SOCKET_TIMEOUT = env.float("NODEPOOL_REDIS_SOCKET_TIMEOUT", default=10.0)
 REDIS_SOCKET_CONNECT_TIMEOUT = env.float("NODEPOOL_REDIS_SOCKET_CONNECT_TIMEOUT", default=3.0)
+# The cache holds hints only (nodepool.failsafe): a Redis cache fails open, with short timeouts, and
+# a failure stops this process asking Redis for NODEPOOL_CACHE_RETRY_SECONDS.
+NODEPOOL_CACHE_SOCKET_TIMEOUT = env.float("NODEPOOL_CACHE_SOCKET_TIMEOUT", default=0.25)
+NODEPOOL_CACHE_RETRY_SECONDS = env.float("NODEPOOL_CACHE_RETRY_SECONDS", default=2.0)
+if CACHES["default"]["BACKEND"] == "django.core.cache.backends.redis.RedisCache":
+    CACHES["default"]["BACKEND"] = "nodepool.failsafe.FailOpenRedisCache"
 if CACHES["default"]["BACKEND"].endswith("RedisCache"):
     CACHES["default"].setdefault("OPTIONS", {}).update(
-        {"socket_timeout": REDIS_SOCKET_TIMEOUT, "socket_connect_timeout": REDIS_SOCKET_CONNECT_TIMEOUT}
+        {"socket_timeout": NODEPOOL_CACHE_SOCKET_TIMEOUT, "socket_connect_timeout": NODEPOOL_CACHE_SOCKET_TIMEOUT}
     )
 
 # --- Celery ------------------------------------------------------------------------------------
@@ -367,6 +373,19 @@ if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
         "socket_timeout": REDIS_SOCKET_TIMEOUT,
         "socket_connect_timeout": REDIS_SOCKET_CONNECT_TIMEOUT,
         **CELERY_BROKER_TRANSPORT_OPTIONS,
+    }
+# Tasks sent from requests (nodepool.failsafe.publish): one attempt, and in web processes a broker
+# socket that gives up within NODEPOOL_WEB_BROKER_TIMEOUT, so that a Redis outage costs a request
+# at most that once per NODEPOOL_BROKER_RETRY_SECONDS (the worker keeps the longer timeouts: its
+# BRPOP waits 1 s).
+NODEPOOL_WEB_BROKER_TIMEOUT = env.float("NODEPOOL_WEB_BROKER_TIMEOUT", default=1.0)
+NODEPOOL_BROKER_RETRY_SECONDS = env.float("NODEPOOL_BROKER_RETRY_SECONDS", default=5.0)
+if PROCESS_KIND == "web" and CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        **CELERY_BROKER_TRANSPORT_OPTIONS,
+        "socket_timeout": NODEPOOL_WEB_BROKER_TIMEOUT,
+        "socket_connect_timeout": NODEPOOL_WEB_BROKER_TIMEOUT,
+        "max_retries": 0,
     }
 CELERY_REDIS_SOCKET_TIMEOUT = REDIS_SOCKET_TIMEOUT
 CELERY_REDIS_SOCKET_CONNECT_TIMEOUT = REDIS_SOCKET_CONNECT_TIMEOUT

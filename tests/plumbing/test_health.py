@@ -35,19 +35,30 @@ def test_readyz_is_200_on_the_configured_broker(client):
     assert response.status_code == 200, response.json()
 
 
-def test_readyz_is_503_naming_only_the_broker_when_it_does_not_answer(client, settings):
+def test_readyz_is_200_degraded_naming_only_the_broker_when_it_does_not_answer(client, settings):
+    """Node traffic needs only the database (issue 30): a broker outage is named, not fatal."""
     settings.CELERY_BROKER_URL = "redis://127.0.0.1:1/0"
     response = client.get("/readyz")
-    body = assert_problem(response, 503, "not_ready")
-    assert body["checks"] == {"database": "ok", "broker": "failed"} and body["failing"] == ["broker"]
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["status"] == "degraded" and body["degraded"] == ["broker"]
+    assert body["checks"] == {"database": "ok", "broker": "failed"}
     assert "127.0.0.1" not in response.content.decode() and "refused" not in response.content.decode().lower()
-    assert response["Retry-After"] == "5"
 
 
-def test_readyz_is_503_when_the_embedded_broker_file_cannot_be_opened(client, settings):
+def test_readyz_names_an_unreachable_redis_cache(client, settings, tmp_path):
+    settings.CELERY_BROKER_URL = f"sqla+sqlite:///{tmp_path / 'broker.sqlite3'}"
+    settings.CACHES = {"default": {"BACKEND": "nodepool.failsafe.FailOpenRedisCache", "LOCATION": "redis://127.0.0.1:1/0",
+                                   "OPTIONS": {"socket_timeout": 0.25, "socket_connect_timeout": 0.25}}}  # fmt: skip
+    body = client.get("/readyz").json()
+    assert body["status"] == "degraded" and body["degraded"] == ["cache"], body
+    assert body["checks"] == {"database": "ok", "broker": "ok", "cache": "failed"}
+
+
+def test_readyz_is_degraded_when_the_embedded_broker_file_cannot_be_opened(client, settings):
     settings.CELERY_BROKER_URL = "sqla+sqlite:////nonexistent-dir/broker.sqlite3"
     response = client.get("/readyz")
-    assert assert_problem(response, 503, "not_ready")["failing"] == ["broker"]
+    assert response.status_code == 200 and response.json()["degraded"] == ["broker"]
     assert "nonexistent" not in response.content.decode()
 
 

@@ -174,7 +174,9 @@ def test_web_processes_get_the_statement_timeout_and_other_processes_the_sweep_o
     assert web["db"] == {"connect_timeout": 4, "options": f"-c jit=off -c statement_timeout=7000 {generic}"}
     assert sweep["db"] == {"connect_timeout": 4, "options": f"-c jit=off {generic}"}
     assert migrate["db"]["options"] == f"-c jit=off -c statement_timeout=600000 {generic}"
-    assert web["broker"]["socket_timeout"] == 10.0 and web["broker"]["socket_connect_timeout"] == 3.0
+    # Web processes only publish (nodepool.failsafe): a short broker socket; workers keep 10 s / 3 s.
+    assert web["broker"]["socket_timeout"] == 1.0 and web["broker"]["socket_connect_timeout"] == 1.0
+    assert sweep["broker"]["socket_timeout"] == 10.0 and sweep["broker"]["socket_connect_timeout"] == 3.0
     assert web["redis"] == 10.0
 
 
