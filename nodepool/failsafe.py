@@ -136,8 +136,12 @@ def publish(task, args: tuple | list = (), kwargs: dict | None = None, **options
     if BROKER_CIRCUIT.is_open():
         BROKER_CIRCUIT.skipped()
         return False
+    if args:
+        options["args"] = args
+    if kwargs:
+        options["kwargs"] = kwargs
     try:
-        task.apply_async(args=args, kwargs=kwargs, retry=False, **options)
+        task.apply_async(retry=False, **options)
     except Exception as exc:
         BROKER_CIRCUIT.failed(getattr(task, "name", "task"), exc)
         return False

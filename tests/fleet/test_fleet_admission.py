@@ -211,10 +211,10 @@ def test_a_stale_attempt_changes_nothing():
 
 @pytest.fixture
 def lost_tasks(monkeypatch):
-    """Dispatched admission tasks go nowhere (the test runs admission itself)."""
+    """Dispatched admission tasks go nowhere (the test runs admission itself; failsafe.publish sends them)."""
     from fleet import tasks
 
-    monkeypatch.setattr(tasks.run_admission, "delay", lambda *args, **kwargs: None)
+    monkeypatch.setattr(tasks.run_admission, "apply_async", lambda *args, **kwargs: None)
 
 
 @pytest.mark.race

@@ -17,7 +17,12 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def sent(monkeypatch):
     calls = []
-    monkeypatch.setattr("leases.tasks.place_pending_requests.apply_async", lambda **options: calls.append(options))
+
+    def apply_async(*, retry=True, **options):
+        assert retry is False  # sent once from a request path (nodepool.failsafe.publish)
+        calls.append(options)
+
+    monkeypatch.setattr("leases.tasks.place_pending_requests.apply_async", apply_async)
     cache.delete_many(["leases:queue-kick", "leases:queue-kick-trailing"])
     return calls
 

@@ -396,7 +396,7 @@ def test_node_actions_on_two_nodes_of_one_pool_do_not_wait_for_each_other(monkey
     from fleet import services as fleet_services
     from tests.factories import NodeFactory, PoolFactory
 
-    monkeypatch.setattr("fleet.tasks.run_admission.delay", lambda *args, **kwargs: None)
+    monkeypatch.setattr("fleet.tasks.run_admission.apply_async", lambda *args, **kwargs: None)
     pool = PoolFactory(name="general")
     a, b = NodeFactory(pool=pool), NodeFactory(pool=pool)
     done = threading.Event()
@@ -426,7 +426,7 @@ def test_an_admission_and_a_change_of_its_pools_labels_both_complete(monkeypatch
     from fleet import services as fleet_services
     from tests.factories import NodeFactory, PoolFactory
 
-    monkeypatch.setattr("fleet.tasks.run_admission.delay", lambda *args, **kwargs: None)
+    monkeypatch.setattr("fleet.tasks.run_admission.apply_async", lambda *args, **kwargs: None)
     pool = PoolFactory(name="general")
     node = NodeFactory(pool=pool)
     done = threading.Event()
