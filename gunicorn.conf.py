@@ -10,3 +10,45 @@ plain-text 400/431 page before any application code runs (documented in docs/fou
 limit_request_field_size = 16384  # bytes per header line (gunicorn's default 8190 < our limit)
 limit_request_fields = 100  # headers per request (gunicorn's default)
 limit_request_line = 8190  # request line (method, path, query); gunicorn's maximum
+
+
+# --- /healthz from the master process (issue 30, item 2) ------------------------------------------
+# With NODEPOOL_PROBE_BIND=host:port, gunicorn's master answers GET /healthz there from a thread of
+# its own: no request stuck in a worker (a hung database holds a sync worker up to the request's
+# database deadline) can queue in front of it. It says what /healthz always said, that the server
+# is up, and it is the master that restarts stuck or dead workers. Standard library only: the
+# master never loads Django. Compose's nginx sends /healthz there (docs/foundation.md, "Probes").
+def when_ready(server):
+    import os
+
+    bind = os.environ.get("NODEPOOL_PROBE_BIND", "")
+    if bind:
+        _serve_health(bind, server)
+
+
+def _serve_health(bind, server):
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path.split("?", 1)[0] == "/healthz":
+                status, body = 200, {"status": "ok", "workers": len(server.WORKERS)}
+            else:
+                status, body = 404, {"type": "about:blank", "title": "Not Found", "status": 404, "code": "not_found"}
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json" if status == 200 else "application/problem+json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    host, _, port = bind.rpartition(":")
+    httpd = ThreadingHTTPServer((host.strip("[]") or "127.0.0.1", int(port)), Health)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, name="nodepool-probe", daemon=True).start()
+    server.log.info("nodepool probe: /healthz on %s", bind)

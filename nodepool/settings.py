@@ -92,6 +92,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "nodepool.api.middleware.RequestIdMiddleware",
+    # A request whose database never answers ends at its deadline as 503 database_timeout.
+    "nodepool.db_deadline.DatabaseDeadlineMiddleware",
     # A flooding node's repeated 429 answered before everything else (fleet.api.renewal_views).
     "fleet.api.renewal_views.RenewalFloodGate",
     "nodepool.api.middleware.HeaderLimitMiddleware",
@@ -135,17 +137,28 @@ WSGI_APPLICATION = "nodepool.wsgi.application"
 # Celery sweeps, migrations and management commands get the longer (default: no) statement timeout.
 PROCESS_KIND = env.str("NODEPOOL_PROCESS_KIND", default="")
 NODEPOOL_DB_CONNECT_TIMEOUT = env.int("NODEPOOL_DB_CONNECT_TIMEOUT", default=3)
-NODEPOOL_DB_STATEMENT_TIMEOUT_MS = env.int("NODEPOOL_DB_STATEMENT_TIMEOUT_MS", default=10_000)
+NODEPOOL_DB_STATEMENT_TIMEOUT_MS = env.int("NODEPOOL_DB_STATEMENT_TIMEOUT_MS", default=5_000)
+# Web requests: a query still unanswered this many seconds after the request began is cut
+# (nodepool.db_deadline): a hung server that never sees the query cannot cancel it itself.
+NODEPOOL_REQUEST_DB_DEADLINE = env.float("NODEPOOL_REQUEST_DB_DEADLINE", default=5.0)
+# TCP keepalives and tcp_user_timeout (libpq): a server whose host vanished is noticed in seconds.
+NODEPOOL_DB_TCP_USER_TIMEOUT_MS = env.int("NODEPOOL_DB_TCP_USER_TIMEOUT_MS", default=10_000)
 NODEPOOL_DB_SWEEP_STATEMENT_TIMEOUT_MS = env.int("NODEPOOL_DB_SWEEP_STATEMENT_TIMEOUT_MS", default=0)
 NODEPOOL_READYZ_BUDGET = env.float("NODEPOOL_READYZ_BUDGET", default=2.5)
 
 
 def postgres_options(
-    *, connect_timeout: int, statement_timeout_ms: int, jit: bool = False, generic_plans: bool = True
+    *,
+    connect_timeout: int,
+    statement_timeout_ms: int,
+    jit: bool = False,
+    generic_plans: bool = True,
+    tcp_user_timeout_ms: int = 10_000,
 ) -> dict:
-    """libpq connection options: ``connect_timeout`` (seconds), a session ``statement_timeout``
-    (milliseconds; 0 = none), ``jit`` and ``plan_cache_mode``, set at connect so that no request
-    pays an extra statement.
+    """libpq connection options: ``connect_timeout`` (seconds), TCP keepalives and
+    ``tcp_user_timeout`` (``tcp_user_timeout_ms``), a session ``statement_timeout`` (milliseconds;
+    0 = none), ``jit`` and ``plan_cache_mode``, set at connect so that no request pays an extra
+    statement.
 
     JIT compilation is off unless asked for: PostgreSQL compiles any query whose *estimated* cost
     passes ``jit_above_cost``, and the grouped queries of a 409 explanation on 10,000 nodes spent
@@ -157,7 +170,16 @@ def postgres_options(
     Django's own cursors bind on the client, so the option changes no other plan. Pass False
     when Django binds on the server (``OPTIONS["server_side_binding"]``).
     """
-    options = {"connect_timeout": connect_timeout}
+    options = {
+        "connect_timeout": connect_timeout,
+        # Probes every 2 s after 5 s idle, dead after 3 unanswered; unacknowledged data for
+        # tcp_user_timeout ms closes the connection (a host that vanished mid-query).
+        "keepalives": 1,
+        "keepalives_idle": 5,
+        "keepalives_interval": 2,
+        "keepalives_count": 3,
+        "tcp_user_timeout": tcp_user_timeout_ms,
+    }
     settings = [] if jit else ["-c jit=off"]
     if statement_timeout_ms > 0:
         settings.append(f"-c statement_timeout={statement_timeout_ms}")
@@ -194,6 +216,7 @@ else:
             ),
             jit=env.bool("NODEPOOL_DB_JIT", default=False),
             generic_plans=not DATABASES["default"].get("OPTIONS", {}).get("server_side_binding"),
+            tcp_user_timeout_ms=NODEPOOL_DB_TCP_USER_TIMEOUT_MS,
         )
     )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

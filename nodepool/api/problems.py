@@ -19,6 +19,8 @@ from django_fsm import ConcurrentTransition, TransitionNotAllowed
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 
+from nodepool.db_deadline import timed_out as past_deadline
+
 logger = logging.getLogger(__name__)
 
 PROBLEM_CONTENT_TYPE = "application/problem+json"
@@ -280,7 +282,15 @@ DATABASE_RETRY_AFTER = 5
 def database_unavailable(exc: Exception) -> ServiceUnavailable:
     """The 503 for a database error that a retry may cure; the driver's message goes to the log only."""
     logger.warning("database unavailable, answering 503: %s: %s", type(exc).__name__, exc)
-    timed_out = "statement timeout" in str(exc) or "canceling statement" in str(exc)
+    message = str(exc)
+    # The server cancelled the statement (statement_timeout), the connect timeout expired, or the
+    # request's deadline cut a connection the server never answered on (nodepool.db_deadline).
+    timed_out = (
+        "statement timeout" in message
+        or "canceling statement" in message
+        or "timeout expired" in message
+        or past_deadline()
+    )
     return ServiceUnavailable(
         "The database did not answer in time; retry later."
         if timed_out

@@ -171,8 +171,11 @@ def test_web_processes_get_the_statement_timeout_and_other_processes_the_sweep_o
     migrate = _settings_in_a_fresh_process(KIND="worker", NODEPOOL_DB_SWEEP_STATEMENT_TIMEOUT_MS="600000", **env)
 
     generic = "-c plan_cache_mode=force_generic_plan"
-    assert web["db"] == {"connect_timeout": 4, "options": f"-c jit=off -c statement_timeout=7000 {generic}"}
-    assert sweep["db"] == {"connect_timeout": 4, "options": f"-c jit=off {generic}"}
+    # TCP keepalives and tcp_user_timeout in every process (issue 30: a vanished host is noticed).
+    tcp = {"keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2, "keepalives_count": 3,
+           "tcp_user_timeout": 10_000}  # fmt: skip
+    assert web["db"] == {"connect_timeout": 4, **tcp, "options": f"-c jit=off -c statement_timeout=7000 {generic}"}
+    assert sweep["db"] == {"connect_timeout": 4, **tcp, "options": f"-c jit=off {generic}"}
     assert migrate["db"]["options"] == f"-c jit=off -c statement_timeout=600000 {generic}"
     # Web processes only publish (nodepool.failsafe): a short broker socket; workers keep 10 s / 3 s.
     assert web["broker"]["socket_timeout"] == 1.0 and web["broker"]["socket_connect_timeout"] == 1.0
