@@ -117,6 +117,10 @@ class DeviceTracker:
         # Events not yet in an answered status report: device id -> [event], oldest first.
         self.pending: dict[str, list[dict]] = {}
         self.unmatched = 0  # events naming no device we know (logged, counted, not reported)
+        # Whether any provider ever found a device: a host that never had one sends no ``devices``
+        # at all (no news, and nothing for the server to parse); one that had some sends the list,
+        # even empty, because GPUs that vanished are news (the server marks them missing).
+        self.ever_found = False
 
     def inventory(self, *, force: bool = False) -> list[dict]:
         """The devices, refreshed when older than ``refresh`` (or ``force``); a failing provider
@@ -141,6 +145,7 @@ class DeviceTracker:
                 log.warning("%s devices found; reporting the first %s", len(found), MAX_DEVICES)
                 found = found[:MAX_DEVICES]
             self._inventory, self._taken_at = found, now
+            self.ever_found = self.ever_found or bool(found)
         return self._inventory
 
     def collect_events(self) -> None:

@@ -287,8 +287,12 @@ class Agent:
             # DEVICES-WIRE.md: a changed boot id tells the server the host rebooted; each device
             # carries its health and the XID events not yet in an answered report.
             "boot_id": self.boot_id,
-            "devices": self.devices.report(),
+            **self._devices_part(),
         }
+
+    def _devices_part(self) -> dict:
+        devices_now = self.devices.report()
+        return {"devices": devices_now} if self.devices.ever_found else {}
 
     def _failure_delay(self, exc: ServerUnavailable) -> float:
         delay = self.backoff.next_delay()
@@ -338,7 +342,7 @@ class Agent:
                 if delay is not None:
                     return delay
             answer = self.client.heartbeat(self.state.node_id, payload)
-            self.devices.reported(payload["devices"])
+            self.devices.reported(payload.get("devices") or [])
             self.last_report_at = time.monotonic()
             self.reported_fingerprint = self.fingerprint(payload)
             self.report_wanted = False

@@ -397,3 +397,13 @@ def test_status_reports_carry_boot_id_and_devices_and_a_new_xid_is_reported_at_o
     assert all(not d["health"]["xid_events"] for d in beats[0]["devices"])
     assert beats[1]["devices"][2]["health"]["xid_events"] == [{"xid": 79, "at": "2026-12-02T10:00:00Z", "message": "x"}]
     assert not agent.devices.pending, "answered: the event is not sent again"
+
+
+def test_a_host_that_never_had_a_device_sends_no_devices_but_one_that_lost_them_sends_none(fake_smi):
+    tracker = DeviceTracker([NvidiaProvider()], refresh=0)
+    assert tracker.report() and tracker.ever_found
+    fake_smi.spec["fail"] = True  # the driver died: the GPUs are gone, which is news
+    fake_smi.save()
+    assert tracker.report() == [] and tracker.ever_found
+
+    assert not DeviceTracker([], refresh=0).ever_found
