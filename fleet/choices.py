@@ -99,6 +99,7 @@ class NodeEventType(models.TextChoices):
     USAGE = "usage", "usage evidence or reconciliation"
     STATEMENT = "statement", "owner statement"
     APPEAL = "appeal", "quarantine appeal"
+    DISRUPTION_BLOCKED = "disruption_blocked", "automated disruption blocked (pool budget, window, workload budget)"
 
 
 # Event types only the node's owner and operators may read (fleet.api.events): an appeal carries the

@@ -152,6 +152,16 @@ def describe_node(obj: Context, node):
     render.print_whole(console(), describe_mod.describe_node(found, leases, page.get("results") or []))
 
 
+@describe.command("pool")
+@click.argument("pool")
+@click.pass_obj
+def describe_pool(obj: Context, pool):
+    """A pool: its disruption budgets and windows, the disruptions allowed now, blocked ones."""
+    found = obj.api.get(f"/pools/{pool}")
+    disruptions = obj.api.get(f"/pools/{pool}/disruptions")
+    render.print_whole(console(), describe_mod.describe_pool(found, disruptions))
+
+
 def rfc3339(value: str) -> str:
     """``value`` if it is an RFC 3339 time with a UTC offset or ``Z`` (the API refuses a time
     without one: 400 timezone_required), else a usage error (exit 2) saying what is expected."""

@@ -108,6 +108,44 @@ def describe_node(node: dict, leases: list[dict], events: list[dict]) -> Group:
     return Group(*parts)
 
 
+def describe_pool(pool: dict, disruptions: dict) -> Group:
+    """The pool as sections: its fields, disruption budgets (each with its window, active or
+    next), the disruptions allowed now per reason, and the nodes automation may not disrupt, each
+    with its blocker. ``disruptions`` is ``GET /pools/{name}/disruptions``."""
+    fields = [
+        ("Name", pool.get("name") or "-"),
+        ("Kind", pool.get("kind") or "-"),
+        ("Labels", _pairs(pool.get("labels"))),
+        ("Nodes", f"{disruptions.get('members', 0)} ({disruptions.get('disrupting', 0)} disrupting)"),
+        ("Ready objective", str(pool.get("ready_ratio_objective") or "<none>")),
+    ]
+    budgets = [
+        [
+            str(b.get("index")),
+            str(b.get("nodes")),
+            str(b.get("limit")),
+            ", ".join(b.get("reasons") or []) or "all",
+            f"{b['schedule']} for {b.get('duration')} ({b.get('timezone', 'UTC')})" if b.get("schedule") else "always",
+            ("active" if b.get("active") else "inactive")
+            + (f" {b.get('window_start')} → {b.get('window_end')}" if b.get("window_start") else ""),
+        ]
+        for b in disruptions.get("budgets") or []
+    ]
+    allowed = [
+        [reason, "unlimited" if n is None else str(n)]
+        for reason, n in (disruptions.get("allowed_disruptions") or {}).items()
+    ]
+    blocked = [
+        [b.get("node", ""), b.get("reason", ""), b.get("kind", ""), age(b.get("since")), b.get("detail", "")]
+        for b in disruptions.get("blocked") or []
+    ]
+    parts = [_grid(fields)]
+    parts += _section("Disruption budgets", _table(["#", "NODES", "LIMIT", "REASONS", "SCHEDULE", "WINDOW"], budgets))
+    parts += _section("Allowed disruptions", _table(["REASON", "ALLOWED NOW"], allowed))
+    parts += _section("Blocked disruptions", _table(["NODE", "REASON", "BLOCKER", "FOR", "DETAIL"], blocked))
+    return Group(*parts)
+
+
 TOP_RESOURCES = ("cpu", "memory", "nvidia.com/gpu")
 
 

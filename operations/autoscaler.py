@@ -56,11 +56,17 @@ from maintenance.choices import DrainState
 from maintenance.models import Drain
 from nodepool.api.problems import Problem
 
-from . import capacity, conf, outofservice
-from .choices import LIVE_MACHINE_STATES, MachineState, ProviderKind, ScaleDirection, ScaleOutcome
+from . import capacity, conf, disruption, outofservice
+from .choices import (
+    LIVE_MACHINE_STATES,
+    DisruptionReason,
+    MachineState,
+    ProviderKind,
+    ScaleDirection,
+    ScaleOutcome,
+)
 from .models import PoolOperations, ProviderMachine, ScaleDecision
 from .providers import MachineRequest, ProviderError, provider_for
-from .rollout import _budgets_allow
 
 logger = logging.getLogger(__name__)
 FRESH_SECONDS = 30
@@ -393,20 +399,57 @@ def _new_machines(ops: PoolOperations, decision: ScaleDecision, count: int, *, p
 def request_surge(*, pool_id, count: int, upgrade_id, actor: Actor, now=None) -> int:
     """Ask the provider for ``count`` extra nodes before an upgrade takes nodes out (its
     ``max_surge_nodes``), within ``max_nodes``. Once per upgrade. Returns machines requested."""
+    return request_extra(
+        pool_id=pool_id,
+        count=count,
+        why="upgrade surge: {count} node(s) before nodes are taken out",
+        key={"upgrade_id": str(upgrade_id)},
+        actor=actor,
+        now=now,
+    )
+
+
+def request_replacement(*, pool_id, preemption_id, node_id, actor: Actor, now=None) -> int:
+    """Replacement capacity for a preempted node, asked at once (not when its evicted work comes
+    back as pending requests): one node of the pool's template, or of its ``fallback_pool``'s when
+    the pool has no provider or no room. The preempted node does not count against ``max_nodes``:
+    it is going away. Once per preemption. Returns machines requested (0 or 1)."""
+    ops = PoolOperations.objects.select_related("fallback_pool").get(pool_id=pool_id)
+    key = {"preemption_id": preemption_id}
+    why = "replacement for a preempted node: {count} node(s) at once"
+    got = request_extra(pool_id=pool_id, count=1, why=why, key=key, actor=actor, now=now, leaving=[node_id])
+    if got or not ops.fallback_pool_id:
+        return got
+    return request_extra(
+        pool_id=ops.fallback_pool_id,
+        count=1,
+        why=why + f" (fallback of {ops.pool.name})",
+        key=key,
+        actor=actor,
+        now=now,
+    )
+
+
+def request_extra(*, pool_id, count: int, why: str, key: dict, actor: Actor, now=None, leaving=()) -> int:
+    """``count`` extra nodes from the pool's provider within ``max_nodes`` (``leaving``: node ids
+    not counted as members), once per ``key`` (a ``ScaleDecision.data`` member naming the cause).
+    The decision is recorded under the pool's settings lock; the provider is called after it
+    commits. Returns machines requested."""
     now = now or timezone.now()
+    ((name, value),) = key.items()
     with transaction.atomic():
         ops = PoolOperations.objects.select_for_update(of=("self",)).select_related("pool").get(pool_id=pool_id)
         if ops.provider == ProviderKind.NONE:
             return 0
-        if ScaleDecision.objects.filter(pool_id=pool_id, data__upgrade_id=str(upgrade_id)).exists():
+        if ScaleDecision.objects.filter(pool_id=pool_id, **{f"data__{name}": value}).exists():
             return 0
-        members = capacity.member_nodes(ops.pool).count()
+        members = capacity.member_nodes(ops.pool).exclude(pk__in=list(leaving)).count()
         in_flight = ProviderMachine.objects.filter(
             pool_id=pool_id, state__in=[MachineState.REQUESTED, MachineState.ENROLLED]
         ).count()
         room = (ops.max_nodes - members - in_flight) if ops.max_nodes else 0
         count = max(0, min(count, room))
-        reason = f"upgrade surge: {count} node(s) before nodes are taken out"
+        reason = why.format(count=count)
         if count == 0:
             _decide(
                 ops.pool,
@@ -415,12 +458,10 @@ def request_surge(*, pool_id, count: int, upgrade_id, actor: Actor, now=None) ->
                 0,
                 reason + f"; held back: at max_nodes {ops.max_nodes}",
                 actor,
-                upgrade_id=str(upgrade_id),
+                **key,
             )
             return 0
-        decision = _decide(
-            ops.pool, ScaleDirection.UP, ScaleOutcome.REQUESTED, count, reason, actor, upgrade_id=str(upgrade_id)
-        )
+        decision = _decide(ops.pool, ScaleDirection.UP, ScaleOutcome.REQUESTED, count, reason, actor, **key)
         requests = _new_machines(ops, decision, count, pending_since=now, now=now)
     _call_provider(ops, decision, requests, actor)
     return count
@@ -520,9 +561,8 @@ def utilization(node: Node) -> float:
 
 
 def replaceable(node: Node) -> tuple[bool, str]:
-    """Can every live lease on ``node`` be placed elsewhere now, within its budgets? (changes nothing)"""
-    if not _budgets_allow(node):
-        return False, "a disruption budget allows no eviction now"
+    """Can every live lease on ``node`` be placed elsewhere now? (changes nothing; the budgets
+    are the gate's: :func:`operations.disruption.disrupt`)"""
     for lease in Lease.objects.filter(node=node, state__in=LIVE_LEASE_STATES).select_related("pool"):
         outcome = simulate_placement(lease, exclude_node_ids=[node.pk])
         if not outcome["placeable"]:
@@ -577,30 +617,38 @@ def scale_down(*, pool_id, actor: Actor, now) -> int:
                 pool, ScaleDirection.DOWN, f"{len(due)} idle node(s); held back: at min_nodes {ops.min_nodes}", actor
             )
             return 0
-        reasons = []
+        # Every candidate gets its own answer: one blocked node never stops the others.
+        candidates: list[dict] = []
         for machine in due:
-            ok, why = replaceable(machine.node)
-            if not ok:
-                reasons.append(why)
-                continue
             node = machine.node
+            ok, why = replaceable(node)
+            if not ok:
+                candidates.append({"node_id": str(node.pk), "node": str(node), "reason": why})
+                continue
             try:
                 with transaction.atomic():  # the machine's move and the node's drain, or neither
                     # A following pass (which takes no pool lock) may have moved the machine since
                     # it was read, when its node was lost or retired: then it is not ours to remove.
                     if not _moved(machine, state=MachineState.DRAINING):
-                        reasons.append(f"machine {machine.name}: moved on meanwhile")
+                        candidates.append(
+                            {"node_id": str(node.pk), "node": str(node), "reason": "machine moved on meanwhile"}
+                        )
                         continue
-                    outofservice.take_out_of_service(
+                    disruption.disrupt(
                         node=node,
+                        reason=DisruptionReason.SCALE_DOWN,
                         owner=outofservice.AUTOSCALER,
                         policy=ops.drain_policy,
-                        reason=f"scale-down: below {ops.scale_down_utilization:.0%} for {ops.scale_down_after}s",
+                        why=f"scale-down: below {ops.scale_down_utilization:.0%} for {ops.scale_down_after}s",
                         timeout=ops.drain_timeout,
                         now=now,
                     )
+            except disruption.DisruptionBlocked as blocked:
+                blocked.record()  # outside the rolled-back savepoint, so the node shows it
+                candidates.append({"node_id": str(node.pk), "node": str(node), "reason": blocked.verdict.describe()})
+                continue
             except Problem as exc:  # the node changed since it was read (an operator, a rule): not now
-                reasons.append(f"node {node}: {exc.detail}")
+                candidates.append({"node_id": str(node.pk), "node": str(node), "reason": str(exc.detail)})
                 continue
             ops.last_scale_down_at = now
             ops.underused_since = {k: v for k, v in underused.items() if k != str(node.pk)}
@@ -615,9 +663,18 @@ def scale_down(*, pool_id, actor: Actor, now) -> int:
                 actor,
                 node_id=str(node.pk),
                 machine=machine.name,
+                candidates=candidates,
             )
             return 1
-        _held_back(pool, ScaleDirection.DOWN, f"{len(due)} idle node(s); held back: " + "; ".join(reasons[:3]), actor)
+        _held_back(
+            pool,
+            ScaleDirection.DOWN,
+            f"{len(due)} idle node(s); held back: "
+            + "; ".join(f"{c['node']}: {c['reason']}" for c in candidates[:3])
+            + (f"; and {len(candidates) - 3} more" if len(candidates) > 3 else ""),
+            actor,
+            candidates=candidates,
+        )
     return 0
 
 

@@ -10,7 +10,7 @@ from django.db.models import Q, Sum
 
 from fleet.choices import Lifecycle, Liveness
 from fleet.models import Node, NodeResource, Pool
-from fleet.selectors import SCHEDULABLE_HEALTH
+from fleet.selectors import IN_SERVICE_LIFECYCLES, SCHEDULABLE_HEALTH
 from leases import placement
 from leases.spec import PlacementSpec
 
@@ -26,19 +26,23 @@ def member_nodes(pool: Pool):
     return Node.objects.filter(pool=pool).exclude(lifecycle=Lifecycle.RETIRED)
 
 
-def unavailable_count(pool: Pool) -> int:
-    """Members that cannot take work now (any lifecycle but ready, not alive, not ready, unhealthy)."""
-    return member_nodes(pool).exclude(AVAILABLE).count()
-
-
 def ready_ratio(pool: Pool, *, exclude_node_ids=()) -> float | None:
-    """Available members / members, leaving out ``exclude_node_ids`` (nodes an operation took
-    out on purpose); None for a pool with no members."""
-    members = member_nodes(pool).exclude(pk__in=list(exclude_node_ids))
-    total = members.count()
+    """The Node Ready SLI of ``pool`` (the rule of ``fleet.selectors.pool_capacity`` and of the
+    exported ``nodepool_nodes_ready / nodepool_nodes_in_service``): in-service nodes (lifecycle
+    ready — cordoned or not — or draining) that are alive and report ready, over in-service nodes;
+    leaving out ``exclude_node_ids`` (nodes an operation took out on purpose). None for a pool
+    with no node in service.
+
+    Cordons (by people or by other operations' holds) do not lower it: an upgrade's Ready gate
+    pausing on one operator cordon in a small pool was a bug (issue #34).
+    """
+    in_service = Node.objects.filter(pool=pool, lifecycle__in=IN_SERVICE_LIFECYCLES).exclude(
+        pk__in=list(exclude_node_ids)
+    )
+    total = in_service.count()
     if not total:
         return None
-    return members.filter(AVAILABLE).count() / total
+    return in_service.filter(liveness=Liveness.ALIVE, ready=True).count() / total
 
 
 def ready_ratio_objective(pool: Pool) -> float | None:

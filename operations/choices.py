@@ -27,6 +27,23 @@ ACTIVE_UPGRADE_STATES = (
 MOVING_UPGRADE_STATES = (UpgradeState.CANARY, UpgradeState.ROLLING, UpgradeState.ROLLING_BACK)
 
 
+class PauseCause(models.TextChoices):
+    """Why an upgrade is paused (an operator, or the workflow by itself)."""
+
+    OPERATOR = "operator", "paused by an operator"
+    CANARY_FAILED = "canary_failed", "the canary failed (auto_rollback off)"
+    FAILURES = "failures", "failed nodes reached failure_threshold"
+    READY_RATIO = "ready_ratio", "the pool's Ready SLI fell below its objective"
+
+
+class CanaryOverride(models.TextChoices):
+    """What resuming an upgrade paused by its canary does (an explicit choice, with a reason)."""
+
+    RETRY = "retry_canary", "retry the canary on the same nodes"
+    RETRY_OTHER_NODES = "retry_canary_on_other_nodes", "retry the canary on the next nodes of the roll"
+    SKIP = "skip_canary", "skip the canary and roll on"
+
+
 class UpgradePhase(models.TextChoices):
     CANARY = "canary", "canary"
     ROLL = "roll", "roll"
@@ -91,3 +108,24 @@ class PreemptionSource(models.TextChoices):
 class PreemptionState(models.TextChoices):
     DRAINING = "draining", "draining before the deadline"
     DRAINED = "drained", "drained (node in maintenance or retired)"
+
+
+class DisruptionReason(models.TextChoices):
+    """Why automation wants to take a node out (Karpenter's disruption reasons, ours by name).
+
+    Pool disruption budgets (``PoolOperations.disruption_budgets``) limit every reason but
+    ``preemption``: a spot notice is forced (the machine goes away whatever we decide) and is
+    exempt, as in Karpenter, but its node counts as disrupting while it drains.
+    """
+
+    UPGRADE = "upgrade", "rolling upgrade"
+    DRIFT = "drift", "drift replacement"
+    EXPIRY = "expiry", "expiry replacement"
+    REPAIR = "repair", "automated repair"
+    SCALE_DOWN = "scale_down", "scale-down of an idle node"
+    CONSOLIDATION = "consolidation", "consolidation"
+    PREEMPTION = "preemption", "spot preemption (forced, exempt from pool budgets)"
+
+
+# The reasons a pool disruption budget may name (everything automation decides on its own).
+BUDGETED_REASONS = tuple(r for r in DisruptionReason.values if r != DisruptionReason.PREEMPTION)

@@ -14,6 +14,10 @@ DEFAULTS = {
     "PROVIDER_TIMEOUT": 10.0,
     # Webhook signatures older or newer than this are refused (replay window).
     "WEBHOOK_TOLERANCE": 300,
+    # A preemption notice's drain ends this share of the notice before its deadline, and at
+    # least PREEMPTION_MARGIN_MIN seconds before (work that checkpoints late still gets out).
+    "PREEMPTION_MARGIN_FRACTION": 0.1,
+    "PREEMPTION_MARGIN_MIN": 10.0,
     # Where simulator machines started by the `simulated` provider find the control plane.
     "SIMULATED_PROVIDER_URL": "http://127.0.0.1:8000",
 }

@@ -10,8 +10,16 @@ gives the same figures to anything else (the demo).
   ``nodepool_upgrade_success_ratio{pool}``.
 - ``nodepool_upgrades{pool,state}`` — upgrades by state.
 - ``nodepool_scale_up_seconds_{sum,count}{pool}`` — request pending → node ready, per machine.
-- ``nodepool_scale_attempts_failed_total{pool}`` — provider calls that failed after retries.
+- ``nodepool_scale_attempts_failed_total{pool}`` — provider calls that failed after retries, plus
+  machines the provider accepted that failed later (not ready within ``boot_timeout``, refused at
+  admission).
 - ``nodepool_preemptions_total{pool}`` — preemption notices received.
+- ``nodepool_pool_allowed_disruptions{pool,reason}`` — nodes automation may still disrupt now
+  for each budgeted reason (upgrade, drift, expiry, repair, scale_down, consolidation) under the
+  pool's active disruption budgets; 0 in a blackout window. A pool with no budget for a reason
+  exports its members not disrupting.
+- ``nodepool_pool_disruptions_blocked{pool,reason}`` — nodes automation wants to disrupt but may
+  not (``GET /pools/{name}/disruptions`` names each blocker).
 """
 
 from __future__ import annotations
@@ -19,10 +27,12 @@ from __future__ import annotations
 from collections import defaultdict
 
 from django.db.models import Count
+from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from .choices import ScaleOutcome, UpgradeNodeState
-from .models import Preemption, ProviderMachine, ScaleDecision, Upgrade, UpgradeNode
+from . import disruption
+from .choices import BUDGETED_REASONS, MachineState, ScaleOutcome, UpgradeNodeState
+from .models import DisruptionBlock, PoolOperations, Preemption, ProviderMachine, ScaleDecision, Upgrade, UpgradeNode
 
 
 def samples() -> dict:
@@ -43,21 +53,40 @@ def samples() -> dict:
     for machine in ProviderMachine.objects.filter(ready_at__isnull=False).select_related("pool"):
         scale_sum[(machine.pool.name,)] += machine.scale_up_seconds or 0.0
         scale_count[(machine.pool.name,)] += 1
-    failed = {
-        (p,): n
-        for p, n in ScaleDecision.objects.filter(outcome=ScaleOutcome.FAILED)
+    failed = defaultdict(float)
+    for p, n in (
+        ScaleDecision.objects.filter(outcome=ScaleOutcome.FAILED).values_list("pool__name").annotate(n=Count("pk"))
+    ):
+        failed[(p,)] += n
+    # A machine the provider accepted that never became ready (boot_timeout, or refused at
+    # admission) is a failed scale attempt too, one per machine.
+    for p, n in (
+        ProviderMachine.objects.filter(state=MachineState.FAILED, decision__outcome=ScaleOutcome.SUCCEEDED)
         .values_list("pool__name")
         .annotate(n=Count("pk"))
-    }
+    ):
+        failed[(p,)] += n
     preemptions = {(p,): n for p, n in Preemption.objects.values_list("pool__name").annotate(n=Count("pk"))}
+    allowed, blocked = {}, {}
+    now = timezone.now()
+    for ops in PoolOperations.objects.select_related("pool"):
+        counts = (disruption.members(ops.pool), disruption.disrupting(ops.pool))
+        for reason in BUDGETED_REASONS:
+            verdict = disruption.pool_allowance(ops.pool, ops.disruption_budgets or [], reason, now=now, counts=counts)
+            value = verdict.allowed_disruptions
+            allowed[(ops.pool.name, reason)] = value if value is not None else max(0, counts[0] - counts[1])
+    for pool, reason, n in DisruptionBlock.objects.values_list("pool__name", "reason").annotate(n=Count("pk")):
+        blocked[(pool, reason)] = n
     return {
         "nodepool_upgrade_nodes_total": dict(nodes),
         "nodepool_upgrade_success_ratio": ratio,
         "nodepool_upgrades": upgrades,
         "nodepool_scale_up_seconds_sum": dict(scale_sum),
         "nodepool_scale_up_seconds_count": dict(scale_count),
-        "nodepool_scale_attempts_failed_total": failed,
+        "nodepool_scale_attempts_failed_total": dict(failed),
         "nodepool_preemptions_total": preemptions,
+        "nodepool_pool_allowed_disruptions": allowed,
+        "nodepool_pool_disruptions_blocked": blocked,
     }
 
 
@@ -98,3 +127,11 @@ class OperationsCollector:
             for labels, value in data[f"{name}_total"].items():
                 family.add_metric(list(labels), value)
             yield family
+        for name, help_text in (
+            ("nodepool_pool_allowed_disruptions", "Nodes automation may still disrupt now, per reason."),
+            ("nodepool_pool_disruptions_blocked", "Nodes automation wants to disrupt but may not, per reason."),
+        ):
+            gauge = GaugeMetricFamily(name, help_text, labels=["pool", "reason"])
+            for labels, value in data[name].items():
+                gauge.add_metric(list(labels), value)
+            yield gauge

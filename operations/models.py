@@ -18,7 +18,9 @@ from maintenance.choices import EvictionPolicy
 
 from .choices import (
     ACTIVE_UPGRADE_STATES,
+    DisruptionReason,
     MachineState,
+    PauseCause,
     PreemptionSource,
     PreemptionState,
     ProviderKind,
@@ -28,6 +30,12 @@ from .choices import (
     UpgradePhase,
     UpgradeState,
 )
+
+
+def default_disruption_budgets() -> list[dict]:
+    """Every pool's default: automation disrupts at most 10 % of the pool's nodes at once
+    (rounded up, at least 1), Karpenter's default budget."""
+    return [{"nodes": "10%"}]
 
 
 class PoolOperations(models.Model):
@@ -69,6 +77,9 @@ class PoolOperations(models.Model):
     scale_down_after = models.PositiveIntegerField(default=600, help_text="Seconds underused before removal.")
     scale_down_cooldown = models.PositiveIntegerField(default=300)
     boot_timeout = models.PositiveIntegerField(default=600, help_text="Seconds a new machine has to become ready.")
+    # Pool disruption budgets (operations.disruption): [{"nodes": "10%", "reasons": [...],
+    # "schedule": cron, "duration": "8h", "timezone": "UTC"}]; validated when written.
+    disruption_budgets = models.JSONField(default=default_disruption_budgets, blank=True)
     last_scale_up_at = models.DateTimeField(null=True, blank=True)
     last_scale_down_at = models.DateTimeField(null=True, blank=True)
     # {node_id: ISO time it was first seen below the utilization threshold}.
@@ -115,6 +126,7 @@ class Upgrade(ConcurrentTransitionMixin, models.Model):
     reason = models.TextField(blank=True)
     status_reason = models.TextField(blank=True)
     paused_from = models.CharField(max_length=16, blank=True)
+    pause_cause = models.CharField(max_length=16, choices=PauseCause.choices, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -306,3 +318,28 @@ class SeenDelivery(models.Model):
 
     def __str__(self) -> str:
         return self.delivery_id
+
+
+class DisruptionBlock(models.Model):
+    """Why automation may not disrupt a node now (the latest refusal of the gate,
+    :func:`operations.disruption.request_disruption`); deleted when the node is disrupted.
+
+    ``kind``: pool_budget, window, max_unavailable_nodes, workload_budget. ``blocker``: the
+    gate's full answer (the budget with its index, or the workload group and the lease).
+    """
+
+    node = models.OneToOneField("fleet.Node", on_delete=models.CASCADE, related_name="disruption_block")
+    pool = models.ForeignKey("fleet.Pool", on_delete=models.CASCADE, related_name="disruption_blocks")
+    reason = models.CharField(max_length=16, choices=DisruptionReason.choices)
+    owner = models.CharField(max_length=200)
+    kind = models.CharField(max_length=32)
+    detail = models.TextField(blank=True)
+    blocker = models.JSONField(default=dict, blank=True)
+    since = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["since"]
+
+    def __str__(self) -> str:
+        return f"{self.reason} of {self.node_id} blocked: {self.kind}"

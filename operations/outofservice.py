@@ -25,7 +25,14 @@ from maintenance.models import Drain
 UPGRADE = "system:upgrade"
 AUTOSCALER = "system:autoscaler"
 PREEMPTION = "system:preemption"
-SYSTEM_OWNERS = (UPGRADE, AUTOSCALER, PREEMPTION)
+DRIFT = "system:drift"
+EXPIRY = "system:expiry"
+REPAIR = "system:repair"
+CONSOLIDATION = "system:consolidation"
+SHUTDOWN = "system:shutdown"
+# Every automated owner: its drains' evicted leases are requeued (operations.preemption), and its
+# holds count as disrupting against the pool disruption budgets (operations.disruption).
+SYSTEM_OWNERS = (UPGRADE, AUTOSCALER, PREEMPTION, DRIFT, EXPIRY, REPAIR, CONSOLIDATION)
 
 
 def take_out_of_service(

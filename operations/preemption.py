@@ -2,7 +2,9 @@
 
 A notice comes from the node's agent (``POST /nodes/{id}/preemption-notice``), from the provider
 (a signed ``POST /pools/{name}/preemption-notices``) or from an operator. The node is cordoned
-by ``system:preemption`` and drained with the ``checkpoint`` policy and the notice's deadline:
+by ``system:preemption`` and drained with the ``checkpoint`` policy by a margin before the
+notice's deadline (:func:`drain_deadline`), and a replacement node is asked of the provider at
+once (:func:`operations.autoscaler.request_replacement`):
 workloads that can checkpoint do so and move early, the rest are revoked at the deadline. Every
 lease a system drain ends is requeued for its client (:func:`requeue_evicted_lease`), for a
 preemption in the pool's fallback pool when one is configured.
@@ -28,7 +30,7 @@ from maintenance.choices import DrainState, EvictionPolicy
 from maintenance.models import Drain
 from nodepool.api.problems import Conflict, NotFound, Unprocessable
 
-from . import outofservice
+from . import conf, outofservice
 from .choices import PreemptionState
 from .models import Preemption
 from .upgrades import pool_operations
@@ -90,25 +92,39 @@ def preemption_notice(*, node_id, deadline: datetime, source: str, actor: Actor,
                 NodeEventType.PREEMPTION,
                 actor,
                 to_state=PreemptionState.DRAINING,
-                reason=f"preemption notice from the {source}; deadline {deadline.isoformat()}",
+                reason=f"preemption notice from the {source}; deadline {deadline.isoformat()}, "
+                f"drain deadline {drain_deadline(deadline, now).isoformat()}",
                 data={
                     "preemption_id": preemption.pk,
                     "deadline": deadline.isoformat(),
+                    "drain_deadline": drain_deadline(deadline, now).isoformat(),
                     "source": source,
                     "fallback_pool": ops.fallback_pool.name if ops.fallback_pool_id else None,
                 },
             )
-            drain = _drain_now(node, deadline, now)
+            drain = _drain_now(node, drain_deadline(deadline, now), now)
             if drain is not None:
                 Preemption.objects.filter(pk=preemption.pk).update(drain_id=drain.pk)
                 preemption.drain_id = drain.pk
-            from .tasks import follow_preemption
+            from .tasks import follow_preemption, request_replacement
 
-            preemption_id = preemption.pk
+            preemption_id, pool_id, node_id = preemption.pk, node.pool_id, str(node.pk)
             transaction.on_commit(lambda: follow_preemption.delay(preemption_id), robust=True)
+            # Replacement capacity now, not once the evicted work comes back as pending requests.
+            transaction.on_commit(lambda: request_replacement.delay(pool_id, preemption_id, node_id), robust=True)
     except IntegrityError:  # a concurrent notice for the same node won
         return Preemption.objects.get(node=node, state=PreemptionState.DRAINING), False
     return preemption, True
+
+
+def drain_deadline(deadline: datetime, now: datetime) -> datetime:
+    """The drain's deadline for a notice ending at ``deadline``: a margin before it, the larger of
+    ``PREEMPTION_MARGIN_FRACTION`` of the notice (default 10 %) and ``PREEMPTION_MARGIN_MIN``
+    seconds (default 10), never before ``now`` — so work revoked at the drain's deadline is gone,
+    and requeued, before the machine is."""
+    notice = (deadline - now).total_seconds()
+    margin = max(float(conf.get("PREEMPTION_MARGIN_MIN")), notice * float(conf.get("PREEMPTION_MARGIN_FRACTION")))
+    return max(now, deadline - timedelta(seconds=margin))
 
 
 def _drain_now(node: Node, deadline, now) -> Drain | None:
@@ -139,7 +155,7 @@ def _move_deadline_earlier(preemption: Preemption, deadline, actor, now) -> None
         node = Node.objects.select_for_update(no_key=True).get(pk=preemption.node_id)
         Preemption.objects.filter(pk=preemption.pk).update(deadline=deadline)
         preemption.deadline = deadline
-        _drain_now(node, deadline, now)
+        _drain_now(node, drain_deadline(deadline, now), now)
         record_event(
             node,
             NodeEventType.PREEMPTION,

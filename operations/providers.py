@@ -33,6 +33,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from nodepool import egress
+from nodepool.quantity import format_quantity
 
 from . import conf
 from .choices import ProviderKind
@@ -132,6 +133,17 @@ def verify(secret: str, headers, body: bytes, *, now: float | None = None, remem
 
 
 # --- webhook ---------------------------------------------------------------------------------------
+def template_on_the_wire(template: dict) -> dict:
+    """The node template in the operator's units, as it was written (``{"cpu": "8", "memory":
+    "32Gi"}``), not the canonical integers stored (millicores, bytes): a provider that copies it
+    into the machine's declared capacity then declares what admission expects."""
+    template = dict(template or {})
+    template["resources"] = {
+        name: format_quantity(name, int(amount)) for name, amount in (template.get("resources") or {}).items()
+    }
+    return template
+
+
 class WebhookProvider:
     """POSTs ``{"delivery_id", "action": "create"|"delete", "pool", "machines": [...], "sent_at"}``.
 
@@ -177,7 +189,12 @@ class WebhookProvider:
         answer = self._post(
             "create",
             [
-                {"name": m.name, "bootstrap_token": m.bootstrap_token, "template": m.template, "version": m.version}
+                {
+                    "name": m.name,
+                    "bootstrap_token": m.bootstrap_token,
+                    "template": template_on_the_wire(m.template),
+                    "version": m.version,
+                }
                 for m in machines
             ],
         )

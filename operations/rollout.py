@@ -13,9 +13,11 @@ incarnation) return to service through admission → **admitting** → **done** 
 verified the target (check ``upgrade_target``), **failed** when it refused it or a step took
 longer than ``node_timeout``.
 
-Disruption: a node starts only while the pool's unavailable members (any node not ready,
-alive, reporting ready and healthy — whatever the cause) are fewer than ``max_unavailable_nodes``,
-and only if the disruption budgets of its leases' groups allow evicting them all now.
+Disruption: a ready node starts only when the one gate allows it
+(:func:`operations.disruption.disrupt`): the most restrictive of the pool's active disruption
+budgets for ``upgrade``, the upgrade's ``max_unavailable_nodes`` (plus its ready surge nodes),
+and the disruption budgets of its leases' groups. The Ready gate (a pause when the pool's Ready
+SLI falls below its objective) uses the exported SLI's rule, so cordons do not pause it.
 """
 
 from __future__ import annotations
@@ -29,14 +31,11 @@ from django.utils import timezone
 from fleet.choices import Lifecycle
 from fleet.events import Actor
 from fleet.models import Node
-from leases.choices import LIVE_LEASE_STATES
-from leases.models import Lease
 from maintenance import drains
-from maintenance.budgets import budget_status, budgets_for_groups
 from nodepool.api.problems import Problem
 
-from . import capacity, outofservice
-from .choices import NODE_IN_PROGRESS, UpgradeNodeState, UpgradePhase, UpgradeState
+from . import capacity, disruption, outofservice
+from .choices import NODE_IN_PROGRESS, DisruptionReason, PauseCause, UpgradeNodeState, UpgradePhase, UpgradeState
 from .models import Upgrade, UpgradeNode
 from .targets import target_mismatches
 from .upgrades import (
@@ -44,6 +43,7 @@ from .upgrades import (
     event,
     lock_upgrade,
     pool_operations,
+    release_holds,
     row_target,
     tell_node,
     unavailable_limit,
@@ -91,13 +91,13 @@ def advance(*, upgrade_id, actor: Actor | None = None, now=None) -> bool:
     return upgrade.state in TICKING_STATES and (upgrade.state != UpgradeState.PAUSED or in_flight)
 
 
-def _guarded(function, row, upgrade, actor, now):
+def _guarded(function, row, upgrade, actor, now, **kwargs):
     """Run one node's step in a savepoint: a refusal (a racing operator action, 409/412) or a
     database error (a deadlock victim, a lock timeout: the savepoint is rolled back, so the tick's
     transaction goes on) is logged and retried next tick, and never undoes the other nodes' steps."""
     try:
         with transaction.atomic():
-            return function(row, upgrade, actor, now)
+            return function(row, upgrade, actor, now, **kwargs)
     except Problem as exc:
         logger.info("upgrade %s: node %s not moved this tick: %s", upgrade.pk, row.node_id, exc.detail)
         return False
@@ -205,21 +205,11 @@ def _step(row: UpgradeNode, upgrade: Upgrade, actor: Actor, now) -> None:
             _fail(row, upgrade, actor, now, f"admission refused: {node.lifecycle_reason}")
 
 
-def _budgets_allow(node: Node) -> bool:
-    """Would the disruption budgets of every group with leases on ``node`` allow evicting them all now?"""
-    groups: dict[str, int] = {}
-    for group in (
-        Lease.objects.filter(node=node, state__in=LIVE_LEASE_STATES).exclude(group="").values_list("group", flat=True)
-    ):
-        groups[group] = groups.get(group, 0) + 1
-    budgets = budgets_for_groups(groups, lock=False)
-    now = timezone.now()
-    return all(budget_status(budgets[g], now=now).allowed_disruptions >= n for g, n in groups.items() if g in budgets)
-
-
-def _start(row: UpgradeNode, upgrade: Upgrade, actor: Actor, now) -> bool | None:
+def _start(row: UpgradeNode, upgrade: Upgrade, actor: Actor, now, limit: int | None = None):
     """Start one waiting node. True: it started and took a ready node out; False: it started (or
-    finished) without taking a ready node out; None: not now (try another node)."""
+    finished) without taking a ready node out; None: not now (try another node); a
+    :class:`~operations.disruption.Verdict`: the gate refused it (``limit``: the nodes
+    ``max_unavailable_nodes`` allows, surge included)."""
     node = Node.objects.get(pk=row.node_id)
     target = row_target(row)
     if node.lifecycle == Lifecycle.READY and not target_mismatches(node, target):
@@ -227,20 +217,25 @@ def _start(row: UpgradeNode, upgrade: Upgrade, actor: Actor, now) -> bool | None
         event(upgrade, actor, "already at the target", node=node, to_state=UpgradeNodeState.DONE, phase=row.phase)
         return False
     if node.lifecycle == Lifecycle.READY:
-        if not _budgets_allow(node):
-            if row.detail != "waiting on a disruption budget":
-                row.detail = "waiting on a disruption budget"
-                row.save(update_fields=["detail"])
-            return None
         ops = pool_operations(node.pool)
-        drain = outofservice.take_out_of_service(
-            node=node,
-            owner=outofservice.UPGRADE,
-            reason=f"upgrade to {target.get('version')}",
-            policy=ops.drain_policy,
-            timeout=ops.drain_timeout,
-            now=now,
-        )
+        try:
+            drain = disruption.disrupt(
+                node=node,
+                reason=DisruptionReason.UPGRADE,
+                owner=outofservice.UPGRADE,
+                why=f"upgrade to {target.get('version')}",
+                policy=ops.drain_policy,
+                timeout=ops.drain_timeout,
+                max_unavailable=limit,
+                now=now,
+            )
+        except disruption.DisruptionBlocked as blocked:
+            blocked.record()
+            detail = f"waiting: {blocked.verdict.describe()}"
+            if row.detail != detail:
+                row.detail = detail
+                row.save(update_fields=["detail"])
+            return blocked.verdict
         _set(row, UpgradeNodeState.DRAINING, now=now, started_at=now, drain_id=drain.pk, detail="draining")
         event(
             upgrade,
@@ -299,7 +294,11 @@ def _start(row: UpgradeNode, upgrade: Upgrade, actor: Actor, now) -> bool | None
 
 
 def _start_waiting(upgrade: Upgrade, phase: str, actor: Actor, now) -> int:
-    """Start waiting rows of ``phase`` in order while the pool's unavailable nodes stay under the limit."""
+    """Start waiting rows of ``phase`` in order, each ready node only if the gate allows it
+    (:func:`operations.disruption.disrupt`: the pool's budgets, ``max_unavailable_nodes`` with
+    the upgrade's ready surge nodes, the workload budgets). A pool-level refusal stops the pass for
+    that pool; a workload budget skips that node for the next one. The upgrade names what it waits
+    on in ``status_reason``."""
     rows = list(
         UpgradeNode.objects.filter(upgrade=upgrade, phase=phase, state=UpgradeNodeState.WAITING)
         .select_related("upgrade", "node__pool")
@@ -308,30 +307,34 @@ def _start_waiting(upgrade: Upgrade, phase: str, actor: Actor, now) -> int:
     if not rows:
         return 0
     pools = {row.node.pool_id: row.node.pool for row in rows}
-    room = {}
+    limits = {}
     for pool_id, pool in pools.items():
-        members = capacity.member_nodes(pool).count()
-        room[pool_id] = unavailable_limit(upgrade, members) - capacity.unavailable_count(pool)
+        limits[pool_id] = unavailable_limit(upgrade, capacity.member_nodes(pool).count())
         if upgrade.max_surge_nodes and pool_id == upgrade.pool_id and phase != UpgradePhase.ROLLBACK:
             # Nodes the provider added first keep capacity up while as many more are out.
             from .autoscaler import surge_ready
 
-            room[pool_id] += min(upgrade.max_surge_nodes, surge_ready(pool_id=pool_id, upgrade_id=upgrade.pk))
-    blocked = [pools[p].name for p, r in room.items() if r <= 0]
-    waiting_reason = (
-        f"waiting: no room under max_unavailable_nodes {upgrade.max_unavailable_nodes} in {', '.join(blocked)}"
-    )
-    if blocked and upgrade.status_reason != waiting_reason:
-        upgrade.status_reason = waiting_reason  # visible on the upgrade while it waits for room
+            limits[pool_id] += min(upgrade.max_surge_nodes, surge_ready(pool_id=pool_id, upgrade_id=upgrade.pk))
+    blocked_pools: set = set()
+    waiting_on: list[str] = []
     started = 0
     for row in rows:
-        available = room[row.node.pool_id] > 0
-        if not available and row.node.lifecycle == Lifecycle.READY:
+        pool_id = row.node.pool_id
+        if pool_id in blocked_pools and row.node.lifecycle == Lifecycle.READY:
             continue
-        outcome = _guarded(_start, row, upgrade, actor, now)
+        outcome = _guarded(_start, row, upgrade, actor, now, limit=limits[pool_id])
         if outcome is True:
-            room[row.node.pool_id] -= 1
             started += 1
+        elif isinstance(outcome, disruption.Verdict):
+            if outcome.pool_level:
+                blocked_pools.add(pool_id)
+                waiting_on.append(f"{pools[pool_id].name}: {outcome.describe()}")
+            elif not started and len(waiting_on) < 3:
+                waiting_on.append(f"node {row.node}: {outcome.describe()}")
+    if waiting_on:
+        reason = (f"started {started} node(s), then " if started else "") + "waiting on " + "; ".join(waiting_on)
+        if upgrade.status_reason != reason:
+            upgrade.status_reason = reason  # visible on the upgrade while it waits
     return started
 
 
@@ -342,10 +345,11 @@ def _counts(upgrade: Upgrade, phase: str) -> dict[str, int]:
     return counts
 
 
-def _pause(upgrade: Upgrade, actor: Actor, reason: str) -> None:
+def _pause(upgrade: Upgrade, actor: Actor, reason: str, cause: str) -> None:
     from .upgrades import _transition
 
     upgrade.paused_from = upgrade.state
+    upgrade.pause_cause = cause
     _transition(upgrade, "pause", "pause", actor, reason, automatic=True)
 
 
@@ -353,7 +357,7 @@ def _canary_failed(upgrade: Upgrade, actor: Actor, reason: str) -> None:
     if upgrade.auto_rollback:
         begin_rollback(upgrade, actor, f"canary failed: {reason}")
     else:
-        _pause(upgrade, actor, f"canary failed: {reason}")
+        _pause(upgrade, actor, f"canary failed: {reason}", PauseCause.CANARY_FAILED)
 
 
 def _canary(upgrade: Upgrade, actor: Actor, now) -> None:
@@ -400,7 +404,12 @@ def _request_surge(upgrade: Upgrade) -> None:
 
 def _rolling(upgrade: Upgrade, actor: Actor, now) -> None:
     if upgrade.failures >= upgrade.failure_threshold:
-        _pause(upgrade, actor, f"{upgrade.failures} node(s) failed (threshold {upgrade.failure_threshold})")
+        _pause(
+            upgrade,
+            actor,
+            f"{upgrade.failures} node(s) failed (threshold {upgrade.failure_threshold})",
+            PauseCause.FAILURES,
+        )
         return
     objective = capacity.ready_ratio_objective(upgrade.pool)
     if objective is not None:
@@ -409,13 +418,23 @@ def _rolling(upgrade: Upgrade, actor: Actor, now) -> None:
         )
         ratio = capacity.ready_ratio(upgrade.pool, exclude_node_ids=list(in_flight))
         if ratio is not None and ratio < objective:
-            _pause(upgrade, actor, f"Ready ratio {ratio:.3f} is below the pool's objective {objective:.3f}")
+            _pause(
+                upgrade,
+                actor,
+                f"Ready ratio {ratio:.3f} is below the pool's objective {objective:.3f}",
+                PauseCause.READY_RATIO,
+            )
             return
     _start_waiting(upgrade, UpgradePhase.ROLL, actor, now)
     counts = _counts(upgrade, UpgradePhase.ROLL)
     if not counts.get(UpgradeNodeState.WAITING) and not any(counts.get(s) for s in NODE_IN_PROGRESS):
         if upgrade.failures >= upgrade.failure_threshold:
-            _pause(upgrade, actor, f"{upgrade.failures} node(s) failed (threshold {upgrade.failure_threshold})")
+            _pause(
+                upgrade,
+                actor,
+                f"{upgrade.failures} node(s) failed (threshold {upgrade.failure_threshold})",
+                PauseCause.FAILURES,
+            )
             return
         from .upgrades import _transition
 
@@ -424,6 +443,7 @@ def _rolling(upgrade: Upgrade, actor: Actor, now) -> None:
             totals[state] = totals.get(state, 0) + n
         upgrade.finished_at = now
         _transition(upgrade, "complete", "complete", actor, "every node is at the target", nodes=totals)
+        release_holds(upgrade, reason=f"upgrade {upgrade.state}")
 
 
 def _rolling_back(upgrade: Upgrade, actor: Actor, now) -> None:
@@ -438,3 +458,4 @@ def _rolling_back(upgrade: Upgrade, actor: Actor, now) -> None:
         _transition(upgrade, "fail", "fail", actor, f"{counts[UpgradeNodeState.FAILED]} node(s) failed to roll back")
     else:
         _transition(upgrade, "finish_rollback", "finish-rollback", actor, "every touched node is back", nodes=counts)
+    release_holds(upgrade, reason=f"upgrade {upgrade.state}")

@@ -1,4 +1,5 @@
-"""Changing a pool's operation settings (spot, fallback, drain policy, autoscaling, provider).
+"""Changing a pool's operation settings (spot, fallback, drain policy, autoscaling, provider,
+disruption budgets).
 
 The target is not set here: an upgrade sets it (and a rollback restores it), so the pool's
 target always names the upgrade that put it there.
@@ -20,6 +21,7 @@ from nodepool.api.problems import Problem
 from nodepool.api.versioning import check_version
 
 from .choices import ProviderKind
+from .disruption import parse_budgets
 from .models import PoolOperations
 from .upgrades import pool_operations
 
@@ -45,6 +47,7 @@ FIELDS = {
     "provider_secret",
     "node_template",
     "scale_down_utilization",
+    "disruption_budgets",
 }
 
 
@@ -94,6 +97,8 @@ def parse_changes(data: Any, pool: Pool) -> dict:
             value = fallback
         elif name == "node_template":
             value = parse_template(value)
+        elif name == "disruption_budgets":
+            value = parse_budgets(value)  # 400 invalid_disruption_budget naming the member
         changes[name] = value
     _check_webhook_destination(changes, pool)
     return changes

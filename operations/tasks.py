@@ -114,3 +114,16 @@ def request_surge(self, pool_id: int, count: int, upgrade_id: str) -> int:
         upgrade_id=upgrade_id,
         actor=Actor.system(outofservice.AUTOSCALER, self.request.id or ""),
     )
+
+
+@shared_task(name="operations.request_replacement", bind=True, ignore_result=True)
+def request_replacement(self, pool_id: int, preemption_id: int, node_id: str) -> int:
+    """A preempted node's replacement, asked at once (once per preemption)."""
+    from . import autoscaler
+
+    return autoscaler.request_replacement(
+        pool_id=pool_id,
+        preemption_id=preemption_id,
+        node_id=node_id,
+        actor=Actor.system(outofservice.AUTOSCALER, self.request.id or ""),
+    )

@@ -20,14 +20,27 @@ from django_fsm import can_proceed
 from fleet.choices import Lifecycle, NodeEventType
 from fleet.events import Actor, record_event
 from fleet.instructions import Instruction, post_instructions
-from fleet.models import Node, Pool
+from fleet.models import Node, NodeHold, Pool
 from leases.choices import LIVE_LEASE_STATES
+from maintenance import drains as maintenance_drains
+from maintenance import holds
+from maintenance.choices import DrainState
+from maintenance.models import Drain
 from nodepool.api.problems import Conflict, NotFound, Problem
 from nodepool.api.versioning import check_version
 
-from . import capacity
-from .choices import MOVING_UPGRADE_STATES, UpgradeNodeState, UpgradePhase, UpgradeState
+from . import capacity, disruption
+from .choices import (
+    MOVING_UPGRADE_STATES,
+    NODE_IN_PROGRESS,
+    CanaryOverride,
+    PauseCause,
+    UpgradeNodeState,
+    UpgradePhase,
+    UpgradeState,
+)
 from .models import PoolOperations, Upgrade, UpgradeNode
+from .outofservice import UPGRADE
 from .targets import parse_target
 
 MAX_UNAVAILABLE = re.compile(r"^(\d{1,4})(%?)$")
@@ -193,7 +206,8 @@ def dry_run(upgrade: Upgrade) -> dict:
     """The order of nodes and the predicted minimum capacity during the roll. Changes nothing.
 
     The prediction takes nodes ``limit`` at a time in plan order (``limit`` = the nodes
-    ``max_unavailable_nodes`` allows minus those already unavailable) and reports, per resource,
+    ``max_unavailable_nodes`` and the pool's always-active upgrade budgets allow, minus those
+    already disrupting: :mod:`operations.disruption`) and reports, per resource,
     the pool's available allocatable minus the largest such window, plus ``max_surge_nodes`` nodes
     of the pool's template. Returns ``{"order": [{"position", "node_id", "name", "phase",
     "lifecycle"}], "max_unavailable": int, "already_unavailable": int, "current_capacity": {…},
@@ -202,7 +216,10 @@ def dry_run(upgrade: Upgrade) -> dict:
     canary, roll = plan(upgrade)
     members = capacity.member_nodes(upgrade.pool).count()
     limit = unavailable_limit(upgrade, members)
-    already = capacity.unavailable_count(upgrade.pool)
+    for budget in pool_operations(upgrade.pool).disruption_budgets or []:
+        if not budget.get("schedule") and disruption.applies(budget, "upgrade"):
+            limit = min(limit, disruption.budget_limit(budget["nodes"], members))
+    already = disruption.disrupting(upgrade.pool)
     window = max(0, limit - already)
     current = capacity.pool_allocatable(upgrade.pool)
     pool_nodes = [n for n in [*canary, *roll] if n.pool_id == upgrade.pool_id and n.lifecycle == Lifecycle.READY]
@@ -345,21 +362,106 @@ def upgrade_pause(*, upgrade_id, expected_version: int | None, actor: Actor, rea
 
     def change(upgrade: Upgrade) -> None:
         upgrade.paused_from = upgrade.state
+        upgrade.pause_cause = PauseCause.OPERATOR
         _transition(upgrade, "pause", "pause", actor, reason or "paused by an operator")
 
     return _act(upgrade_id, expected_version, actor, change)
 
 
-def upgrade_resume(*, upgrade_id, expected_version: int | None, actor: Actor, reason: str = "") -> Upgrade:
-    """paused → canary | rolling (where it paused). The failure count starts again. Raises as start."""
+def upgrade_resume(
+    *, upgrade_id, expected_version: int | None, actor: Actor, reason: str = "", override: str | None = None
+) -> Upgrade:
+    """paused → canary | rolling (where it paused). The failure count starts again.
+
+    An upgrade its canary paused (``pause_cause`` ``canary_failed``) resumes only with an explicit
+    ``override`` (:class:`~operations.choices.CanaryOverride`) and a ``reason``, and the override
+    says what it does instead of re-pausing on the next tick:
+
+    - ``retry_canary``: the failed canary nodes wait again (same nodes), the soak starts over;
+    - ``retry_canary_on_other_nodes``: the failed canary nodes are left as they are (failed) and as
+      many of the roll's next waiting nodes become the canary;
+    - ``skip_canary``: the roll starts now; the failed canary nodes stay failed.
+
+    Raises: as start; 409 ``canary_override_required`` (a canary-paused upgrade without an
+    override), 409 ``no_other_canary_nodes``; 400 ``invalid_override`` (an unknown override, one
+    on an upgrade its canary did not pause, or an override without a reason).
+    """
+    if override is not None and override not in CanaryOverride.values:
+        raise Problem(f"override must be one of {', '.join(CanaryOverride.values)}.", "invalid_override")
 
     def change(upgrade: Upgrade) -> None:
-        _transition(
-            upgrade, "resume", "resume", actor, reason or "resumed by an operator", failures_before=upgrade.failures
-        )
+        data = {"failures_before": upgrade.failures}
+        text = reason or "resumed by an operator"
+        canary_paused = upgrade.state == UpgradeState.PAUSED and upgrade.pause_cause == PauseCause.CANARY_FAILED
+        if canary_paused:
+            if override is None:
+                raise Conflict(
+                    "The canary failed: resuming needs an explicit override with a reason "
+                    f"({', '.join(CanaryOverride.values)}).",
+                    "canary_override_required",
+                    overrides=list(CanaryOverride.values),
+                    status_reason=upgrade.status_reason,
+                )
+            if not reason.strip():
+                raise Problem("An override needs a reason.", "invalid_override", field="reason")
+            text = f"{CanaryOverride(override).label} ({override}): {reason}"
+            data.update(override=override, **_apply_canary_override(upgrade, override))
+        elif override is not None:
+            raise Problem("override applies only to an upgrade paused by its canary.", "invalid_override")
+        _transition(upgrade, "resume", "resume", actor, text, **data)
         upgrade.failures = 0
+        upgrade.pause_cause = ""
 
     return _act(upgrade_id, expected_version, actor, change)
+
+
+def _apply_canary_override(upgrade: Upgrade, override: str) -> dict:
+    """Prepare ``upgrade`` (locked, paused by its canary) for ``override``; returns what it did."""
+    failed = UpgradeNode.objects.filter(upgrade=upgrade, phase=UpgradePhase.CANARY, state=UpgradeNodeState.FAILED)
+    failed_ids = [str(n) for n in failed.values_list("node_id", flat=True)]
+    upgrade.soak_until = None
+    if override == CanaryOverride.SKIP:
+        upgrade.paused_from = UpgradeState.ROLLING
+        UpgradeNode.objects.filter(upgrade=upgrade, phase=UpgradePhase.CANARY, state=UpgradeNodeState.WAITING).update(
+            state=UpgradeNodeState.SKIPPED, detail="canary skipped by an override"
+        )
+        return {"canary_skipped": True, "failed_canary_nodes": failed_ids}
+    upgrade.paused_from = UpgradeState.CANARY
+    if override == CanaryOverride.RETRY:
+        failed.update(state=UpgradeNodeState.WAITING, started_at=None, finished_at=None, detail="canary retried")
+        return {"retried_nodes": failed_ids}
+    # Other nodes: as many of the roll's next waiting nodes become the canary.
+    wanted = len(failed_ids) or upgrade.canary_nodes or 1
+    nexts = list(
+        UpgradeNode.objects.filter(upgrade=upgrade, phase=UpgradePhase.ROLL, state=UpgradeNodeState.WAITING).order_by(
+            "position"
+        )[:wanted]
+    )
+    if not nexts:
+        raise Conflict("No waiting node is left to be the canary.", "no_other_canary_nodes")
+    failed.update(detail="canary moved to other nodes by an override")
+    start = (
+        UpgradeNode.objects.filter(upgrade=upgrade, phase=UpgradePhase.CANARY).order_by("-position").first().position
+        + 1
+    )
+    UpgradeNode.objects.bulk_create(
+        [
+            UpgradeNode(
+                upgrade=upgrade,
+                node_id=row.node_id,
+                phase=UpgradePhase.CANARY,
+                position=start + i,
+                from_version=row.from_version,
+            )
+            for i, row in enumerate(nexts)
+        ]
+    )
+    UpgradeNode.objects.filter(pk__in=[row.pk for row in nexts]).update(
+        state=UpgradeNodeState.SKIPPED, detail="moved to the canary by an override"
+    )
+    # The failed canary nodes no longer count as a canary failure: they stay failed, out of the canary.
+    failed.update(phase=UpgradePhase.ROLL, position=10**6)
+    return {"new_canary_nodes": [str(row.node_id) for row in nexts], "failed_canary_nodes": failed_ids}
 
 
 def upgrade_rollback(*, upgrade_id, expected_version: int | None, actor: Actor, reason: str = "") -> Upgrade:
@@ -373,8 +475,10 @@ def upgrade_rollback(*, upgrade_id, expected_version: int | None, actor: Actor, 
 
 
 def upgrade_abort(*, upgrade_id, expected_version: int | None, actor: Actor, reason: str = "") -> Upgrade:
-    """Any active state → aborted: nothing new starts, nodes stay where they are (those waiting
-    are skipped); the pool keeps the target it has. Raises as start."""
+    """Any active state → aborted: nothing new starts (nodes waiting are skipped); the pool keeps
+    the target it has. Every hold the upgrade and its drains added is removed
+    (:func:`release_holds`): a node still draining is back to ready, a drained node stays in
+    maintenance, uncordoned by the upgrade, for an operator to return to service. Raises as start."""
 
     def change(upgrade: Upgrade) -> None:
         _transition(upgrade, "abort", "abort", actor, reason or "aborted by an operator")
@@ -382,8 +486,44 @@ def upgrade_abort(*, upgrade_id, expected_version: int | None, actor: Actor, rea
         UpgradeNode.objects.filter(upgrade=upgrade, state=UpgradeNodeState.WAITING).update(
             state=UpgradeNodeState.SKIPPED, detail="the upgrade was aborted"
         )
+        release_holds(upgrade, reason=f"upgrade {upgrade.state}")
 
     return _act(upgrade_id, expected_version, actor, change)
+
+
+def release_holds(upgrade: Upgrade, *, reason: str) -> int:
+    """Remove every hold ``upgrade`` and its drains added on its nodes, once it ended (aborted,
+    failed, rolled back, completed): its drains still active are cancelled (the node back to
+    ready), the ``system:upgrade`` hold and each of its drains' ``drain:<id>`` holds removed.
+    Nodes in flight are marked skipped. Other actors' holds stay. Returns the nodes released.
+
+    Runs under the upgrade's row lock (the tick's order: upgrade row, then node rows).
+    """
+    actor = Actor.system(UPGRADE)
+    now = timezone.now()
+    UpgradeNode.objects.filter(upgrade=upgrade, state__in=NODE_IN_PROGRESS).update(
+        state=UpgradeNodeState.SKIPPED, finished_at=now, detail=f"in flight when the {reason}"
+    )
+    drains_by_node: dict = {}
+    for node_id, drain_id in UpgradeNode.objects.filter(upgrade=upgrade).values_list("node_id", "drain_id"):
+        drains_by_node.setdefault(node_id, set())
+        if drain_id:
+            drains_by_node[node_id].add(drain_id)
+    released = 0
+    for node_id, drain_ids in drains_by_node.items():
+        owners = {UPGRADE, *(holds.drain_owner(d) for d in drain_ids)}
+        if not NodeHold.objects.filter(node_id=node_id, owner__in=owners, removed_at__isnull=True).exists():
+            continue
+        with transaction.atomic():
+            for drain in Drain.objects.filter(pk__in=drain_ids, state=DrainState.ACTIVE):
+                maintenance_drains.cancel_drain(
+                    drain_id=drain.pk, expected_version=drain.version, reason=reason, actor=actor, now=now
+                )
+            node = Node.objects.select_for_update(no_key=True).get(pk=node_id)
+            for owner in sorted(owners):
+                holds.remove_holds_where(node, owner=owner, actor=actor, reason=reason, now=now, bump_version=True)
+        released += 1
+    return released
 
 
 def begin_rollback(upgrade: Upgrade, actor: Actor, reason: str) -> None:

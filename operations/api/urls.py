@@ -14,10 +14,12 @@ urlpatterns = [
     path("upgrades/<uuid:pk>/dry-run", views.UpgradePlanView.as_view(), name="upgrade-dry-run-detail"),
     path("upgrades/<uuid:pk>/start", views.action_view(upgrades.upgrade_start), name="upgrade-start"),
     path("upgrades/<uuid:pk>/pause", views.action_view(upgrades.upgrade_pause), name="upgrade-pause"),
-    path("upgrades/<uuid:pk>/resume", views.action_view(upgrades.upgrade_resume), name="upgrade-resume"),
+    path("upgrades/<uuid:pk>/resume", views.UpgradeResumeView.as_view(), name="upgrade-resume"),
     path("upgrades/<uuid:pk>/rollback", views.action_view(upgrades.upgrade_rollback), name="upgrade-rollback"),
     path("upgrades/<uuid:pk>/abort", views.action_view(upgrades.upgrade_abort), name="upgrade-abort"),
     path("pools/<slug:name>/operations", views.PoolOperationsView.as_view(), name="pool-operations"),
+    path("pools/<slug:name>/disruptions", views.PoolDisruptionsView.as_view(), name="pool-disruptions"),
+    path("nodes/<uuid:pk>/disruption", views.NodeDisruptionView.as_view(), name="node-disruption"),
     path("pools/<slug:name>/preemptions", views.PoolPreemptionsView.as_view(), name="pool-preemptions"),
     path(
         "pools/<slug:name>/preemption-notices", views.PoolPreemptionNoticeView.as_view(), name="pool-preemption-notice"

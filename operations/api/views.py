@@ -20,7 +20,7 @@ from rest_framework.views import APIView
 
 from fleet.authentication import IsNodeSelf, NodeCredentialAuthentication, node_from_request
 from fleet.events import Actor
-from fleet.models import Pool
+from fleet.models import Node, Pool
 from nodepool.api.authentication import UserTokenAuthentication
 from nodepool.api.fields import parse_aware_datetime
 from nodepool.api.filters import refuse_unknown_parameters
@@ -29,7 +29,7 @@ from nodepool.api.problems import Forbidden, NotFound, Problem
 from nodepool.api.strict import refuse_unknown_members
 from nodepool.api.versioning import ETagMixin, expected_version
 
-from .. import preemption, providers, services, upgrades
+from .. import disruption, preemption, providers, services, upgrades
 from ..choices import PreemptionSource
 from ..filtersets import MachineFilterSet, ScaleDecisionFilterSet, UpgradeFilterSet
 from ..models import Preemption, ProviderMachine, ScaleDecision, Upgrade
@@ -103,6 +103,29 @@ def action_view(service):
     ).as_view()
 
 
+class UpgradeResumeView(ETagMixin, APIView):
+    """``POST /upgrades/{id}/resume`` with ``{"reason", "override"}`` and If-Match: an upgrade its
+    canary paused needs ``override`` (``retry_canary``, ``retry_canary_on_other_nodes``,
+    ``skip_canary``) and a reason, else 409 ``canary_override_required``."""
+
+    permission_classes = [IsAuthenticated, CanOperateUpgrades]
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses=s.UpgradeSerializer)
+    def post(self, request, pk):
+        data = refuse_unknown_members(request.data, {"reason", "override"})
+        reason = data.get("reason", "")
+        if not isinstance(reason, str) or len(reason) > 2000:
+            raise Problem("reason must be a string of at most 2000 characters.", "invalid_reason")
+        override = data.get("override")
+        if override is not None and not isinstance(override, str):
+            raise Problem("override must be a string.", "invalid_override", field="override")
+        version = expected_version(request)
+        upgrade = upgrades.upgrade_resume(
+            upgrade_id=pk, expected_version=version, actor=Actor.from_request(request), reason=reason, override=override
+        )
+        return Response(s.UpgradeSerializer(upgrade).data)
+
+
 class UpgradeDryRunView(APIView):
     """``POST /upgrades/dry-run`` with a create body: the node order and the predicted minimum
     capacity of that upgrade. Changes nothing."""
@@ -148,6 +171,35 @@ class PoolOperationsView(ETagMixin, APIView):
             pool=pool, expected_version=version, data=request.data, actor=Actor.from_request(request)
         )
         return Response(s.PoolOperationsSerializer(ops).data)
+
+
+class PoolDisruptionsView(APIView):
+    """``GET /pools/{name}/disruptions``: the pool's disruption budgets with their windows (active
+    or next), the allowed disruptions per reason now, and the nodes automation wants to disrupt
+    but may not, each with its blocker (:func:`operations.disruption.pool_status`)."""
+
+    permission_classes = [IsAuthenticated, IsOperator]
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def get(self, request, name):
+        pool = Pool.objects.filter(name=name).first()
+        if pool is None:
+            raise NotFound("No such pool.", "pool_not_found")
+        return Response(disruption.pool_status(pool))
+
+
+class NodeDisruptionView(APIView):
+    """``GET /nodes/{id}/disruption``: why automation may not disrupt this node now
+    (``{"node_id", "blocked": null | {reason, owner, kind, detail, blocker, since, last_seen_at}}``)."""
+
+    permission_classes = [IsAuthenticated, IsOperator]
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def get(self, request, pk):
+        node = Node.objects.filter(pk=pk).first()
+        if node is None:
+            raise NotFound(f"No node {pk}.", "node_not_found")
+        return Response({"node_id": str(node.pk), "blocked": disruption.node_status(node)})
 
 
 class PoolPreemptionsView(APIView):

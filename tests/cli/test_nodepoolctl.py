@@ -132,6 +132,25 @@ def test_describe_node_shows_sections_with_events_last(ctl, fleet):
     assert by_id.splitlines()[:2] == text.splitlines()[:2] and "Events:" in by_id
 
 
+def test_describe_pool_shows_budgets_windows_and_blocked_disruptions(ctl, fleet):
+    from operations.disruption import record_blocked
+    from operations.models import PoolOperations
+
+    window = {"nodes": "0", "reasons": ["upgrade"], "schedule": "0 9 * * 1-5", "duration": "8h", "timezone": "UTC"}
+    PoolOperations.objects.create(pool=fleet["cpu-1"].pool, disruption_budgets=[{"nodes": "10%"}, window])
+    record_blocked(node=fleet["cpu-1"], reason="upgrade", owner="system:upgrade", now=timezone.now(),
+                   blocker={"kind": "window", "detail": "blackout window: pool budget #1"})  # fmt: skip
+
+    code, text, _ = ctl("describe", "pool", "general")
+
+    assert code == 0, text
+    order = [text.index(h) for h in ("Name:", "Disruption budgets:", "Allowed disruptions:", "Blocked disruptions:")]
+    assert order == sorted(order)
+    assert "0 9 * * 1-5 for 8h" in text and "scale_down" in text
+    blocked = text[text.index("Blocked disruptions:") :]
+    assert "cpu-1" in blocked and "blackout window: pool budget #1" in blocked
+
+
 def test_cordon_and_uncordon_are_holds_aware(ctl, fleet, operator):
     node = fleet["cpu-1"]
     assert ctl("cordon", "cpu-1", "--reason", "bios update")[1].strip() == "node/cpu-1 cordoned"

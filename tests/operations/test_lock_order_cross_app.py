@@ -295,12 +295,14 @@ def test_an_upgrade_tick_taking_two_nodes_out_and_a_liveness_sweep_moving_both_c
     from fleet.models import Node
     from operations import rollout, upgrades
     from operations.choices import UpgradeNodeState
-    from operations.models import UpgradeNode
+    from operations.models import PoolOperations, UpgradeNode
     from tests.operations_support import ready_pool
 
     monkeypatch.setattr("operations.tasks.start_ticking", lambda upgrade: None)
     pool, members = ready_pool("general", 2)
     a, b = (node for node, _ in members)
+    # Both nodes at once: the pool's budget must allow it (the default 10 % allows one).
+    PoolOperations.objects.create(pool=pool, disruption_budgets=[{"nodes": "100%"}])
     upgrade = upgrades.upgrade_create(
         data={"pool": pool.name, "target": {"version": "2.0.0"}, "canary_nodes": 0, "max_unavailable_nodes": "2"},
         actor=Actor.system("t"),

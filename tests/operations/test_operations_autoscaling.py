@@ -20,7 +20,7 @@ from fleet.models import BootstrapToken, NodeEvent
 from leases.models import LeaseRequest
 from maintenance.models import DisruptionBudget
 from operations import autoscaler, providers
-from operations.models import PoolOperations, ProviderMachine, ScaleDecision
+from operations.models import PoolOperations, Preemption, ProviderMachine, ScaleDecision
 from tests.egress_support import allow_loopback
 from tests.factories import PoolFactory, make_schedulable_node, set_lifecycle
 from tests.maintenance_support import make_lease
@@ -120,6 +120,8 @@ def test_pending_demand_scales_up_through_a_signed_webhook_with_fresh_single_use
     assert receiver.refusals == []
     (request,) = receiver.requests
     assert (request["action"], request["pool"], len(request["machines"])) == ("create", "general", 2)
+    # The template in the operator's units, as written (not millicores and bytes).
+    assert request["machines"][0]["template"]["resources"] == {"cpu": "4", "memory": "8Gi"}
     secrets = [m["bootstrap_token"] for m in request["machines"]]
     assert len(set(secrets)) == 2 and all(s.startswith("npb_") for s in secrets)
     machines = ProviderMachine.objects.filter(pool=pool)
@@ -130,6 +132,29 @@ def test_pending_demand_scales_up_through_a_signed_webhook_with_fresh_single_use
     assert decision.direction == "up" and decision.count == 2
     assert "2 lease request(s) pending" in decision.reason
     assert NodeEvent.objects.filter(type="scale", pool=pool).exists()
+
+
+def test_a_preemption_notice_asks_for_replacement_capacity_at_once(
+    operator_api, receiver, django_capture_on_commit_callbacks
+):
+    pool = PoolFactory(name="spot")
+    node, _ = make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})
+    configure(operator_api, pool, provider="webhook", provider_url=receiver.url, provider_secret="hook-secret",
+              spot=True, min_nodes=0, max_nodes=1)  # fmt: skip
+    deadline = (timezone.now() + timedelta(seconds=120)).isoformat()
+    with django_capture_on_commit_callbacks(execute=True):
+        response = operator_api.post("/api/v1/pools/spot/preemption-notices",
+                                     {"node_id": str(node.pk), "deadline": deadline}, format="json")  # fmt: skip
+    assert response.status_code == 201, response.content
+    # At max_nodes 1, but the preempted node is leaving: its replacement is asked before any work
+    # comes back as pending requests.
+    (request,) = receiver.requests
+    assert (request["action"], len(request["machines"])) == ("create", 1)
+    decision = ScaleDecision.objects.get(data__preemption_id=response.json()["id"])
+    assert decision.outcome == "succeeded" and "replacement for a preempted node" in decision.reason
+    # The drain ends a margin before the notice: 10 % of 120 s is 12 s (more than the 10 s minimum).
+    drain = node.drains.get()
+    assert abs((Preemption.objects.get().deadline - drain.deadline).total_seconds() - 12) < 1
 
 
 def test_scale_up_is_bounded_by_max_nodes_and_the_cool_down_and_says_why(operator_api, client_api, receiver):

@@ -10,7 +10,7 @@ from fleet.choices import Lifecycle
 from fleet.models import Node, NodeEvent
 from operations import rollout
 from operations.choices import UpgradeNodeState, UpgradeState
-from operations.models import Upgrade, UpgradeNode
+from operations.models import PoolOperations, Upgrade, UpgradeNode
 from tests.operations_support import FakeAgent, ready_pool
 
 # These tests are about the roll's order, and their agents restart back to back (a roll forward, then
@@ -123,6 +123,8 @@ def test_failures_past_the_threshold_pause_the_roll_and_resume_continues(
     # The failed node stays out: a Ready SLO of 0.5 lets the roll go on once resumed (the pool's
     # default 0.99 would pause it again, as it should).
     type(pool).objects.filter(pk=pool.pk).update(ready_ratio_objective=0.5)
+    # The pool's budget allows two at once too (its default, 10 % of 3, allows one).
+    PoolOperations.objects.create(pool=pool, disruption_budgets=[{"nodes": "2"}])
     # Room for two: the failed node stays out (rejected) and counts as unavailable.
     upgrade = create(operator_api, pool, canary_nodes=0, failure_threshold=1, max_unavailable_nodes="2")
     with django_capture_on_commit_callbacks(execute=True):
@@ -195,6 +197,10 @@ def test_clients_cannot_create_or_act_on_upgrades(client_api, operator_api):
 def test_the_dry_run_lists_the_order_and_predicts_the_minimum_capacity(operator_api):
     pool, nodes = ready_pool("general", 5)
     body = {"pool": pool.name, "target": TARGET, "max_unavailable_nodes": "2", "canary_nodes": 1}
+    # The pool's default budget (10 %, rounded up: 1 of 5) is the tighter limit.
+    assert operator_api.post("/api/v1/upgrades/dry-run", body, format="json").json()["max_unavailable"] == 1
+    # 50 % of 5 rounds up to 3: then the upgrade's own 2 is the tighter one.
+    PoolOperations.objects.filter(pool=pool).update(disruption_budgets=[{"nodes": "50%"}])
     response = operator_api.post("/api/v1/upgrades/dry-run", body, format="json")
     assert response.status_code == 200, response.content
     plan = response.json()
