@@ -22,8 +22,9 @@ A pool's ``PoolOperations.disruption_budgets`` is a list of budgets, after Karpe
 The **allowed disruptions** for a reason = the most restrictive limit of the active budgets that
 name it (and, for an upgrade, its ``max_unavailable_nodes``) minus the pool's members that are
 **disrupting** now: not ready, not alive, not reporting ready, unhealthy, or carrying a hold of an
-automated owner (:data:`operations.outofservice.SYSTEM_OWNERS`). An operator's own cordon of a
-ready node does not count (Karpenter counts nodes being deleted or NotReady, not cordons).
+automated owner (:data:`operations.outofservice.SYSTEM_OWNERS`) — the node asked about aside (taking
+out a node already unavailable makes nothing worse). An operator's own cordon of a ready node does
+not count (Karpenter counts nodes being deleted or NotReady, not cordons).
 
 :func:`request_disruption` is the gate. Every automated disruption (upgrade, scale-down, drift,
 expiry, repair, consolidation) calls it — through :func:`disrupt` — in the
@@ -223,8 +224,10 @@ def members(pool) -> int:
     return Node.objects.filter(pool=pool).exclude(lifecycle=Lifecycle.RETIRED).count()
 
 
-def disrupting(pool) -> int:
-    return Node.objects.filter(pool=pool).exclude(lifecycle=Lifecycle.RETIRED).filter(disrupting_q()).count()
+def disrupting(pool, *, exclude=None) -> int:
+    """Members disrupting now (:func:`disrupting_q`), leaving out the node ``exclude``."""
+    nodes = Node.objects.filter(pool=pool).exclude(lifecycle=Lifecycle.RETIRED).filter(disrupting_q())
+    return (nodes.exclude(pk=exclude) if exclude is not None else nodes).count()
 
 
 @dataclass
@@ -343,7 +346,12 @@ def request_disruption(
     """
     now = now or timezone.now()
     ops = lock_pool_operations(node.pool_id)
-    verdict = pool_allowance(node.pool, ops.disruption_budgets or [], reason, now=now, max_unavailable=max_unavailable)
+    # The node itself is not counted: taking out a node that is already unavailable (a lost node
+    # being replaced, an unhealthy one being repaired) makes nothing worse.
+    counts = (members(node.pool), disrupting(node.pool, exclude=node.pk))
+    verdict = pool_allowance(
+        node.pool, ops.disruption_budgets or [], reason, now=now, max_unavailable=max_unavailable, counts=counts
+    )
     if verdict.allowed:
         blocker = workload_blocker(node, now=now)
         if blocker:
