@@ -91,13 +91,13 @@ def advance(*, upgrade_id, actor: Actor | None = None, now=None) -> bool:
     return upgrade.state in TICKING_STATES and (upgrade.state != UpgradeState.PAUSED or in_flight)
 
 
-def _guarded(function, row, upgrade, actor, now, **kwargs):
+def _guarded(function, row, upgrade, actor, now, *extra):
     """Run one node's step in a savepoint: a refusal (a racing operator action, 409/412) or a
     database error (a deadlock victim, a lock timeout: the savepoint is rolled back, so the tick's
     transaction goes on) is logged and retried next tick, and never undoes the other nodes' steps."""
     try:
         with transaction.atomic():
-            return function(row, upgrade, actor, now, **kwargs)
+            return function(row, upgrade, actor, now, *extra)
     except Problem as exc:
         logger.info("upgrade %s: node %s not moved this tick: %s", upgrade.pk, row.node_id, exc.detail)
         return False
@@ -322,7 +322,7 @@ def _start_waiting(upgrade: Upgrade, phase: str, actor: Actor, now) -> int:
         pool_id = row.node.pool_id
         if pool_id in blocked_pools and row.node.lifecycle == Lifecycle.READY:
             continue
-        outcome = _guarded(_start, row, upgrade, actor, now, limit=limits[pool_id])
+        outcome = _guarded(_start, row, upgrade, actor, now, limits[pool_id])
         if outcome is True:
             started += 1
         elif isinstance(outcome, disruption.Verdict):

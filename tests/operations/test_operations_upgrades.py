@@ -306,6 +306,7 @@ def test_a_database_error_on_one_node_is_retried_next_tick_and_the_others_go_on(
     from django.db import OperationalError
 
     pool, nodes = ready_pool("general", 3)
+    PoolOperations.objects.create(pool=pool, disruption_budgets=[{"nodes": "2"}])  # both canaries at once
     upgrade = create(operator_api, pool, canary_nodes=2, max_unavailable_nodes="2")
     start, victim = rollout._start, []
 
