@@ -22,6 +22,10 @@ Mechanism (one row, :class:`fleet.models.ControlPlaneClock`):
   observation plus one sweep interval. So the very first heartbeat after a jump is not refused.
   Superseded credentials (rotated: a newer one exists) never get this grace and are not shifted.
 * a backward jump pauses nothing; deadlines then simply last longer by the jump (the safe side).
+* a **stall** is not a gap: when only the periodic jobs stopped (beat or the worker) while the API
+  kept serving renewals, the nodes' liveness deadlines kept moving; :func:`renewals_kept_arriving`
+  tells the two apart (the share of live nodes whose deadline passed during the gap, below the
+  mass-silence guard's unhealthy fraction), and a stall pauses nothing.
 
 The liveness sweep's own outage guard (``LivenessSweepState.recovered_at``) restarts silence
 counting after the same kind of gap; see docs/heartbeats.md.
@@ -39,7 +43,7 @@ from django.db.models import F
 from django.dispatch import Signal
 from django.utils import timezone
 
-from .choices import NodeEventType
+from .choices import Lifecycle, Liveness, NodeEventType
 from .events import Actor, record_event
 from .models import Benchmark, BootstrapToken, ControlPlaneClock, Node, NodeCredential
 
@@ -120,6 +124,34 @@ def extend_past_gaps(since: datetime, until: datetime, gaps: list[tuple[datetime
     return until
 
 
+def unhealthy_fraction() -> float:
+    """The mass-silence guard's fraction (``NODEPOOL["UNHEALTHY_ZONE_FRACTION"]``, 0.55)."""
+    return float(settings.NODEPOOL.get("UNHEALTHY_ZONE_FRACTION", 0.55))
+
+
+def renewals_kept_arriving(*, started_at: datetime, ended_at: datetime) -> bool:
+    """Whether a gap between two runs of the control plane's periodic jobs was a **stall** of those
+    jobs (the API kept serving renewals) rather than an outage or a forward clock jump.
+
+    The test: the share of live nodes (liveness ``alive`` with a deadline, not retired) whose liveness deadline
+    (``Node.next_liveness_check_at``) passed during the gap, ``started_at < deadline <= ended_at``.
+    Every renewal pushes its node's deadline ahead, so while renewals keep arriving only the nodes
+    that really went silent have a passed deadline; when nobody could be heard (an outage) or the
+    clock stepped forward, nearly every live node's deadline passed. A share below the mass-silence
+    guard's unhealthy fraction (0.55, :func:`unhealthy_fraction`) is a stall. No live node with a
+    deadline answers False (treated as an outage, as before this rule). Two counts; the deadline range is
+    served by the partial index ``node_liveness_due``. Nothing is added to the renewal path.
+    """
+    live = Node.objects.filter(liveness=Liveness.ALIVE, next_liveness_check_at__isnull=False).exclude(
+        lifecycle=Lifecycle.RETIRED
+    )
+    total = live.count()
+    if total == 0:
+        return False
+    passed = live.filter(next_liveness_check_at__gt=started_at, next_liveness_check_at__lte=ended_at).count()
+    return passed / total < unhealthy_fraction()
+
+
 def observe(*, now: datetime | None = None, actor: Actor | None = None) -> Gap | None:
     """Record that the control plane is running at ``now``; detect and pause a forward gap.
 
@@ -138,7 +170,19 @@ def observe(*, now: datetime | None = None, actor: Actor | None = None) -> Gap |
             return None  # the clock stepped back, or a concurrent caller got here first
         clock.observed_at = now
         gap = None
-        if previous is not None and (now - previous).total_seconds() > threshold_seconds():
+        if (
+            previous is not None
+            and (now - previous).total_seconds() > threshold_seconds()
+            and renewals_kept_arriving(started_at=previous, ended_at=now)
+        ):
+            # Only the periodic jobs stalled (beat or the worker): nodes kept renewing, so control-plane
+            # time did not stand still for them; extending every deadline would be wrong.
+            logger.warning(
+                "clock: %ss between two observations, but renewals kept arriving: a stall of the periodic "
+                "jobs, not a clock jump or an outage; nothing paused",
+                round((now - previous).total_seconds(), 3),
+            )
+        elif previous is not None and (now - previous).total_seconds() > threshold_seconds():
             paused = (now - previous) - timedelta(seconds=interval_seconds())
             # Every node first, in key order, like any multi-node lock: the shifts below update
             # leases, drains and holds across the fleet in bulk, whereas a drain evaluation or a

@@ -29,6 +29,7 @@ Two guards keep the control plane from turning its own trouble into evictions:
 
 from __future__ import annotations
 
+import logging
 import random
 import uuid
 from dataclasses import dataclass
@@ -39,10 +40,14 @@ from django.core.cache import cache
 from django.db import connection, transaction
 from django.utils import timezone
 
+from nodepool import metrics
+
 from . import clock, signals, silence, status_reports
 from .choices import Lifecycle, Liveness, NodeEventType
 from .events import Actor, event_row
 from .models import LivenessSweepState, Node, NodeEvent, Pool
+
+logger = logging.getLogger(__name__)
 
 # Nodes may send their next heartbeat up to this fraction of the interval late, so that a fleet
 # started at once spreads out (Nomad adds a random stagger of up to the whole TTL on the server
@@ -296,7 +301,9 @@ def _in_fresh_window(releases: dict, pool: Pool, candidate, *, now: datetime, lo
     return (now - released_at).total_seconds() < lost_after
 
 
-def _sweep_pool(*, pool: Pool, timings: Timings, now: datetime, since: datetime | None, state, actor) -> dict:
+def _sweep_pool(
+    *, pool: Pool, timings: Timings, now: datetime, since: datetime | None, state, actor, fleet_silence=None
+) -> dict:
     """Run the transitions of one pool; returns ``{"moved": {"a->b": n}, "lost": [ids], "held": n}``."""
 
     def allowed(after: float) -> bool:
@@ -325,8 +332,9 @@ def _sweep_pool(*, pool: Pool, timings: Timings, now: datetime, since: datetime 
         )
         if candidates:
             verdict = silence.evaluate_pool(
-                pool=pool, now=now, unreachable_cutoff=unreachable_cutoff, trust_node_labels=pool.trust_node_labels
-            )
+                pool=pool, now=now, unreachable_cutoff=unreachable_cutoff, trust_node_labels=pool.trust_node_labels,
+                fleet=fleet_silence() if fleet_silence else None,
+            )  # fmt: skip
             result["guards"] = verdict.guards
             held = [c for c in candidates if verdict.holds(c[3], c[4])]
             # A guard of this pool that held at the previous run and holds no more is released
@@ -423,84 +431,132 @@ def _open_releases(releases: dict, *, now: datetime, engaged: dict) -> dict:
 def sweep_liveness(*, now: datetime | None = None, actor: Actor | None = None) -> dict:
     """Degrade the liveness of every node whose deadline passed; safe to run twice at once.
 
+    Three steps (healthchecks' sweeper isolates each check the same way):
+
+    1. **Fleet-wide verdicts, once**, under the sweep state row's lock (a short transaction): the
+       gap since the last run and what it was. A gap longer than a due pool's grace is an
+       **outage** or a forward clock jump when at least the guard's unhealthy fraction of live
+       nodes had their deadline pass during it (nobody could be heard): grace then restarts now
+       (``recovered_at``). Otherwise it was a **stall** of the sweep while renewals kept arriving
+       (:func:`fleet.clock.renewals_kept_arriving`): every node is judged by its own last renewal,
+       so a node that died during the stall is marked by this very run.
+    2. **Each due pool in its own transaction**, committed on its own, with ``nodes_lost`` sent
+       inside it for that pool's lost nodes. A pool that fails is rolled back, logged
+       (``liveness_sweep_pool_failed``), counted (``nodepool_liveness_sweep_pool_failures_total{pool}``)
+       and skipped: the next run tries it again; the other pools are not held back. The fleet's
+       silence figures for the mass-silence guard are computed once, by the first pool needing them.
+    3. **The state row again**, locked: guards engaged and released, ``last_run_at``, the summary.
+
     Args:
         now: the server's time (default: now). Tests move it with time_machine.
         actor: who runs it (default: the system task ``fleet.sweep_liveness``).
 
     Returns:
-        ``{"now", "gap_seconds", "recovering", "moved": {"alive->stale": n, ...}, "lost": n,
-        "held": n, "guards": {...}}``. Sends ``fleet.signals.nodes_lost`` once with the nodes that
-        became ``lost`` in this run, inside the same transaction (leases declares their leases lost).
+        ``{"now", "gap_seconds", "gap" ("", "stall" or "outage"), "recovering", "moved":
+        {"alive->stale": n, ...}, "lost": n, "held": n, "guards": {...}, "failed_pools": [names],
+        "status_reports_overdue": n}``.
     """
     now = now or timezone.now()
     actor = actor or Actor.system("fleet.sweep_liveness")
     # Deadlines first: a forward gap of the clock is paused for credentials, leases, drains…
     clock.observe(now=now, actor=actor)
     LivenessSweepState.objects.get_or_create(pk=1)
+    summary: dict = {"now": now.isoformat(), "moved": {}, "lost": 0, "held": 0, "guards": {}, "recovering": False}
     with transaction.atomic():
-        # The row lock makes concurrent sweeps queue (PostgreSQL); SQLite's IMMEDIATE transactions
-        # already serialise writers. The per-row compare-and-swap below stays correct without it.
+        # The row lock makes the verdicts of concurrent sweeps queue (PostgreSQL); SQLite's
+        # IMMEDIATE transactions already serialise writers. The per-row compare-and-swap of every
+        # transition keeps two sweeps at once correct without it.
         state = LivenessSweepState.objects.select_for_update().get(pk=1)
         previous = state.last_run_at
         gap = max(0.0, (now - previous).total_seconds()) if previous else 0.0
         due_pools = list(
             Pool.objects.filter(
                 pk__in=Node.objects.filter(next_liveness_check_at__lte=now).values("pool_id").distinct()
-            )
+            ).order_by("name")
         )
         fleet_size = heartbeat_population(fresh=True)
         pool_timings = {pool.pk: timings_for(pool, fleet_size) for pool in due_pools}
+        summary["gap_seconds"], summary["gap"] = round(gap, 3), ""
         if previous is not None and pool_timings and gap > min(t.unreachable_after for t in pool_timings.values()):
-            # The control plane itself was away (or its clock jumped): grace restarts now.
-            state.recovered_at, state.gap_seconds = now, gap
-        summary: dict = {"now": now.isoformat(), "gap_seconds": round(gap, 3), "moved": {}, "lost": 0, "held": 0}
-        summary["guards"], summary["recovering"] = {}, False
-        lost_ids: list = []
-        for pool in due_pools:
-            timings = pool_timings[pool.pk]
-            # The recovery matters for one loss threshold after it; later every node is judged
-            # by its own last heartbeat again (the result would be the same, the summary clearer).
-            since = (
-                state.recovered_at
-                if state.recovered_at is not None
-                and state.gap_seconds > timings.unreachable_after
-                and (now - state.recovered_at).total_seconds() <= timings.lost_after
-                else None
-            )
-            summary["recovering"] = summary.get("recovering", False) or since is not None
-            result = _sweep_pool(pool=pool, timings=timings, now=now, since=since, state=state, actor=actor)
-            for key, count in result["moved"].items():
-                summary["moved"][key] = summary["moved"].get(key, 0) + count
-            lost_ids.extend(result["lost"])
-            summary["held"] += result["held"]
-            summary["fresh_window"] = summary.get("fresh_window", 0) + result["fresh"]
-            summary["guards"].update(result["guards"])
-        summary["lost"] = len(lost_ids)
-        if lost_ids:
-            signals.nodes_lost.send(
-                sender=Node, node_ids=lost_ids, actor=actor, reason="node lost: no heartbeat past the loss threshold"
-            )
+            if clock.renewals_kept_arriving(started_at=previous, ended_at=now):
+                summary["gap"] = "stall"  # the sweep stopped, the API did not: nothing to forgive
+                logger.warning("liveness: the sweep stalled for %ss while renewals kept arriving", round(gap, 3))
+            else:
+                # The control plane itself was away (or its clock jumped): grace restarts now.
+                summary["gap"] = "outage"
+                state.recovered_at, state.gap_seconds = now, gap
+                state.save(update_fields=["recovered_at", "gap_seconds"])
+    cutoffs = {pool.pk: now - timedelta(seconds=pool_timings[pool.pk].unreachable_after) for pool in due_pools}
+    fleet_figures: list = []
+
+    def fleet_silence() -> dict:
+        if not fleet_figures:
+            fleet_figures.append(silence.fleet_silence(now=now, unreachable_cutoffs=cutoffs))
+        return fleet_figures[0]
+
+    failed: list[str] = []
+    for pool in due_pools:
+        timings = pool_timings[pool.pk]
+        # The recovery matters for one loss threshold after it; later every node is judged
+        # by its own last heartbeat again (the result would be the same, the summary clearer).
+        since = (
+            state.recovered_at
+            if state.recovered_at is not None
+            and state.gap_seconds > timings.unreachable_after
+            and (now - state.recovered_at).total_seconds() <= timings.lost_after
+            else None
+        )
+        try:
+            with transaction.atomic():
+                result = _sweep_pool(
+                    pool=pool, timings=timings, now=now, since=since, state=state, actor=actor,
+                    fleet_silence=fleet_silence,
+                )  # fmt: skip
+                if result["lost"]:
+                    signals.nodes_lost.send(
+                        sender=Node,
+                        node_ids=result["lost"],
+                        actor=actor,
+                        reason="node lost: no heartbeat past the loss threshold",
+                    )
+        except Exception:  # one pool's failure must not hold back the others (it is retried next run)
+            logger.exception("liveness_sweep_pool_failed pool=%s", pool.name, extra={"pool": pool.name})
+            metrics.LIVENESS_SWEEP_POOL_FAILURES.labels(pool=pool.name).inc()
+            failed.append(pool.name)
+            continue
+        summary["recovering"] = summary["recovering"] or since is not None
+        for key, count in result["moved"].items():
+            summary["moved"][key] = summary["moved"].get(key, 0) + count
+        summary["lost"] += len(result["lost"])
+        summary["held"] += result["held"]
+        summary["fresh_window"] = summary.get("fresh_window", 0) + result["fresh"]
+        summary["guards"].update(result["guards"])
+    summary["failed_pools"] = failed
+    releases_found = state.guard_releases or {}
+    with transaction.atomic():
+        state = LivenessSweepState.objects.select_for_update().get(pk=1)
         previous_guards = state.guarded_groups or {}
+        # A failed pool was not judged: its guards stand as they were.
+        for key, guard in previous_guards.items():
+            if key != silence.FLEET and key.split("/", 1)[0] in failed:
+                summary["guards"].setdefault(key, guard)
+        releases = {**(state.guard_releases or {}), **releases_found}
         for key in previous_guards:
             # Released where no pool of it was judged this run (every silent node came back):
             # nodes that go silent again later still count from this release.
-            if key not in summary["guards"] and key not in state.guard_releases:
-                state.guard_releases[key] = {"released_at": now.isoformat()}
+            if key not in summary["guards"] and key not in releases:
+                releases[key] = {"released_at": now.isoformat()}
         pools = {pool.name: pool for pool in due_pools}
         missing = {key.split("/", 1)[0] for key in {*previous_guards, *summary["guards"]} if key != silence.FLEET}
         pools.update({p.name: p for p in Pool.objects.filter(name__in=missing - set(pools))})
         silence.record_guard_changes(
             previous=previous_guards, current=summary["guards"], pools=pools, now=now, actor=actor
         )
-        state.guard_releases = _open_releases(state.guard_releases, now=now, engaged=summary["guards"])
-        state.last_run_at = now
+        state.guard_releases = _open_releases(releases, now=now, engaged=summary["guards"])
+        state.last_run_at = max(now, state.last_run_at) if state.last_run_at else now
         state.guarded_groups = summary["guards"]
         state.last_result = {k: v for k, v in summary.items() if k != "guards"}
-        state.save(
-            update_fields=[
-                "last_run_at", "recovered_at", "gap_seconds", "guarded_groups", "guard_releases", "last_result",
-            ]
-        )  # fmt: skip
+        state.save(update_fields=["last_run_at", "guarded_groups", "guard_releases", "last_result"])
     # Nodes that renew but stopped reporting their status: not dead, but not schedulable either.
     summary["status_reports_overdue"] = status_reports.mark_overdue(now=now, actor=actor)
     return summary

@@ -100,11 +100,32 @@ def _tracked():
     return Node.objects.exclude(lifecycle=Lifecycle.RETIRED).exclude(liveness=Liveness.UNKNOWN)
 
 
-def evaluate_pool(*, pool, now: datetime, unreachable_cutoff: datetime, trust_node_labels: bool = False) -> Verdict:
-    """Decide where losses are held in ``pool`` at ``now`` (two aggregate queries)."""
+def fleet_silence(*, now: datetime, unreachable_cutoffs: dict) -> dict:
+    """``{"silent", "total"}`` over the whole fleet (one aggregate query), each due pool judged by its
+    own grace: ``unreachable_cutoffs`` maps pool pk → the last-heartbeat time at or before which its
+    due nodes become unreachable. Nodes of other pools count as silent only once unreachable or lost
+    (none of them is due)."""
+    due = Q(pk__in=[])
+    for pool_id, cutoff in unreachable_cutoffs.items():
+        due |= Q(
+            pool_id=pool_id,
+            liveness__in=[Liveness.ALIVE, Liveness.STALE],
+            next_liveness_check_at__lte=now,
+            last_heartbeat_at__lte=cutoff,
+        )
+    silent_q = Q(liveness__in=[Liveness.UNREACHABLE, Liveness.LOST]) | due
+    return _tracked().aggregate(total=Count("id"), silent=Count("id", filter=silent_q))
+
+
+def evaluate_pool(
+    *, pool, now: datetime, unreachable_cutoff: datetime, trust_node_labels: bool = False, fleet: dict | None = None
+) -> Verdict:
+    """Decide where losses are held in ``pool`` at ``now`` (two aggregate queries; one when the
+    fleet-wide figures ``fleet`` (:func:`fleet_silence`) were computed once for the whole sweep)."""
     verdict = Verdict(pool_name=pool.name, trust_node_labels=trust_node_labels)
     silent_q = _silent_q(now, unreachable_cutoff)
-    fleet = _tracked().aggregate(total=Count("id"), silent=Count("id", filter=silent_q))
+    if fleet is None:
+        fleet = _tracked().aggregate(total=Count("id"), silent=Count("id", filter=silent_q))
     if _disrupted(fleet["silent"], fleet["total"]):
         verdict.guards[FLEET] = _guard("fleet", fleet["silent"], fleet["total"])
         return verdict

@@ -95,6 +95,11 @@ ADMISSION_SECONDS = Histogram(
 LIVENESS_SWEEP_SECONDS = Histogram(
     "nodepool_liveness_sweep_duration_seconds", "Duration of one liveness sweep run.", buckets=SECONDS_BUCKETS
 )
+LIVENESS_SWEEP_POOL_FAILURES = Counter(
+    "nodepool_liveness_sweep_pool_failures",
+    "Pools the liveness sweep failed on (rolled back, logged and skipped; the other pools were swept).",
+    ["pool"],
+)
 EVENTS_PRUNED = Counter("nodepool_events_pruned_total", "Events deleted by the retention task.")
 LEASES_PRUNED = Counter("nodepool_leases_pruned_total", "Ended leases deleted by the retention task.")
 

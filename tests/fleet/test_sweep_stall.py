@@ -1,0 +1,157 @@
+"""A stalled sweeper is not an outage (issue 29, item 1), and the sweep runs pool by pool (item 6).
+
+The three gaps side by side, in one pool of five nodes (interval 10 s, grace 40 s, loss 300 s),
+one of which dies at t=20 s; the sweep runs every 5 s until t=25 s, then nothing until t=115 s:
+
+* **stall**: the API kept serving renewals of the other four: the first sweep after it (t=115 s)
+  marks the dead node unreachable (silent 95 s, past its grace);
+* **outage**: nobody could renew: grace restarts at the recovery, as before (unreachable at 155 s);
+* **clock jump**: the clock stepped 3 h forward: the same as an outage, as before.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from fleet import clock, liveness
+from fleet.choices import NodeEventType
+from fleet.liveness import sweep_liveness
+from fleet.models import ControlPlaneClock, LivenessSweepState, Node, NodeCredential, NodeEvent
+from fleet.signals import nodes_lost
+from nodepool import metrics
+from tests.factories import PoolFactory, make_schedulable_node
+from tests.heartbeat_support import T0, seconds, send
+
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("no_flood_guard", "clock_at_t0")]
+
+_SEQUENCE = itertools.count(1)
+
+
+def at(time_machine, t: float) -> None:
+    time_machine.move_to(T0 + seconds(t), tick=False)
+
+
+def renew(nodes) -> None:
+    for node in nodes:
+        send(node, next(_SEQUENCE))
+
+
+def liveness_of(*nodes) -> list[str]:
+    return [Node.objects.get(pk=n.pk).liveness for n in nodes]
+
+
+@pytest.fixture
+def five(time_machine):
+    """Five nodes renewing and swept every 5 s until t=25 s; ``dead`` stopped after t=20 s."""
+    pool = PoolFactory(name="general")
+    nodes = [make_schedulable_node(pool)[0] for _ in range(5)]
+    dead, others = nodes[0], nodes[1:]
+    for t in range(0, 30, 5):
+        at(time_machine, t)
+        renew(others + ([dead] if t <= 20 else []))
+        sweep_liveness()
+    assert liveness_of(*nodes) == ["alive"] * 5
+    return dead, others
+
+
+def test_a_stalled_sweep_marks_the_node_that_died_during_it_at_its_first_run(time_machine, five):
+    dead, others = five
+    for t in range(30, 115, 5):  # the sweep is stopped; the API keeps serving renewals
+        at(time_machine, t)
+        renew(others)
+    at(time_machine, 115)
+    summary = sweep_liveness()
+    assert summary["gap"] == "stall" and summary["recovering"] is False
+    assert liveness_of(dead) == ["unreachable"] and liveness_of(*others) == ["alive"] * 4
+    assert LivenessSweepState.objects.get().recovered_at is None
+
+
+def test_an_outage_restarts_grace_as_before(time_machine, five):
+    dead, others = five
+    at(time_machine, 115)  # nobody could reach the control plane for 90 s
+    summary = sweep_liveness()
+    assert summary["gap"] == "outage" and summary["recovering"] is True and summary["moved"] == {}
+    assert liveness_of(dead, *others) == ["alive"] * 5
+    for t in range(120, 160, 5):
+        at(time_machine, t)
+        renew(others)
+        sweep_liveness()
+        assert liveness_of(dead) == (["unreachable"] if t >= 155 else ["alive"] if t < 135 else ["stale"])
+
+
+def test_a_forward_clock_jump_restarts_grace_as_before(time_machine, five):
+    dead, others = five
+    at(time_machine, 3 * 3600)
+    summary = sweep_liveness()
+    assert summary["gap"] == "outage" and summary["moved"] == {}
+    assert liveness_of(dead, *others) == ["alive"] * 5
+    assert NodeEvent.objects.filter(type=NodeEventType.CLOCK_JUMP).count() == 1
+
+
+def test_a_stall_of_the_periodic_jobs_pauses_no_deadline(time_machine, five):
+    """fleet.clock.observe applies the same test: a beat stall extends no credential."""
+    dead, others = five
+    expires = {c.pk: c.expires_at for c in NodeCredential.objects.all()}
+    for t in range(30, 120, 5):
+        at(time_machine, t)
+        renew(others)
+    assert clock.observe() is None
+    assert {c.pk: c.expires_at for c in NodeCredential.objects.all()} == expires
+    assert not NodeEvent.objects.filter(type=NodeEventType.CLOCK_JUMP).exists()
+    assert ControlPlaneClock.objects.get().paused_seconds == 0
+
+
+def test_an_outage_of_the_periodic_jobs_still_pauses_deadlines(time_machine, five):
+    at(time_machine, 120)
+    gap = clock.observe()
+    assert gap is not None and gap.paused == seconds(120 - 25 - 5)
+    assert NodeEvent.objects.filter(type=NodeEventType.CLOCK_JUMP).count() == 1
+
+
+def test_a_failing_pool_is_logged_counted_and_skipped(time_machine, monkeypatch, caplog):
+    good, bad = PoolFactory(name="good"), PoolFactory(name="bad")
+    good_node, bad_node = make_schedulable_node(good)[0], make_schedulable_node(bad)[0]
+    for node in (good_node, bad_node):
+        send(node, next(_SEQUENCE))
+    real = liveness._sweep_pool
+
+    def failing(*, pool, **kwargs):
+        if pool.name == "bad":
+            real(pool=pool, **kwargs)  # its writes are rolled back with the failure
+            raise RuntimeError("a bad row")
+        return real(pool=pool, **kwargs)
+
+    monkeypatch.setattr(liveness, "_sweep_pool", failing)
+    before = metrics.LIVENESS_SWEEP_POOL_FAILURES.labels(pool="bad")._value.get()
+    at(time_machine, 25)
+    summary = sweep_liveness()
+    assert summary["failed_pools"] == ["bad"] and summary["moved"] == {"alive->stale": 1}
+    assert liveness_of(good_node, bad_node) == ["stale", "alive"]
+    assert not NodeEvent.objects.filter(node=bad_node, type=NodeEventType.LIVENESS).exists()
+    assert metrics.LIVENESS_SWEEP_POOL_FAILURES.labels(pool="bad")._value.get() == before + 1
+    assert "liveness_sweep_pool_failed pool=bad" in caplog.text
+    assert LivenessSweepState.objects.get().last_run_at == T0 + seconds(25)
+    monkeypatch.setattr(liveness, "_sweep_pool", real)
+    at(time_machine, 30)
+    sweep_liveness()  # the next run sweeps it
+    assert liveness_of(bad_node) == ["stale"]
+
+
+def test_nodes_lost_is_signalled_once_per_pool(time_machine):
+    pools = [PoolFactory(name="a"), PoolFactory(name="b")]
+    nodes = [make_schedulable_node(pool)[0] for pool in pools]
+    renew(nodes)
+    sent = []
+
+    def receiver(sender, node_ids, **kwargs):
+        sent.append(sorted(str(n) for n in node_ids))
+
+    nodes_lost.connect(receiver)
+    try:
+        at(time_machine, 400)
+        sweep_liveness()
+    finally:
+        nodes_lost.disconnect(receiver)
+    assert sorted(sent) == sorted([[str(nodes[0].pk)], [str(nodes[1].pk)]])
