@@ -3,8 +3,9 @@
 One thread owns the state, the HTTP client and the workloads; the only other thread is the
 benchmark's, which hands its result back through a queue. The loop wakes at least every
 ``tick`` seconds to reap workloads and send queued lease events, and sends a heartbeat when
-one is due: on the interval the server asked for (``next_heartbeat_in``) with ±10 % jitter,
-or after an exponential backoff with a cap while the server does not answer.
+one is due: after exactly the delay the server asked for (``next_renewal_in`` /
+``next_heartbeat_in``: the server already aims each node at its own slot, so the agent adds no
+jitter of its own), or after an exponential backoff with a cap while the server does not answer.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from . import benchmark, conditions, devices, inventory, nvidia, preemption
-from .backoff import Backoff, jittered
+from .backoff import Backoff
 from .client import ApiError, NodeClient, NodeRetired, ServerUnavailable
 from .state import AgentState, StateFile
 from .upgrade import current_version, run_upgrade
@@ -132,7 +133,8 @@ class Agent:
         )
         work_dir = config.work_dir or config.state_path.parent / "workloads"
         self.supervisor = Supervisor(work_dir=work_dir, grace=config.stop_grace)
-        self.interval = config.default_interval
+        self.interval = config.default_interval  # the renewal interval told (renewal_interval)
+        self.next_in: float | None = None  # the delay the last answer asked for (next_renewal_in)
         self.clock_offset = 0.0  # server time - local time, from the last heartbeat answer
         self.rotate_requested = False
         self.outbox: list[LeaseEvent] = []
@@ -225,7 +227,9 @@ class Agent:
             sequence=0,
             enrolled_at=now,
         )
-        self.interval = float(answer.get("heartbeat_interval") or self.interval)
+        self.follow(answer, "next_renewal_in")
+        if not answer.get("renewal_interval"):  # an older server: its pool's interval
+            self.interval = float(answer.get("heartbeat_interval") or self.interval)
         self.state_file.save(self.state)
         log.info("enrolled as node %s (lifecycle %s)", self.state.node_id, answer.get("lifecycle"))
 
@@ -360,7 +364,7 @@ class Agent:
             return delay
         self.backoff.reset()
         self.handle_answer(answer)
-        return jittered(self.interval, rng=self.rng)
+        return self.next_delay()
 
     def renew(self, payload: dict) -> float | None:
         """Send the renewal of ``payload``'s incarnation and sequence; act on its flags. Returns
@@ -378,8 +382,7 @@ class Agent:
                 return None
             raise
         self.backoff.reset()
-        if answer.get("next_renewal_in"):
-            self.interval = max(1.0, float(answer["next_renewal_in"]))
+        self.follow(answer, "next_renewal_in")
         code = answer.get("code", "applied")
         if answer.get("applied"):
             self.renewals_applied += 1
@@ -395,7 +398,23 @@ class Agent:
         if flags & ~FLAG_ROTATE_CREDENTIAL or code == "status_report_required":
             self.report_wanted = True
             return 0.0  # something waits: the status report's answer says what, now
-        return jittered(self.interval, rng=self.rng)
+        return self.next_delay()
+
+    def follow(self, answer: dict, key: str) -> None:
+        """Take the timing of a server answer: ``renewal_interval`` (the interval told) and ``key``
+        (``next_renewal_in`` or ``next_heartbeat_in``: the delay to the next message, aimed by the
+        server at this node's own slot). An older server sends only the delay: it is the interval too."""
+        if answer.get("renewal_interval"):
+            self.interval = max(1.0, float(answer["renewal_interval"]))
+        if answer.get(key):
+            self.next_in = max(1.0, float(answer[key]))
+            if not answer.get("renewal_interval"):
+                self.interval = self.next_in
+
+    def next_delay(self) -> float:
+        """Seconds to the next renewal: what the server asked for, without jitter of our own (the
+        server spreads the fleet; an agent-side jitter would only undo its aim)."""
+        return self.next_in if self.next_in is not None else self.interval
 
     def handle_answer(self, answer: dict) -> None:
         """Act on a heartbeat answer: sequence verdict, timing, instructions, assigned leases."""
@@ -403,8 +422,7 @@ class Agent:
         server_time = parse_time(answer.get("server_time"))
         if server_time is not None:
             self.clock_offset = server_time - self.clock()
-        if answer.get("next_heartbeat_in"):
-            self.interval = max(1.0, float(answer["next_heartbeat_in"]))
+        self.follow(answer, "next_heartbeat_in")
         if answer.get("status_report_interval"):
             self.status_report_interval = max(self.interval, float(answer["status_report_interval"]))
         code = answer.get("code", "applied")

@@ -112,6 +112,8 @@ class HeartbeatOutcome:
     received_at: datetime
     next_heartbeat_in: float
     status_report_interval: float = 60.0
+    # The interval told, without the slot's offset (docs/api-contract.md ``renewal_interval``).
+    renewal_interval: float = 0.0
     restarted: bool = False
     stop_leases: list[str] = field(default_factory=list)
     checkpoint_leases: list[str] = field(default_factory=list)
@@ -242,7 +244,8 @@ def apply_heartbeat(
                 code=code,
                 node=node,
                 received_at=received_at,
-                next_heartbeat_in=liveness.next_heartbeat_in(timings),
+                next_heartbeat_in=liveness.next_heartbeat_in(timings, node_id=node.pk, now=received_at),
+                renewal_interval=timings.interval,
                 status_report_interval=timings.status_report_interval,
                 rotate_credential=rotate_hint(credential, received_at),
             )
@@ -314,7 +317,7 @@ def _try_apply(
         "sequence": report.sequence,
         "last_heartbeat_at": received_at,
         "liveness": Liveness.ALIVE,
-        # The stale deadline: two told intervals of silence (jitter adds at most 10 % of one).
+        # The stale deadline: two told intervals of silence (the slot moves the next renewal at most 0.4 of one).
         "next_liveness_check_at": received_at + timedelta(seconds=timings.stale_after),
         "clock_skew_seconds": round(skew, 3),
         # The status report delivers every pending instruction (read after this UPDATE, so one
@@ -444,7 +447,8 @@ def _after_apply(*, node, report, actor, received_at, timings, restarted, events
         code=APPLIED,
         node=node,
         received_at=received_at,
-        next_heartbeat_in=liveness.next_heartbeat_in(timings),
+        next_heartbeat_in=liveness.next_heartbeat_in(timings, node_id=node.pk, now=received_at),
+        renewal_interval=timings.interval,
         status_report_interval=timings.status_report_interval,
         restarted=restarted,
         stop_leases=[str(i) for i in leases.get("stop", [])],

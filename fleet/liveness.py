@@ -16,7 +16,8 @@ Two halves:
 
 Rate scaling is Nomad's: the heartbeat interval grows with the number of nodes so that the fleet
 sends at most ``NODEPOOL["MAX_HEARTBEATS_PER_SECOND"]`` (nomad/heartbeat.go, ``RateScaledInterval``
-plus a random stagger), and every liveness threshold scales with it.
+plus a stagger: here each node's own slot, :func:`next_heartbeat_in`), and every liveness threshold
+scales with it.
 
 Two guards keep the control plane from turning its own trouble into evictions:
 
@@ -30,7 +31,6 @@ Two guards keep the control plane from turning its own trouble into evictions:
 from __future__ import annotations
 
 import logging
-import random
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -49,10 +49,15 @@ from .models import LivenessSweepState, Node, NodeEvent, Pool
 
 logger = logging.getLogger(__name__)
 
-# Nodes may send their next heartbeat up to this fraction of the interval late, so that a fleet
-# started at once spreads out (Nomad adds a random stagger of up to the whole TTL on the server
-# side; a node-side 10 % keeps ``stale`` at two intervals meaningful).
-JITTER = 0.10
+# Spreading the herd: every answer aims the node at its own slot in the interval (a hash of its
+# id), moving it at most this fraction of the interval earlier or later, so the prescribed delay
+# stays within [0.6, 1.4] x interval: above the flood guard's half interval, well inside the
+# stale deadline (two intervals). Nodes that all arrive at one instant (a control-plane restart, a
+# network blip) are spread evenly over 0.8 x interval at once, then settle on their slots
+# (the phase error shrinks to a fifth at each renewal). Nomad staggers on the server side too
+# (nomad/heartbeat.go); agents add no jitter of their own.
+SLOT_SPREAD = 0.4
+_SLOTS = 1_000_003
 STALE_INTERVALS = 2
 POPULATION_CACHE_KEY = "fleet:heartbeat_population"
 POPULATION_CACHE_SECONDS = 30
@@ -67,7 +72,8 @@ RELEASE_MEMORY_SECONDS = 24 * 3600
 class Timings:
     """A pool's liveness timings at the current fleet size, in seconds.
 
-    ``interval`` is the heartbeat interval nodes are told (before jitter); ``scale`` is
+    ``interval`` is the renewal interval nodes are told (``renewal_interval``; each answer's
+    ``next_renewal_in`` aims at the node's slot around it); ``scale`` is
     ``interval / pool.heartbeat_interval`` (≥ 1) and multiplies the pool's grace and loss threshold.
     """
 
@@ -105,10 +111,27 @@ def timings_for(pool: Pool, fleet_size: int, max_rate: float | None = None) -> T
     )
 
 
-def next_heartbeat_in(timings: Timings, rng: random.Random | None = None) -> float:
-    """Seconds until the node's next heartbeat: the interval plus up to 10 % jitter (never less)."""
-    draw = (rng or random).random()
-    return round(timings.interval * (1.0 + JITTER * draw), 3)
+def slot_of(node_id) -> float:
+    """The node's own slot in the renewal interval, as a fraction in [0, 1) (from its id)."""
+    value = node_id.int if isinstance(node_id, uuid.UUID) else uuid.UUID(str(node_id)).int
+    return (value % _SLOTS) / _SLOTS
+
+
+def next_heartbeat_in(timings: Timings, *, node_id, now: datetime) -> float:
+    """Seconds until the node's next renewal (or heartbeat): aimed at its own slot in the interval.
+
+    The slot is ``slot_of(node_id) x interval`` seconds into each interval of the server's clock
+    (Unix time modulo the interval). The answer is the interval plus 0.8 x the signed error
+    between the slot and ``now + interval`` (in [-interval/2, interval/2)), so it lies within
+    [0.6, 1.4] x interval; a node already on its slot is told exactly the interval.
+    """
+    interval = timings.interval
+    if interval <= 0:
+        return 0.0
+    error = (slot_of(node_id) * interval - (now.timestamp() + interval)) % interval
+    if error >= interval / 2:
+        error -= interval
+    return round(interval + 2 * SLOT_SPREAD * error, 3)
 
 
 def liveness_at(

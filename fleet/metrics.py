@@ -6,11 +6,16 @@
 or the problem code of a refusal: ``too_many_requests``, ``node_retired``,
 ``authentication_failed``, ``forbidden``, ``validation_error``, ``payload_too_large``…). Both
 labels have a small fixed set of values (no ids: Prometheus naming guide).
+
+``nodepool_renewal_prescribed_delay_seconds``: the delay each answer prescribed to the next
+renewal (``next_renewal_in``, aimed at the node's slot: within [0.6, 1.4] x the interval told).
+A fleet on its slots is told about the interval; a herd being spread shows as mass near 0.6 and
+1.4 x the interval, and its ``_count`` rate is the renewals answered per second.
 """
 
 from __future__ import annotations
 
-from prometheus_client import Counter
+from prometheus_client import Counter, Histogram
 
 RENEWAL = "renewal"
 STATUS_REPORT = "status_report"
@@ -31,3 +36,16 @@ def count(kind: str, outcome: str) -> None:
     if child is None:
         child = _children[(kind, outcome)] = HEARTBEATS.labels(kind=kind, outcome=outcome)
     child.inc()
+
+
+DELAY_BUCKETS = (1, 2, 5, 10, 15, 20, 30, 45, 60, 90, 120, 180, 300, 600)
+PRESCRIBED_DELAY = Histogram(
+    "nodepool_renewal_prescribed_delay_seconds",
+    "Delay to the next renewal prescribed by each answer (next_renewal_in), in seconds.",
+    buckets=DELAY_BUCKETS,
+)
+
+
+def prescribed(delay: float) -> None:
+    """Observe one prescribed delay (seconds) in ``nodepool_renewal_prescribed_delay_seconds``."""
+    PRESCRIBED_DELAY.observe(delay)

@@ -102,13 +102,15 @@ class ForeignCredential(Problem):
 
 @dataclass(frozen=True)
 class RenewalOutcome:
-    """``applied`` and ``code`` as for heartbeats; ``next_renewal_in`` seconds; ``flags`` an
-    :class:`fleet.instructions.Instruction` bit set."""
+    """``applied`` and ``code`` as for heartbeats; ``next_renewal_in`` seconds (aimed at the node's
+    slot, :func:`fleet.liveness.next_heartbeat_in`); ``flags`` an :class:`fleet.instructions.Instruction`
+    bit set; ``renewal_interval`` the interval told, in seconds, without the slot's offset."""
 
     applied: bool
     code: str
     next_renewal_in: float
     flags: int
+    renewal_interval: float = 0.0
 
 
 def deadline_slack(timings: liveness.Timings) -> float:
@@ -323,7 +325,9 @@ def renew(*, node_id: uuid.UUID, secret: str, incarnation: int, sequence: int, r
                 )  # fmt: skip
             if row is not None:
                 flags = int(row[0]) | (Instruction.ROTATE_CREDENTIAL if _rotate(row[1], row[2], now) else 0)
-                return RenewalOutcome(True, APPLIED, liveness.next_heartbeat_in(pool_timings(pool_id)), flags)
+                timings = pool_timings(pool_id)
+                next_in = liveness.next_heartbeat_in(timings, node_id=node_id, now=now)
+                return RenewalOutcome(True, APPLIED, next_in, flags, timings.interval)
         # The statement matched nothing (or this process did not know the node's pool): find out why.
         pool_id, liveness_read, refusal, valid_at = _diagnose(
             node_id=node_id, prefix=prefix, secret=secret, incarnation=incarnation, sequence=sequence, now=now,
@@ -383,12 +387,14 @@ def _diagnose(
     code = ordering_code(
         stored_incarnation=node.incarnation, stored_sequence=node.sequence, incarnation=incarnation, sequence=sequence
     )
-    next_in = liveness.next_heartbeat_in(timings)
+    next_in = liveness.next_heartbeat_in(timings, node_id=node.pk, now=now)
     if code in (DUPLICATE_SEQUENCE, STALE_SEQUENCE, STALE_INCARNATION):
-        return node.pool_id, node.liveness, RenewalOutcome(False, code, next_in, int(node.instructions)), valid_at
+        outcome = RenewalOutcome(False, code, next_in, int(node.instructions), timings.interval)
+        return node.pool_id, node.liveness, outcome, valid_at
     if incarnation > node.incarnation:
         flags = int(node.instructions) | Instruction.STATUS_REPORT
-        return node.pool_id, node.liveness, RenewalOutcome(False, STATUS_REPORT_REQUIRED, next_in, flags), valid_at
+        outcome = RenewalOutcome(False, STATUS_REPORT_REQUIRED, next_in, flags, timings.interval)
+        return node.pool_id, node.liveness, outcome, valid_at
     if (
         node.renewal_not_before is not None
         and node.renewal_not_before > now

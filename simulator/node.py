@@ -109,7 +109,8 @@ class VirtualNode:
         self.credential_expires_at: float | None = None
         self.incarnation = 0
         self.sequence = 0
-        self.interval = 10.0
+        self.interval = 10.0  # the renewal interval told (renewal_interval)
+        self.next_in: float | None = None  # the delay the last answer asked for
         self.clock_offset = 0.0
         self.rotate_requested = False
         self.renewals_supported = True
@@ -198,7 +199,9 @@ class VirtualNode:
         self.credential_expires_at = parse_time(answer.get("credential_expires_at"))
         self.incarnation = int(answer.get("incarnation", 1))
         self.sequence = 0
-        self.interval = float(answer.get("heartbeat_interval") or self.interval)
+        self.follow(answer, "next_renewal_in")
+        if not answer.get("renewal_interval"):  # an older server: its pool's interval
+            self.interval = float(answer.get("heartbeat_interval") or self.interval)
         self.lifecycle = answer.get("lifecycle", "")
         self.enroll_error = ""
         return True
@@ -318,7 +321,8 @@ class VirtualNode:
     async def beat(self, client: httpx.AsyncClient) -> float:
         """Send one heartbeat (or two, for duplicate/reorder faults) and act on the answers.
 
-        Returns seconds until the next beat (the server's interval with jitter, or a backoff).
+        Returns seconds until the next beat (the delay the server asked for, aimed at this node's
+        slot, without jitter of its own; or a backoff).
         """
         if self.partitioned:
             self.counters["silenced"] += 1
@@ -357,7 +361,20 @@ class VirtualNode:
         except Unavailable:
             return self.backoff.next_delay()
         self.backoff.reset()
-        return jittered(self.interval, rng=self.rng)
+        return self.next_delay()
+
+    def follow(self, answer: dict, key: str) -> None:
+        """Take ``renewal_interval`` (the interval told) and ``key`` (the delay asked for) from an answer;
+        an older server sends only the delay, which is then the interval too (as the agent does)."""
+        if answer.get("renewal_interval"):
+            self.interval = max(0.01, float(answer["renewal_interval"]))
+        if answer.get(key):
+            self.next_in = max(0.01, float(answer[key]))
+            if not answer.get("renewal_interval"):
+                self.interval = self.next_in
+
+    def next_delay(self) -> float:
+        return self.next_in if self.next_in is not None else self.interval
 
     def _reported_devices(self, devices: list[dict]) -> None:
         """A report carrying ``devices`` was answered: their XID events are not pending any more."""
@@ -398,8 +415,7 @@ class VirtualNode:
             raise Unavailable(code)
         answer = response.json()
         self.counters[f"renewal_{answer.get('code', 'applied')}"] += 1
-        if answer.get("next_renewal_in"):
-            self.interval = max(0.01, float(answer["next_renewal_in"]))
+        self.follow(answer, "next_renewal_in")
         flags = int(answer.get("flags") or 0)
         if flags & FLAG_ROTATE_CREDENTIAL:
             self.rotate_requested = True
@@ -408,7 +424,7 @@ class VirtualNode:
         ):  # fmt: skip
             self.report_wanted = True
             return 0.01  # what waits comes with the status report: send it now
-        return jittered(self.interval, rng=self.rng)
+        return self.next_delay()
 
     async def _handle(self, client: httpx.AsyncClient, response: httpx.Response) -> None:
         if response.status_code != 200:
@@ -422,8 +438,7 @@ class VirtualNode:
         server_time = parse_time(answer.get("server_time"))
         if server_time is not None:
             self.clock_offset = server_time - time.time()
-        if answer.get("next_heartbeat_in"):
-            self.interval = max(0.01, float(answer["next_heartbeat_in"]))
+        self.follow(answer, "next_heartbeat_in")
         if answer.get("status_report_interval"):
             self.status_report_interval = max(self.interval, float(answer["status_report_interval"]))
         self.lifecycle = answer.get("lifecycle", self.lifecycle)

@@ -138,6 +138,7 @@ class HeartbeatView(APIView):
             credential=getattr(request._request, "node_credential", None),
         )
         metrics.count(metrics.STATUS_REPORT, outcome.code)
+        metrics.prescribed(outcome.next_heartbeat_in)
         return Response(heartbeat_response(outcome))
 
     def handle_exception(self, exc):
@@ -157,6 +158,7 @@ def heartbeat_response(outcome: hb.HeartbeatOutcome) -> dict:
         "next_heartbeat_in": outcome.next_heartbeat_in,
         # Agents that renew (POST /nodes/{id}/renewals) read these; older agents ignore them.
         "next_renewal_in": outcome.next_heartbeat_in,
+        "renewal_interval": outcome.renewal_interval,
         "status_report_interval": outcome.status_report_interval,
         "incarnation": node.incarnation,
         "sequence": node.sequence,

@@ -52,7 +52,7 @@ def _counter(body: dict, name: str, minimum: int) -> int | None:
 @csrf_exempt
 def renewal_view(request, pk):
     """Renew node ``pk``'s liveness. Body ``{"incarnation": int ≥ 1, "sequence": int ≥ 0}`` (≤ 256
-    bytes); answer ``{"applied", "code", "next_renewal_in", "flags"}`` (docs/api-contract.md)."""
+    bytes); answer ``{"applied", "code", "next_renewal_in", "renewal_interval", "flags"}`` (docs/api-contract.md)."""
     if request.method != "POST":
         response = _problem(request, 405, "method_not_allowed", f'Method "{request.method}" not allowed.')
         response["Allow"] = "POST"
@@ -108,10 +108,11 @@ def renewal_view(request, pk):
             headers["Retry-After"] = str(exc.wait)
         return _problem(request, exc.status_code, exc.get_codes(), str(exc.detail), headers=headers, **exc.extra)
     metrics.count(metrics.RENEWAL, outcome.code)
+    metrics.prescribed(outcome.next_renewal_in)
     return HttpResponse(
         json.dumps(
             {"applied": outcome.applied, "code": outcome.code, "next_renewal_in": outcome.next_renewal_in,
-             "flags": outcome.flags},
+             "renewal_interval": outcome.renewal_interval, "flags": outcome.flags},
             separators=(",", ":"),
         ),
         content_type="application/json",

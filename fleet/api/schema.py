@@ -13,6 +13,8 @@ EnrollmentResponse = inline_serializer(
         "credential_expires_at": serializers.DateTimeField(),
         "lifecycle": serializers.CharField(),
         "heartbeat_interval": serializers.IntegerField(),
+        "renewal_interval": serializers.FloatField(),
+        "next_renewal_in": serializers.FloatField(),
         "pool": serializers.CharField(),
     },
 )

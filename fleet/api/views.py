@@ -6,6 +6,8 @@ benchmark results) admit only the node itself; every operator action needs the e
 
 from __future__ import annotations
 
+import math
+
 from django.db.models import Count
 from django.utils import timezone
 from drf_spectacular.utils import extend_schema
@@ -19,7 +21,7 @@ from nodepool.api.permissions import IsOperator, IsOperatorOrReadOnlyOwner
 from nodepool.api.problems import Gone, NotFound
 from nodepool.api.versioning import ETagMixin, expected_version
 
-from .. import admission, services
+from .. import admission, liveness, renewals, services
 from ..authentication import IsNodeSelf, node_from_request
 from ..choices import Lifecycle
 from ..events import Actor
@@ -144,13 +146,19 @@ class NodeEnrollmentView(APIView):
         # shared by every thread, and two enrollments at once in a threaded server then fail with
         # "Direct lifecycle modification is not allowed" (seen with the live server).
         lifecycle = Node.objects.filter(pk=node.pk).values_list("lifecycle", flat=True).get()
+        timings = renewals.pool_timings(node.pool_id)
         body = {
             "node_id": str(node.pk),
             "incarnation": node.incarnation,
             "credential": secret,
             "credential_expires_at": credential.expires_at,
             "lifecycle": lifecycle,
-            "heartbeat_interval": node.pool.heartbeat_interval,
+            # The interval the fleet prescribes now (the pool's own, stretched by the fleet's size),
+            # in whole seconds for agents that know only this field; newer agents follow
+            # next_renewal_in (aimed at the node's slot) and keep renewal_interval (docs/api-contract.md).
+            "heartbeat_interval": math.ceil(timings.interval),
+            "renewal_interval": timings.interval,
+            "next_renewal_in": liveness.next_heartbeat_in(timings, node_id=node.pk, now=timezone.now()),
             "pool": node.pool.name,
         }
         return Response(body, status=status.HTTP_201_CREATED)
