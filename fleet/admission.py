@@ -36,6 +36,8 @@ from nodepool.api.problems import Conflict, Gone, NotFound
 
 from .capability import CapabilityError, implausible_values
 from .choices import BenchmarkStatus, CheckStatus, Lifecycle, NodeEventType, PoolKind
+from .devices import sync_counts as sync_device_counts
+from .devices import verify_node_devices
 from .events import Actor, record_event
 from .instructions import Instruction, post_instructions
 from .models import AdmissionCheck, Benchmark, Node, Pool
@@ -342,6 +344,8 @@ def finalize_admission(*, node_id, attempt: int, actor: Actor, now: datetime | N
                 "features": dict(declared.get("features") or {}),
             }
             node_inventory_set(node=node, resources=node.verified["resources"])
+            # Devices present now are verified (fleet.devices); their count replaces the declared one.
+            verify_node_devices(node=node, actor=actor, now=now)
             node.admit()
             node.lifecycle_reason = "every admission check passed"
             if node.enrolled_at is not None:
@@ -353,6 +357,7 @@ def finalize_admission(*, node_id, attempt: int, actor: Actor, now: datetime | N
         node.save(
             update_fields=["lifecycle", "lifecycle_reason", "lifecycle_changed_at", "verified", "version", "updated_at"]
         )
+        sync_device_counts(node)
         post_instructions([node.pk], Instruction.LIFECYCLE)
         record_event(
             node, NodeEventType.LIFECYCLE, actor, from_state=before, to_state=node.lifecycle,

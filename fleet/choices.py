@@ -100,9 +100,19 @@ class NodeEventType(models.TextChoices):
     STATEMENT = "statement", "owner statement"
     APPEAL = "appeal", "quarantine appeal"
     DISRUPTION_BLOCKED = "disruption_blocked", "automated disruption blocked (pool budget, window, workload budget)"
+    DEVICE = "device", "device inventory, health, taint or verification"
 
 
 # Event types only the node's owner and operators may read (fleet.api.events): an appeal carries the
 # owner's statement and the operator's resolution (free text), a statement event the owner's money.
 # A lease client, even one whose leases ran on the node, never reads them.
 OWNER_PRIVATE_EVENT_TYPES = frozenset({NodeEventType.APPEAL, NodeEventType.STATEMENT})
+
+
+class DeviceHealth(models.TextChoices):
+    """A device's health as the control plane judges its reports (never the node's health)."""
+
+    UNKNOWN = "unknown", "unknown (no health reported)"
+    HEALTHY = "healthy", "healthy"
+    UNHEALTHY = "unhealthy", "unhealthy (a fault taints it)"
+    MISSING = "missing", "missing (no longer reported by the node)"

@@ -26,6 +26,7 @@ INSERT of events inside a transaction, and only for a node being admitted, a ben
 
 from __future__ import annotations
 
+import logging
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -42,8 +43,10 @@ from .choices import BenchmarkStatus, Lifecycle, Liveness, NodeEventType
 from .events import Actor, event_row
 from .models import Benchmark, Node, NodeCredential, NodeEvent
 
+logger = logging.getLogger(__name__)
+
 # --- limits (documented in docs/heartbeats.md; beyond them: 413 or 422 and nothing applied) -------
-MAX_BODY_BYTES = 64 * 1024
+MAX_BODY_BYTES = 192 * 1024  # room for 256 devices (fleet.devices.MAX_DEVICES) beside the rest
 MAX_CONDITIONS = 32
 MAX_LEASES = 256
 MAX_USAGE_ENTRIES = 32
@@ -100,6 +103,11 @@ class HeartbeatReport:
     conditions: list[dict] = field(default_factory=list)
     usage: dict[str, int] = field(default_factory=dict)
     leases: list[dict] = field(default_factory=list)
+    # The device part (fleet.devices): parsed devices (None when the report had none), what
+    # parsing refused, and the host's boot id (None when not sent).
+    devices: list[dict] | None = None
+    device_refusals: list[dict] = field(default_factory=list)
+    boot_id: str | None = None
 
 
 @dataclass
@@ -422,6 +430,8 @@ def _conditional_update(*, node: Node, report: HeartbeatReport, values: dict[str
 def _after_apply(*, node, report, actor, received_at, timings, restarted, events) -> HeartbeatOutcome:
     """Publish the status report to the apps above (lease reconciliation, automatic-quarantine rules:
     fleet.signals) and add the benchmark instruction."""
+    if report.devices is not None or report.device_refusals or report.boot_id is not None:
+        _apply_devices(node, report, actor, received_at)
     leases = signals.merged_instructions(
         signals.status_report_applied.send(
             sender=Node,
@@ -460,6 +470,24 @@ def _after_apply(*, node, report, actor, received_at, timings, restarted, events
         # returned them from status_report_applied.
         instructions={k: v for k, v in leases.items() if k not in ("stop", "checkpoint", "assigned")},
     )
+
+
+def _apply_devices(node: Node, report: HeartbeatReport, actor, received_at: datetime) -> None:
+    """The device part of the report, in its own transaction: a fault in it is logged and never
+    spoils the rest of the report (already applied) nor answers 500."""
+    from . import devices
+
+    try:
+        devices.apply_report(
+            node=node,
+            devices=report.devices,
+            refusals=report.device_refusals,
+            boot_id=report.boot_id,
+            actor=actor,
+            now=received_at,
+        )
+    except Exception:
+        logger.exception("device_report_failed", extra={"node_id": str(node.pk)})
 
 
 def _events(

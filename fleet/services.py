@@ -24,11 +24,13 @@ from nodepool.api.problems import Conflict, Forbidden, Gone, NotFound, Problem, 
 from nodepool.api.versioning import check_version
 
 from . import clock
+from . import devices as device_inventory
 from . import secrets as node_secrets
 from . import taints as taint_times
 from .capability import CapabilityError
 from .choices import ActorType, AdmissionMode, Lifecycle, NodeEventType, PoolKind
 from .credentials import is_superseded, issue_credential, revoke_all_credentials
+from .devices import parse_devices
 from .events import Actor, event_row, record_event
 from .instructions import Instruction, post_instructions
 from .models import BootstrapToken, Node, NodeCredential, NodeEvent, NodeResource, Pool
@@ -304,6 +306,8 @@ def node_enroll(
     attestation: dict[str, str] | None = None,
     request_id: str = "",
     now: datetime | None = None,
+    devices: Any = None,
+    boot_id: str = "",
 ) -> tuple[Node, NodeCredential, str]:
     """Enroll a new node: spend a bootstrap token, create a ``pending`` node and its first credential.
 
@@ -347,6 +351,12 @@ def node_enroll(
             reason=f"enrolled with bootstrap token {token.prefix}",
             data={"hostname": hostname, "agent_version": agent_version, "credential": credential.prefix},
         )
+        if devices is not None or boot_id:
+            # The device inventory as rows (unverified until admission; fleet.devices).
+            parsed, refusals = parse_devices(devices)
+            device_inventory.apply_report(
+                node=node, devices=parsed, refusals=refusals, boot_id=boot_id, actor=actor, now=now, force=True
+            )
         if pool.admission_mode == AdmissionMode.AUTOMATIC:
             _start_admission(node, actor, reason="automatic admission (pool policy)", now=now)
     return node, credential, secret

@@ -24,6 +24,16 @@ Signals (``sender`` is always :class:`fleet.models.Node`):
     inside the transaction of a renewal that moved a node that was not ``alive`` back to
     ``alive`` (rare: the renewal's hot path sends nothing); leases kicks its queue.
 
+``device_identity_conflict(node, conflicts, actor)``
+    after a report of ``node`` named device ids another live node holds (fleet.devices);
+    ``conflicts`` is ``[{"device_id", "held_by", "type"}]``. maintenance quarantines ``node``
+    (the later claimant) by its rule ``device_identity_conflict``.
+
+``device_faulted(node, faulted, drained, actor)``
+    after devices of ``node`` got a NoExecute (``faulted``: Device pks) or NoSchedule
+    (``drained``) taint, outside any transaction; leases revokes and requeues the leases holding
+    them that do not tolerate the taint (its device-fault trigger).
+
 Anything that needs the node to act sends no signal back: it sets a bit of the node's
 pending-instructions marker through :func:`fleet.instructions.post_instructions`, which the next
 renewal reports.
@@ -36,6 +46,8 @@ from django.dispatch import Signal
 status_report_applied = Signal()
 nodes_lost = Signal()
 node_revived = Signal()
+device_identity_conflict = Signal()
+device_faulted = Signal()
 
 
 def merged_instructions(responses) -> dict:

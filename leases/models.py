@@ -23,6 +23,8 @@ class Shape(models.Model):
     version = models.PositiveIntegerField()
     resources = models.JSONField(default=dict)
     features = models.JSONField(default=dict, blank=True)
+    # Device requests (leases.device_requests), as validated: [{"type", "count", "constraints", "colocate"}].
+    devices = models.JSONField(default=list, blank=True)
     description = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -60,6 +62,9 @@ class Lease(models.Model):
     state = models.CharField(max_length=16, choices=LeaseState.choices, default=LeaseState.GRANTED)
     workload_state = models.CharField(max_length=16, choices=WorkloadState.choices, blank=True)
     resources = models.JSONField(default=dict)
+    # The devices the grant assigned, in order: [{"id", "type", "index"}] (a copy of its live
+    # LeaseDevice rows, which are the guard; read by the API and the agent without a join).
+    devices = models.JSONField(default=list, blank=True)
     shape = models.ForeignKey(Shape, null=True, blank=True, on_delete=models.PROTECT, related_name="leases")
     shape_version = models.PositiveIntegerField(null=True, blank=True)
     group = models.CharField(max_length=200, blank=True, help_text="Spread / anti-affinity / disruption group.")
@@ -117,6 +122,36 @@ class Lease(models.Model):
     @property
     def is_live(self) -> bool:
         return self.state in LIVE_LEASE_STATES
+
+
+class LeaseDevice(models.Model):
+    """One device a lease holds, written in the grant's transaction.
+
+    ``live`` is true while the lease is live; ending the lease clears it in the same transaction
+    that gives its capacity back. The partial unique index ``leasedevice_one_live_holder`` is the
+    guard: the database refuses a second live row for one device, whoever writes it (PostgreSQL
+    and SQLite alike). A whole GPU's grant also writes ``implied`` rows for the GPU's MIG
+    instances, so a GPU and its MIG instances exclude each other through the same index (a MIG
+    grant holds the instance's row, which the whole GPU's grant would need, and the other way
+    round); MIG siblings of one GPU never share a row and can go to different leases.
+    """
+
+    lease = models.ForeignKey(Lease, on_delete=models.CASCADE, related_name="device_claims")
+    device = models.ForeignKey("fleet.Device", on_delete=models.PROTECT, related_name="claims")
+    implied = models.BooleanField(default=False, help_text="held because the lease holds its parent GPU")
+    position = models.PositiveSmallIntegerField(default=0, help_text="order in the lease's device list")
+    live = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["lease", "position"]
+        constraints = [
+            # Two live leases never hold the same device.
+            models.UniqueConstraint(fields=["device"], condition=Q(live=True), name="leasedevice_one_live_holder"),
+        ]
+        indexes = [models.Index(fields=["lease"], name="leasedevice_by_lease")]
+
+    def __str__(self) -> str:
+        return f"{self.device_id} for {self.lease_id}"
 
 
 class LeaseRequest(models.Model):

@@ -83,6 +83,7 @@ def reconcile_heartbeat(
             "node_incarnation",
             "granted_at",
             "missed_reports",
+            "devices",
         )
     }
     stop: list[str] = []
@@ -177,6 +178,8 @@ def _assigned(row: dict) -> dict:
         "lease_id": str(row["pk"]),
         "fencing_token": row["fencing_token"],
         "command": row["command"] or None,
+        # The devices the workload may see (DEVICES-WIRE.md): the agent sets CUDA_VISIBLE_DEVICES etc.
+        "devices": row.get("devices") or [],
         "lease_secret": secret,
         "lease_secret_expires_at": expires_at.isoformat(),
     }

@@ -36,12 +36,21 @@ from nodepool.api.problems import Conflict, NotFound, Problem, Unprocessable
 from nodepool.db import fetch_rows, insert_row, prepared_cursor
 from nodepool.structured_logs import bind
 
-from . import evidence, placement, requeue
+from . import device_requests, evidence, placement, requeue
+from . import devices as lease_devices
 from . import metrics as lease_metrics
 from .choices import LIVE_LEASE_STATES, CheckpointState, LeaseRequestState, LeaseState, WorkloadState
 from .models import FencingSequence, Lease, LeaseCheckpoint, LeaseRequest, Shape
 from .signals import lease_ended
-from .spec import PlacementSpec, bad, parse_spec, request_fingerprint, resources_from_wire
+from .spec import (
+    PlacementSpec,
+    bad,
+    device_requests_from_wire,
+    parse_spec,
+    request_fingerprint,
+    resources_from_wire,
+    with_device_counts,
+)
 
 logger = logging.getLogger(__name__)
 PLACEMENT_ROUNDS = 2  # re-run placement once when every candidate was taken by racing requests
@@ -77,7 +86,10 @@ def resolve_shape(spec: PlacementSpec) -> tuple[PlacementSpec, Shape | None]:
         version = f" v{spec.shape_version}" if spec.shape_version else ""
         raise bad("shape", f"no shape named {spec.shape!r}{version}", "unknown_shape")
     features = {**(shape.features or {}), **spec.features}
-    return dataclasses.replace(spec, resources=dict(shape.resources), features=features), shape
+    explicit = tuple(r for r in spec.devices if not r.implicit) or device_requests_from_wire(shape.devices or None)
+    resources = with_device_counts(dict(shape.resources), explicit)
+    devices = device_requests.combined(explicit, resources)
+    return dataclasses.replace(spec, resources=resources, features=features, devices=devices), shape
 
 
 def _visible(queryset, user):
@@ -244,6 +256,17 @@ def _reserve(
             idempotency_key=idempotency_key if lease_request is None else "",
             request_hash=request_hash,
         )
+        # Specific devices before the lease row (whose pk they name; the foreign key is checked at
+        # COMMIT): the partial unique index on live LeaseDevice rows is the guard, and a racing
+        # grant of the same device waits on it here and then loses (leases.devices). It is taken
+        # before the capacity rows, like every grant, so the lock order stays one.
+        if spec.devices:
+            try:
+                lease.devices = lease_devices.claim(
+                    lease=lease, node_id=node.pk, requests=spec.devices, tolerates=_device_tolerance(spec)
+                )
+            except lease_devices.NoDevices as exc:
+                raise _LostRace("devices") from exc
         insert_row(lease)  # Lease.objects.create, prepared: nothing listens to a lease's save
         if lease_request is not None:
             LeaseRequest.objects.filter(pk=lease_request.pk).update(lease=lease)
@@ -265,6 +288,7 @@ def _reserve(
         # bounds grants per second on one busy node.
         if _take_capacity(node.pk, spec.resources) != len(spec.resources):
             raise _LostRace("capacity")
+
         # Once committed, the node's next renewal says a lease waits (fleet.instructions), unless
         # the bit is up already and held so by _hold_schedulable_node: one UPDATE and COMMIT less.
         if not held.instructions & Instruction.LEASES:
@@ -275,6 +299,14 @@ def _reserve(
 def _free(inventory: tuple[int, int]) -> int:
     """Free amount from an ``(allocatable, allocated)`` pair."""
     return inventory[0] - inventory[1]
+
+
+def _device_tolerance(spec: PlacementSpec):
+    """Whether the request's tolerations tolerate one device taint (Kubernetes semantics: an
+    empty-key ``Exists`` toleration tolerates every device taint too)."""
+    if not spec.tolerations:
+        return None
+    return lambda taint: any(t.tolerates(taint) for t in spec.tolerations)
 
 
 def _why(pool: Pool, spec: PlacementSpec, candidate) -> list[str]:
@@ -522,6 +554,8 @@ def return_capacity(lease: Lease) -> None:
         NodeResource.objects.filter(node_id=lease.node_id, name=name).update(
             allocated=Greatest(F("allocated") - amount, 0)
         )
+    if lease.devices:
+        lease_devices.release(lease.pk)
 
 
 def end_lease(
@@ -608,16 +642,19 @@ def kick_queue() -> None:
 
 # --- shapes --------------------------------------------------------------------------------------
 def shape_create(
-    *, name: str, resources: Any, features: Any = None, description: str | None = "", actor: Actor
+    *, name: str, resources: Any, features: Any = None, description: str | None = "", actor: Actor, devices: Any = None
 ) -> Shape:
-    """A new version of shape ``name`` (v1 when new). Resources take Kubernetes quantities."""
+    """A new version of shape ``name`` (v1 when new). Resources take Kubernetes quantities;
+    ``devices`` are device requests (leases.device_requests), whose counts join the resources."""
     from .spec import WORKLOAD_ID
 
     if not isinstance(name, str) or not WORKLOAD_ID.match(name) or len(name) > 63:
         raise bad("name", "required: a slug of at most 63 characters")
     if description is not None and not isinstance(description, str):
         raise bad("description", "must be a string")
-    canonical = resources_from_wire(resources)
+    canonical = resources_from_wire(resources) if resources is not None or not devices else {}
+    explicit = device_requests_from_wire(devices)
+    canonical = with_device_counts(canonical, explicit)
     if not canonical:
         raise bad("resources", "a shape needs at least one resource", "empty_request")
     if features is not None and not isinstance(features, dict):
@@ -631,6 +668,7 @@ def shape_create(
                     version=latest + 1,
                     resources=canonical,
                     features=features or {},
+                    devices=[r.wire() for r in explicit],
                     description=description or "",
                 )
         except IntegrityError:

@@ -17,6 +17,7 @@ from nodepool.api.problems import Problem
 from nodepool.quantity import BYTE_RESOURCES, CPU, QuantityError, parse_resources
 
 from .choices import SpreadMode
+from .device_requests import DeviceRequest, DeviceRequestError, combined, parse_device_requests
 
 # Resources without a domain prefix that nodepool knows; anything else must be an extended
 # resource written ``<domain>/<name>`` (Kubernetes' rule for extended resources).
@@ -114,6 +115,14 @@ class PlacementSpec:
     priority: int = 0
     queue: bool = False
     command: tuple[str, ...] = ()
+    # Device requests (leases.device_requests): explicit ones plus an implicit one per device-like
+    # count resource; their counts are part of ``resources`` too, so capacity is reserved as before.
+    devices: tuple[DeviceRequest, ...] = ()
+
+    @property
+    def device_constrained(self) -> bool:
+        """Whether placement must look at device rows (anything beyond a plain count)."""
+        return any(not r.implicit for r in self.devices)
 
     @property
     def anti_affinity(self) -> bool:
@@ -283,6 +292,7 @@ def parse_spec(data: Any) -> PlacementSpec:
         "priority",
         "queue",
         "command",
+        "devices",
     }
     unknown = set(data) - allowed
     if unknown:
@@ -300,7 +310,7 @@ def parse_spec(data: Any) -> PlacementSpec:
     if shape and raw_resources:
         raise bad("resources", "give either resources or a shape, not both")
     resources = resources_from_wire(raw_resources) if raw_resources is not None else {}
-    if not shape and not resources:
+    if not shape and not resources and not data.get("devices"):
         raise bad("resources", "ask for at least one resource (or name a shape)", "empty_request")
     features = data.get("features") or {}
     if not isinstance(features, dict) or not all(isinstance(v, str | int | bool) for v in features.values()):
@@ -313,6 +323,8 @@ def parse_spec(data: Any) -> PlacementSpec:
         raise bad("queue", "must be true or false")
     required, preferred = _affinity(data.get("affinity"))
     group, topology_key, mode = _spread(data.get("spread"))
+    explicit = device_requests_from_wire(data.get("devices"))
+    resources = with_device_counts(resources, explicit)
     return PlacementSpec(
         workload_id=workload_id,
         pool=pool,
@@ -331,7 +343,36 @@ def parse_spec(data: Any) -> PlacementSpec:
         priority=_int(data, "priority", 0, -1000, 1000),
         queue=queue,
         command=tuple(command),
+        devices=combined(explicit, resources),
     )
+
+
+def _known_device_type(kind: str) -> bool:
+    from fleet.models import Device
+
+    return Device.objects.filter(type=kind, retired_at__isnull=True).exists()
+
+
+def device_requests_from_wire(raw: Any) -> tuple[DeviceRequest, ...]:
+    """Validate a ``devices`` member (lease request or shape). Raises 400 naming the field."""
+    try:
+        return parse_device_requests(raw, known_type=_known_device_type)
+    except DeviceRequestError as exc:
+        raise bad(exc.field, exc.message, exc.code) from exc
+
+
+def with_device_counts(resources: dict[str, int], explicit: tuple[DeviceRequest, ...]) -> dict[str, int]:
+    """``resources`` with each requested device type's total count; a count resource of the same
+    type must not disagree (400 ``resources.<type>``)."""
+    totals: dict[str, int] = {}
+    for request in explicit:
+        totals[request.type] = totals.get(request.type, 0) + request.count
+    out = dict(resources)
+    for kind, total in totals.items():
+        if kind in out and out[kind] != total:
+            raise bad(f"resources.{kind}", f"disagrees with the devices requested ({total}); give one or the other")
+        out[kind] = total
+    return out
 
 
 def request_fingerprint(data: Any) -> str:

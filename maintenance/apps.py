@@ -17,6 +17,7 @@ class MaintenanceConfig(AppConfig):
         from fleet import signals as fleet_signals
 
         fleet_signals.status_report_applied.connect(evaluate_status_report, dispatch_uid="maintenance.rules")
+        fleet_signals.device_identity_conflict.connect(quarantine_device_claimant, dispatch_uid="maintenance.devices")
 
 
 def evaluate_status_report(sender, node, usage, agent_version, actor, **kwargs):
@@ -24,3 +25,10 @@ def evaluate_status_report(sender, node, usage, agent_version, actor, **kwargs):
     from . import rules  # looked up on each call (tests replace rules.evaluate_heartbeat)
 
     rules.evaluate_heartbeat(node, usage=usage, agent_version=agent_version, actor=actor)
+
+
+def quarantine_device_claimant(sender, node, conflicts, actor, **kwargs):
+    """fleet.signals.device_identity_conflict: quarantine the later claimant (maintenance.rules)."""
+    from . import rules
+
+    rules.device_identity_conflict(node, conflicts=conflicts, actor=actor)

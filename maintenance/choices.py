@@ -45,3 +45,4 @@ class QuarantineRule(models.TextChoices):
     ATTESTATION_FAILED = "attestation_failed", "attestation failed"
     INTEGRITY_FAILED = "integrity_check_failed", "integrity check failed"
     CAPACITY_ABOVE_VERIFIED = "capacity_above_verified", "declared capacity far above verified"
+    DEVICE_IDENTITY_CONFLICT = "device_identity_conflict", "a device id another live node holds"

@@ -185,6 +185,25 @@ def evaluate_heartbeat(node, *, usage: dict, agent_version: str, actor) -> str |
     return None
 
 
+def device_identity_conflict(node, *, conflicts: list[dict], actor) -> str | None:
+    """Quarantine ``node``, the later claimant of device ids another live node holds.
+
+    Never the first holder (fleet.devices defines the handover that is not a conflict): otherwise
+    anyone could get a victim quarantined by reporting its GPU UUIDs. ``conflicts`` is
+    ``[{"device_id", "held_by", "type"}]``, kept as the evidence the owner sees.
+    """
+    if node.lifecycle in _EXEMPT or not conflicts:
+        return None
+    ids = ", ".join(c["device_id"] for c in conflicts[:5])
+    return _quarantine(
+        node,
+        QuarantineRule.DEVICE_IDENTITY_CONFLICT,
+        f"device_identity_conflict: {len(conflicts)} device id(s) already held by another live node ({ids})",
+        {"conflicts": conflicts[:32]},
+        actor,
+    )
+
+
 def attestation_failed(node, *, detail: str, evidence: dict | None = None, actor) -> str | None:
     """Quarantine ``node`` because its attestation did not verify (called by fleet admission).
 

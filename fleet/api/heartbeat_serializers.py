@@ -21,6 +21,7 @@ from nodepool.api.problems import Problem, Unprocessable
 from nodepool.quantity import RESOURCE_NAME, QuantityError, to_canonical
 
 from .. import heartbeats as hb
+from ..devices import parse_devices
 from ..health import CONDITION_STATUSES
 
 CONDITION_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
@@ -217,6 +218,11 @@ def parse_heartbeat(data) -> hb.HeartbeatReport:
     conditions = _conditions(errors, data.get("conditions"))
     usage = _usage(errors, data.get("usage"))
     leases = _leases(errors, data.get("leases"))
+    # The device part never fails the report: bad devices are refused one by one (fleet.devices).
+    devices, device_refusals = parse_devices(data.get("devices"))
+    boot_id = data.get("boot_id")
+    if boot_id is not None and (not isinstance(boot_id, str) or len(boot_id) > 64):
+        errors.bad("boot_id", "Must be a string of at most 64 characters.")
     errors.raise_if_any()
     return hb.HeartbeatReport(
         incarnation=incarnation,
@@ -228,6 +234,9 @@ def parse_heartbeat(data) -> hb.HeartbeatReport:
         conditions=conditions,
         usage=usage,
         leases=leases,
+        devices=devices,
+        device_refusals=device_refusals,
+        boot_id=boot_id,
     )
 
 

@@ -195,6 +195,10 @@ class EnrollmentSerializer(StrictSerializer):
     labels = serializers.JSONField(required=False, default=dict)
     capability = serializers.JSONField()
     attestation = AttestationSerializer(required=False, allow_null=True)
+    # The device inventory (fleet.devices, DEVICES-WIRE.md): bad devices are refused one by one
+    # with an event, never the enrollment.
+    devices = serializers.JSONField(required=False, allow_null=True, default=None)
+    boot_id = serializers.CharField(max_length=64, required=False, allow_blank=True, default="")
 
     def validate_addresses(self, value: list[str]) -> list[str]:
         for address in value:

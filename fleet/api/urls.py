@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from . import events, views
+from . import device_views, events, views
 from .heartbeat_views import HeartbeatView, NodeMetricsView
 
 pool_list = views.PoolViewSet.as_view({"get": "list", "post": "create"})
@@ -34,6 +34,22 @@ urlpatterns = [
     path("nodes/<uuid:pk>/credentials", views.NodeCredentialIssueView.as_view(), name="node-credential-issue"),
     path("nodes/<uuid:pk>/credentials/revoke", views.NodeCredentialRevokeView.as_view(), name="node-credential-revoke"),
     path("nodes/<uuid:pk>/credentials/rotate", views.NodeCredentialRotateView.as_view(), name="node-credential-rotate"),
+    # Devices (fleet.devices): reading, and the operator's device actions.
+    path("nodes/<uuid:pk>/devices", device_views.NodeDeviceList.as_view(), name="node-devices"),
+    path(
+        "nodes/<uuid:pk>/devices/<path:device_id>/verify", device_views.DeviceVerifyView.as_view(), name="device-verify"
+    ),
+    path("nodes/<uuid:pk>/devices/<path:device_id>/taint", device_views.DeviceTaintView.as_view(), name="device-taint"),
+    path(
+        "nodes/<uuid:pk>/devices/<path:device_id>/untaint",
+        device_views.DeviceUntaintView.as_view(),
+        name="device-untaint",
+    ),
+    path(
+        "nodes/<uuid:pk>/devices/<path:device_id>/release",
+        device_views.DeviceReleaseView.as_view(),
+        name="device-release",
+    ),
     # Events: the fleet's stream and one node's timeline.
     path("events", events.EventList.as_view(), name="event-list"),
     path("nodes/<uuid:pk>/events", events.NodeEventTimeline.as_view(), name="node-events"),

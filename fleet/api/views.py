@@ -141,6 +141,8 @@ class NodeEnrollmentView(APIView):
             capability=data["capability"],
             attestation=dict(data["attestation"]) if data.get("attestation") else None,
             request_id=getattr(request._request, "request_id", ""),
+            devices=data.get("devices"),
+            boot_id=data.get("boot_id") or "",
         )
         # Read, not refresh_from_db(): django-fsm's refresh lifts the protected flag on the field
         # shared by every thread, and two enrollments at once in a threaded server then fail with

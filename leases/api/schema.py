@@ -11,6 +11,25 @@ from rest_framework import serializers
 
 _quantities = serializers.DictField(child=serializers.CharField(), help_text='Kubernetes quantities: {"cpu": "500m"}')
 
+_device_constraint = inline_serializer(
+    "DeviceConstraint",
+    {
+        "attribute": serializers.ChoiceField(
+            choices=["memory", "numa_node", "index", "model", "mig_profile", "interconnect_group", "driver_version",
+                     "cuda_version", "pci_bus_id"]),
+        "operator": serializers.ChoiceField(choices=["=", "!=", ">", ">=", "<", "<=", "glob"]),
+        "value": serializers.JSONField(help_text='a number, a quantity ("40Gi") or a string / glob pattern'),
+    },
+)  # fmt: skip
+_device_request = inline_serializer(
+    "DeviceRequest",
+    {
+        "type": serializers.CharField(help_text="a device type '<domain>/<name>', e.g. nvidia.com/gpu"),
+        "count": serializers.IntegerField(min_value=1, max_value=64, required=False, default=1),
+        "constraints": serializers.ListField(child=copy.deepcopy(_device_constraint), required=False, max_length=16),
+        "colocate": serializers.ChoiceField(choices=["interconnect_group", "numa_node"], required=False),
+    },
+)
 _placement_fields = {
         "resources": _quantities,
         "shape": serializers.CharField(required=False, help_text="a shape name, or name@version"),
@@ -22,6 +41,10 @@ _placement_fields = {
         "priority": serializers.IntegerField(required=False),
         "queue": serializers.BooleanField(required=False),
         "command": serializers.ListField(child=serializers.CharField(), required=False),
+        "devices": serializers.ListField(
+            child=copy.deepcopy(_device_request), required=False, max_length=8,
+            help_text="device requests (docs/leases.md, Devices); their counts join resources",
+        ),
 }  # fmt: skip
 LeaseCreateRequest = inline_serializer(
     "LeaseCreateRequest",
@@ -80,6 +103,7 @@ ShapeCreateRequest = inline_serializer(
         "name": serializers.SlugField(),
         "resources": _quantities,
         "features": serializers.JSONField(required=False),
+        "devices": serializers.ListField(child=copy.deepcopy(_device_request), required=False, max_length=8),
         "description": serializers.CharField(required=False),
     },
 )

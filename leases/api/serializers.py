@@ -28,6 +28,7 @@ class LeaseSerializer(serializers.ModelSerializer):
             "workload_state",
             "pool",
             "resources",
+            "devices",
             "shape",
             "shape_version",
             "group",
@@ -75,6 +76,7 @@ def lease_representation(lease: Lease) -> dict:
         "workload_state": lease.workload_state,
         "pool": lease.pool.name,
         "resources": lease.resources,
+        "devices": lease.devices or [],
         "shape": lease.shape.name if lease.shape_id else None,
         "shape_version": lease.shape_version,
         "group": lease.group,
@@ -140,7 +142,17 @@ class ShapeSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Shape
-        fields = ["id", "name", "version", "resources", "quantities", "features", "description", "created_at"]
+        fields = [
+            "id",
+            "name",
+            "version",
+            "resources",
+            "quantities",
+            "features",
+            "devices",
+            "description",
+            "created_at",
+        ]
         read_only_fields = fields
 
     def get_quantities(self, obj: Shape) -> dict[str, str]:

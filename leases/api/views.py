@@ -245,7 +245,7 @@ class ShapePermission(BasePermission):
         return is_operator(request.user)
 
 
-SHAPE_MEMBERS = frozenset({"name", "resources", "features", "description"})
+SHAPE_MEMBERS = frozenset({"name", "resources", "features", "devices", "description"})
 
 
 class ShapeListCreate(generics.ListAPIView):
@@ -263,6 +263,7 @@ class ShapeListCreate(generics.ListAPIView):
             name=data.get("name"),
             resources=data.get("resources"),
             features=data.get("features"),
+            devices=data.get("devices"),
             description=data.get("description"),
             actor=Actor.from_request(request),
         )

@@ -1,0 +1,176 @@
+"""Grants assign specific devices atomically; requests select devices by attribute."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import IntegrityError, transaction
+
+from fleet.events import Actor
+from fleet.models import Device
+from leases.models import Lease, LeaseDevice
+from leases.services import lease_create
+from tests.device_support import A100, gpu, make_gpu_node, report_devices
+from tests.factories import PoolFactory
+from tests.support import grant_status
+
+pytestmark = pytest.mark.django_db
+
+
+def grant(user, workload_id, **body):
+    data = {"workload_id": workload_id, "pool": "gpu", **body}
+    lease, status = lease_create(data=data, client=user, actor=Actor.system("test"))
+    return lease, status
+
+
+def test_two_four_gpu_leases_get_four_different_gpus_each(client_user, client_api):
+    node, _ = make_gpu_node(PoolFactory(name="gpu"))
+    first, _ = grant(client_user, "a", resources={"nvidia.com/gpu": 4})
+    second, _ = grant(client_user, "b", resources={"nvidia.com/gpu": 4})
+    ids = [d["id"] for d in first.devices] + [d["id"] for d in second.devices]
+    assert len(ids) == 8 and len(set(ids)) == 8
+    shown = client_api.get(f"/api/v1/node-leases/{first.pk}").json()["devices"]
+    assert shown == first.devices and shown[0] == {"id": "GPU-n-0000", "type": "nvidia.com/gpu", "index": 0}
+    assert grant_status(client_user, "c", pool="gpu", cpu="1", resources={"nvidia.com/gpu": 1}) == 409
+
+
+def test_releasing_a_lease_frees_its_devices(client_user, client_api):
+    make_gpu_node(PoolFactory(name="gpu"), count=4)
+    lease, _ = grant(client_user, "a", resources={"nvidia.com/gpu": 4})
+    response = client_api.post(
+        f"/api/v1/node-leases/{lease.pk}/release",
+        {"fencing_token": lease.fencing_token, "node_incarnation": lease.node_incarnation}, format="json",
+    )  # fmt: skip
+    assert response.status_code == 200, response.content
+    assert not LeaseDevice.objects.filter(live=True).exists()
+    again, status = grant(client_user, "b", resources={"nvidia.com/gpu": 4})
+    assert status == 201 and len(again.devices) == 4
+
+
+def test_the_agent_learns_the_devices_with_its_lease(client_user, no_flood_guard):
+    from tests.heartbeat_support import beat
+    from tests.support import node_api
+
+    node, secret = make_gpu_node(PoolFactory(name="gpu"))
+    lease, _ = grant(client_user, "a", resources={"nvidia.com/gpu": 2}, command=["train"])
+    response = node_api(secret).post(f"/api/v1/nodes/{node.pk}/heartbeats", beat(), format="json")
+    assigned = response.json()["leases"]
+    entry = next(item for item in assigned if item["lease_id"] == str(lease.pk))
+    assert [d["id"] for d in entry["devices"]] == ["GPU-n-0000", "GPU-n-0001"]
+
+
+def test_the_database_refuses_two_live_leases_on_one_device(client_user):
+    make_gpu_node(PoolFactory(name="gpu"), count=1)
+    lease, _ = grant(client_user, "a", resources={"nvidia.com/gpu": 1})
+    other, _ = grant(client_user, "b", resources={"cpu": "1"})
+    device = Device.objects.get(device_id=lease.devices[0]["id"])
+    with pytest.raises(IntegrityError), transaction.atomic():
+        LeaseDevice.objects.create(lease=other, device=device)
+
+
+def test_a_gpu_and_its_mig_instances_exclude_each_other(client_user):
+    node, _ = make_gpu_node(PoolFactory(name="gpu"), count=1)
+    parent = Device.objects.get(node=node)
+    migs = [
+        {"id": f"MIG-{i}", "type": "nvidia.com/mig", "index": i, "mig_profile": "3g.40gb", "parent": parent.device_id,
+         "model": parent.model, "memory_bytes": 40 * 2**30}
+        for i in range(2)
+    ]  # fmt: skip
+    report_devices(node, [gpu(0), *migs])
+    Device.objects.filter(node=node).update(verified_at=parent.verified_at)
+    from fleet.devices import sync_counts
+    from fleet.models import Node
+
+    sync_counts(Node.objects.get(pk=node.pk))
+    whole, status = grant(client_user, "whole", resources={"nvidia.com/gpu": 1})
+    assert status == 201
+    profile = {"attribute": "mig_profile", "operator": "=", "value": "3g.40gb"}
+    slice_request = [{"type": "nvidia.com/mig", "count": 1, "constraints": [profile]}]
+    assert grant_status(client_user, "slice", pool="gpu", cpu="1", devices=slice_request) == 409
+    Lease.objects.filter(pk=whole.pk).update(state="released")
+    LeaseDevice.objects.filter(lease=whole).update(live=False)
+    from fleet.models import NodeResource
+
+    NodeResource.objects.filter(node=node, name="nvidia.com/gpu").update(allocated=0)
+    sliced, status = grant(
+        client_user, "slice", devices=[{"type": "nvidia.com/mig", "count": 1}], resources={"cpu": "1"}
+    )
+    assert status == 201 and sliced.devices[0]["id"] == "MIG-0"
+    # the whole GPU is now out of reach: its slice is in use
+    assert grant_status(client_user, "whole-2", pool="gpu", cpu="1", resources={"nvidia.com/gpu": 1}) == 409
+
+
+def test_requests_select_devices_by_memory_model_and_interconnect_group(client_user):
+    pool = PoolFactory(name="gpu")
+    make_gpu_node(pool, tag="small", model=A100, memory=40 * 2**30)
+    big, _ = make_gpu_node(pool, tag="big")
+    lease, status = grant(client_user, "a", devices=[{
+        "type": "nvidia.com/gpu", "count": 2, "colocate": "interconnect_group",
+        "constraints": [{"attribute": "memory", "operator": ">=", "value": "80Gi"},
+                        {"attribute": "model", "operator": "glob", "value": "*H100*"}],
+    }])  # fmt: skip
+    assert status == 201 and lease.node_id == big.pk
+    groups = {Device.objects.get(device_id=d["id"]).interconnect_group for d in lease.devices}
+    assert len(groups) == 1
+
+
+def test_colocation_refuses_devices_spread_over_groups(client_user):
+    make_gpu_node(PoolFactory(name="gpu"), count=4, group=None)
+    Device.objects.update(interconnect_group="")  # the host does not tell
+    _, status = grant(client_user, "ok", devices=[{"type": "nvidia.com/gpu", "count": 2}])
+    assert status == 201
+    assert grant_status(client_user, "b", pool="gpu", cpu="1", devices=[
+        {"type": "nvidia.com/gpu", "count": 2, "colocate": "interconnect_group"}]) == 409  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("devices", "field", "code"),
+    [
+        ([{"type": "example.com/nothing", "count": 1}], "devices[0].type", "unknown_device_type"),
+        ([{"type": "nvidia.com/gpu", "count": 0}], "devices[0].count", "invalid_device_request"),
+        ([{"type": "nvidia.com/gpu", "constraints": [{"attribute": "memory", "operator": ">=", "value": "lots"}]}],
+         "devices[0].constraints[0].value", "invalid_device_constraint"),
+        ([{"type": "nvidia.com/gpu", "constraints": [{"attribute": "colour", "operator": "=", "value": "x"}]}],
+         "devices[0].constraints[0].attribute", "invalid_device_constraint"),
+        ([{"type": "nvidia.com/gpu", "constraints": [{"attribute": "memory", "operator": "glob", "value": "4*"}]}],
+         "devices[0].constraints[0].operator", "invalid_device_constraint"),
+        ([{"type": "nvidia.com/gpu", "colocate": "rack"}], "devices[0].colocate", "invalid_colocation"),
+        ({"type": "nvidia.com/gpu"}, "devices", "invalid_device_request"),
+    ],
+)  # fmt: skip
+def test_bad_device_requests_are_400_naming_the_field_and_store_nothing(client_api, devices, field, code):
+    PoolFactory(name="gpu")
+    response = client_api.post(
+        "/api/v1/node-leases", {"workload_id": "w", "pool": "gpu", "devices": devices}, format="json"
+    )
+    assert response.status_code == 400, response.content
+    assert response["Content-Type"].startswith("application/problem+json")
+    body = response.json()
+    assert body["code"] == code and body["errors"][0]["field"] == field
+    assert not Lease.objects.exists()
+
+
+def test_a_count_that_disagrees_with_the_devices_is_refused(client_api):
+    PoolFactory(name="gpu")
+    response = client_api.post("/api/v1/node-leases", {
+        "workload_id": "w", "pool": "gpu", "resources": {"nvidia.com/gpu": 2},
+        "devices": [{"type": "nvidia.com/gpu", "count": 1}]}, format="json")  # fmt: skip
+    assert response.status_code == 400 and response.json()["errors"][0]["field"] == "resources.nvidia.com/gpu"
+
+
+def test_a_shape_carries_device_requests(operator_api, client_user):
+    make_gpu_node(PoolFactory(name="gpu"))
+    response = operator_api.post("/api/v1/shapes", {
+        "name": "h100-pair", "resources": {"cpu": "4"},
+        "devices": [{"type": "nvidia.com/gpu", "count": 2, "colocate": "numa_node"}]}, format="json")  # fmt: skip
+    assert response.status_code == 201, response.content
+    assert response.json()["resources"]["nvidia.com/gpu"] == 2
+    lease, status = grant(client_user, "a", shape="h100-pair")
+    assert status == 201 and len(lease.devices) == 2
+
+
+def test_a_node_without_device_rows_keeps_the_plain_count(client_user):
+    from tests.factories import make_schedulable_node
+
+    make_schedulable_node(PoolFactory(name="gpu"), resources={"cpu": 8000, "memory": 2**34, "nvidia.com/gpu": 2})
+    lease, status = grant(client_user, "a", resources={"nvidia.com/gpu": 2})
+    assert status == 201 and lease.devices == []
