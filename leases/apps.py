@@ -18,6 +18,9 @@ class LeasesConfig(AppConfig):
             signals.status_report_kicks_queue, dispatch_uid="leases.status_report_kicks_queue"
         )
         fleet_signals.nodes_lost.connect(signals.lose_leases_of_lost_nodes, dispatch_uid="leases.lose_leases")
+        from .device_faults import device_faulted
+
+        fleet_signals.device_faulted.connect(device_faulted, dispatch_uid="leases.device_faulted")
         fleet_signals.node_revived.connect(signals.revived_node_kicks_queue, dispatch_uid="leases.revived_node_kicks")
 
         from nodepool.metrics import register_collector

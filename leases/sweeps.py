@@ -261,4 +261,7 @@ def evict_noexecute(*, now=None, actor: Actor | None = None) -> int:
                 logger.exception("could not evict lease %s", lease.pk)
                 continue
             evicted += ended is not None
-    return evicted
+    # Device taints (KEP-5055's device taints): the same rules, per device the lease holds.
+    from .device_faults import evict_device_faults
+
+    return evicted + evict_device_faults(now=now, actor=actor)
