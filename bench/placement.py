@@ -98,6 +98,12 @@ def parse_args():
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers (sync)")
     parser.add_argument("--http-fleet", type=int, default=10000, help="fleet size for the HTTP and SQL runs")
     parser.add_argument(
+        "--device-fleet",
+        type=int,
+        default=10000,
+        help="nodes of 8 GPUs for the device part (bench/devices.py; 0: skip)",
+    )
+    parser.add_argument(
         "--database", default=os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/np_leases_bench")
     )
     parser.add_argument(
@@ -108,6 +114,7 @@ def parse_args():
     args = parser.parse_args()
     if args.quick:
         args.sizes, args.requests, args.explains, args.http_fleet, args.clients = "300", 30, 5, 300, 4
+        args.device_fleet = 300
         args.http_seconds, args.rounds = 1.0, 1
     return args
 
@@ -296,9 +303,9 @@ def occupy_every_host(pool) -> int:
             """
             INSERT INTO leases_lease (id, workload_id, fencing_token, node_id, node_incarnation, pool_id, state,
               workload_state, resources, "group", priority, command, spec, decision, ttl_seconds, expires_at,
-              granted_at, end_reason, outcome, missed_reports, idempotency_key, request_hash, version)
+              granted_at, end_reason, outcome, missed_reports, idempotency_key, request_hash, version, devices)
             SELECT gen_random_uuid(), 'aa-' || id, 1, id, incarnation, pool_id, 'granted', '', '{}', %s, 0, '[]',
-              '{}', '{}', 3600, now() + interval '1 hour', now(), '', '', 0, '', '', 1
+              '{}', '{}', 3600, now() + interval '1 hour', now(), '', '', 0, '', '', 1, '[]'
             FROM fleet_node WHERE pool_id = %s
             """,
             [ANTI_AFFINITY_GROUP, pool.pk],
@@ -572,9 +579,9 @@ WITH u AS (UPDATE fleet_noderesource SET allocated = allocated + 10
            WHERE id = :r AND allocated + 10 <= allocatable RETURNING node_id)
 INSERT INTO leases_lease (id, workload_id, fencing_token, node_id, node_incarnation, pool_id, state, workload_state,
   resources, "group", priority, command, spec, decision, ttl_seconds, expires_at, granted_at, end_reason, outcome,
-  missed_reports, idempotency_key, request_hash, version)
+  missed_reports, idempotency_key, request_hash, version, devices)
 SELECT gen_random_uuid(), 'sql-' || gen_random_uuid(), 1, node_id, 1, :pool, 'granted', '', '{"cpu": 10}', '', 0,
-  '[]', '{}', '{}', 600, now() + interval '10 minutes', now(), '', '', 0, '', '', 1 FROM u;
+  '[]', '{}', '{}', 600, now() + interval '10 minutes', now(), '', '', 0, '', '', 1, '[]' FROM u;
 """
 
 
@@ -606,6 +613,35 @@ def verdict(value, goal, *, at_most: bool = False) -> str:
         return ""
     met = value <= goal if at_most else value >= goal
     return f" (goal {'≤' if at_most else '≥'} {goal}: {'met' if met else 'NOT met'})"
+
+
+def device_part(args, audits: list) -> dict:
+    """Part 6 (bench/devices.py): a fleet of ``--device-fleet`` nodes with 8 GPUs each."""
+    from bench import devices
+
+    started = time.perf_counter()
+    pool, user = build_fleet(args.device_fleet)
+    gpus = devices.add_gpus(pool)
+    result = {"nodes": args.device_fleet, "gpus": gpus, "build_s": round(time.perf_counter() - started, 1)}
+    result.update(devices.time_device_placement(pool, user, args.requests, percentile))
+    result.update(devices.time_device_409(user, args.explains, percentile))
+    place_goal = verdict(result["device_place_p99_ms"], devices.GOAL_DEVICE_PLACE_P99_MS, at_most=True)
+    conflict_goal = verdict(result["device_409_p99_ms"], devices.GOAL_DEVICE_409_P99_MS, at_most=True)
+    print(f"devices: {args.device_fleet} nodes x 8 GPUs: place p50 {result['device_place_p50_ms']} ms, "
+          f"p99 {result['device_place_p99_ms']} ms{place_goal}; grant p99 {result['device_grant_p99_ms']} ms; "
+          f"409 with device reasons p50 {result['device_409_p50_ms']} ms, p99 {result['device_409_p99_ms']} ms"
+          f"{conflict_goal} {result['device_409_reasons']}", flush=True)  # fmt: skip
+    if args.http_seconds > 0:
+        result.update(devices.http_device_part(args, pool, user, Gunicorn=Gunicorn, wrk=wrk, lua_lib=WRK_LUA_LIB))
+        goal = verdict(result["device_vs_count"], devices.GOAL_DEVICE_VS_COUNT)
+        print(f"devices over HTTP: count-only {result['count_grants_per_s']} grants/s (ratio {result['count_ratio']}), "
+              f"with a GPU {result['device_grants_per_s']} grants/s (ratio {result['device_ratio']}) to the bare view "
+              f"{result['baseline_grants_per_s']} grants/s: device/count {result['device_vs_count']}{goal}",
+              flush=True)  # fmt: skip
+    result["audit"] = {**audit(), **devices.device_audit()}
+    audits.append(result["audit"])
+    print(f"{'':>9}device audit {result['audit']}", flush=True)
+    return result
 
 
 def main() -> int:
@@ -663,8 +699,11 @@ def main() -> int:
         figures["audit"] = audit()
         audits.append(figures["audit"])
         print(f"audit after the HTTP and SQL runs: {figures['audit']}", flush=True)
+    if args.device_fleet:
+        figures["devices"] = device_part(args, audits)
     figures["double_allocations"] = sum(
-        a["oversubscribed_resources"] + a["workloads_with_two_live_leases"] for a in audits
+        a["oversubscribed_resources"] + a["workloads_with_two_live_leases"] + a.get("double_assigned_devices", 0)
+        for a in audits
     )
     figures["drift"] = sum(a["drift"] for a in audits)
     print(json.dumps(figures, sort_keys=True), flush=True)

@@ -24,6 +24,7 @@ from .selectors import IN_SERVICE_LIFECYCLES
 
 
 def collect() -> Iterable[Metric]:
+    yield from device_metrics()
     pools = dict(Pool.objects.values_list("pk", "name"))
     state = fleet_state.current()
     figures = {**fleet_state.EMPTY, **(state.figures or {})}
@@ -165,3 +166,16 @@ def _sweep() -> Iterable[Metric]:
         pool, _, zone = key.partition("/")
         engaged.add_metric([pool, str(guard.get("scope", "")), zone], 1.0)
     yield engaged
+
+
+def device_metrics() -> Iterator[Metric]:
+    """``nodepool_devices{pool,type,model,health,allocatable}``: live devices (fleet.devices), the
+    model normalised to a known list or ``other``; never a device id."""
+    from .devices import device_metric_rows
+
+    yield gauge(
+        "nodepool_devices",
+        "Live devices by pool, type, normalised model, health and whether they are allocatable.",
+        ["pool", "type", "model", "health", "allocatable"],
+        ((p, t, m, h, str(a).lower(), n) for p, t, m, h, a, n in device_metric_rows()),
+    )

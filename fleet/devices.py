@@ -437,7 +437,14 @@ def apply_report(
                 ),
                 None,
             )
-            if replacement is not None:
+            if (row.declared or {}).get("synthetic"):
+                # A placeholder of the Kubernetes import: an agent reporting real devices takes the
+                # node over (the handover of docs/fleet.md), so the placeholder retires quietly.
+                row.retired_at, row.retired_reason = now, "an agent took the imported node over"
+                events.append(
+                    ("retired", f"synthetic device {device_id} replaced by reported devices", {"device_id": device_id})
+                )
+            elif replacement is not None:
                 row.retired_at, row.retired_reason = now, f"replaced by {replacement['id']}"
                 events.append(
                     ("retired", f"device {device_id} replaced by {replacement['id']}", {"device_id": device_id})
@@ -731,14 +738,50 @@ def retire_node_devices(*, node_id, reason: str, now: datetime | None = None) ->
     return Device.objects.filter(node_id=node_id, retired_at__isnull=True).update(retired_at=now, retired_reason=reason)
 
 
-def free_devices_summary(node_ids) -> dict:
-    """``{node_id: {type: {"total", "allocatable"}}}`` for lists and pages."""
+# Models /metrics names (a bounded label: marketplace models are self-reported); anything else "other".
+KNOWN_MODELS = ("B200", "B100", "GH200", "H200", "H100", "H800", "A100", "A800", "A40", "A30", "A10", "L40S", "L40",
+                "L4", "V100", "T4", "MI300X", "MI250X", "Gaudi2", "Gaudi3")  # fmt: skip
+
+
+def normalise_model(model: str) -> str:
+    """``"NVIDIA H100 80GB HBM3"`` → ``"H100"``; unknown → ``"other"`` (longest known name first)."""
+    words = re.split(r"[^A-Za-z0-9]+", model or "")
+    for known in sorted(KNOWN_MODELS, key=len, reverse=True):
+        if any(w.upper() == known.upper() or w.upper().startswith(known.upper() + "-") for w in words):
+            return known
+    return "other"
+
+
+def device_metric_rows():
+    """``[(pool name, type, model, health, allocatable, count)]`` with bounded labels (types
+    outside the known device types and unknown models become ``other``). One grouped query."""
+    from django.db.models import Count
+
+    known_types = {"nvidia.com/gpu", "nvidia.com/mig", "amd.com/gpu", "intel.com/gpu", "habana.ai/gaudi"}
+    rows: dict = {}
+    grouped = (
+        Device.objects.filter(retired_at__isnull=True)
+        .exclude(node__lifecycle=Lifecycle.RETIRED)
+        .values_list("node__pool__name", "type", "model", "health", "verified_at__isnull", "held", "hard_tainted")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    for pool, kind, model, health, unverified, held, hard, n in grouped:
+        allocatable = not unverified and not held and not hard and health not in ("unhealthy", "missing")
+        key = (pool, kind if kind in known_types else "other", normalise_model(model), health, allocatable)
+        rows[key] = rows.get(key, 0) + n
+    return [(*key, n) for key, n in rows.items()]
+
+
+def device_summary(node_ids) -> dict:
+    """``{node_id: {type: {"total", "allocatable", "models": {model: count}}}}`` for lists and pages."""
     out: dict = {}
-    for node_id, kind, verified_at, held, hard, health in Device.objects.filter(
+    for node_id, kind, model, verified_at, held, hard, health in Device.objects.filter(
         node_id__in=list(node_ids), retired_at__isnull=True
-    ).values_list("node_id", "type", "verified_at", "held", "hard_tainted", "health"):
-        entry = out.setdefault(node_id, {}).setdefault(kind, {"total": 0, "allocatable": 0})
+    ).values_list("node_id", "type", "model", "verified_at", "held", "hard_tainted", "health"):
+        entry = out.setdefault(node_id, {}).setdefault(kind, {"total": 0, "allocatable": 0, "models": {}})
         entry["total"] += 1
+        entry["models"][model] = entry["models"].get(model, 0) + 1
         entry["allocatable"] += bool(
             verified_at and not held and not hard and health not in (DeviceHealth.UNHEALTHY, DeviceHealth.MISSING)
         )

@@ -112,8 +112,44 @@ def evict_device_faults(*, device_pks=None, now=None, actor: Actor | None = None
     return evicted
 
 
+DEVICE_FAULT_EVIDENCE = "lease_device_fault"
+
+
+def record_fault_evidence(*, node, device_pks, actor: Actor, now=None) -> int:
+    """Execution evidence (KEP-4680 in spirit): one ``device`` event per live lease holding a
+    faulted device, ``to_state="lease_device_fault"`` with the lease id and the devices' health
+    as it was, whether or not the lease is evicted. The marketplace's reconciliation reads these
+    events to put that lease's usage up for review instead of paying it blindly. Returns how many."""
+    from fleet.choices import NodeEventType
+    from fleet.events import record_event
+
+    now = now or timezone.now()
+    rows = LeaseDevice.objects.filter(live=True, device_id__in=list(device_pks)).values_list(
+        "lease_id",
+        "lease__workload_id",
+        "device__device_id",
+        "device__health",
+        "device__taints",
+        "device__health_detail",
+    )
+    by_lease: dict = {}
+    for lease_id, workload_id, device_id, health, taints, detail in rows:
+        entry = by_lease.setdefault(lease_id, {"workload_id": workload_id, "devices": []})
+        recent = (detail or {}).get("recent_xids") or []
+        entry["devices"].append({"id": device_id, "health": health, "taints": taints, "recent_xids": recent[-4:]})
+    for lease_id, entry in by_lease.items():
+        record_event(
+            node, NodeEventType.DEVICE, actor, to_state=DEVICE_FAULT_EVIDENCE,
+            reason="a device this lease holds faulted: its usage is up for review",
+            data={"lease_id": str(lease_id), "devices": entry["devices"], "at": now.isoformat()},
+            lease_id=lease_id, workload_id=entry["workload_id"],
+        )  # fmt: skip
+    return len(by_lease)
+
+
 def device_faulted(sender, node, faulted, drained, actor, **kwargs):
-    """fleet.signals.device_faulted: the device-fault trigger."""
+    """fleet.signals.device_faulted: record the evidence, then the device-fault trigger."""
+    record_fault_evidence(node=node, device_pks=[*faulted, *drained], actor=actor)
     evict_device_faults(device_pks=[*faulted, *drained], actor=actor)
 
 

@@ -200,7 +200,8 @@ class Choice:
     """What :func:`choose` found on one node: the device rows picked per request, or why not."""
 
     picked: list[dict] = field(default_factory=list)
-    reason: str = ""
+    reason: str = ""  # "node(s) had …" phrase for the "0/N nodes are available" message
+    code: str = ""  # its stable reason code (device_unmatched, device_not_free…)
 
 
 def _usable(device: dict, tolerates) -> bool:
@@ -231,16 +232,16 @@ def choose(requests: tuple[DeviceRequest, ...], devices: list[dict], taken: set,
         if pool is None:
             if request.implicit:
                 continue  # a node without device rows of this type: count only
-            return Choice(reason=f"no {request.type} device")
+            return Choice(reason=f"node(s) had no {request.type} device", code="device_type_missing")
         present = [d for d in pool if request.matches(d)]
         if not present:
-            return Choice(reason=f"no {request.describe()}")
+            return Choice(reason=f"node(s) had no {request.describe()}", code="device_unmatched")
         healthy = [d for d in present if _usable(d, tolerates)]
         if not healthy:
-            return Choice(reason=f"only unhealthy or unverified {request.type}")
+            return Choice(reason=f"node(s) had only unhealthy or unverified {request.type}", code="device_unhealthy")
         free = sorted((d for d in healthy if d["id"] not in used), key=lambda d: (d["index"], d["device_id"]))
         if len(free) < request.count:
-            return Choice(reason=f"no free {request.describe()}")
+            return Choice(reason=f"node(s) had no free {request.describe()}", code="device_not_free")
         if request.colocate:
             column = request.colocate
             groups: dict[Any, list[dict]] = {}
@@ -249,7 +250,10 @@ def choose(requests: tuple[DeviceRequest, ...], devices: list[dict], taken: set,
                     groups.setdefault(device[column], []).append(device)
             fitting = sorted((g for g in groups.values() if len(g) >= request.count), key=len)
             if not fitting:
-                return Choice(reason=f"free {request.type} only in different {column.replace('_', ' ')}s")
+                where = column.replace("_", " ")
+                return Choice(
+                    reason=f"node(s) had free {request.type} only in different {where}s", code="device_not_colocated"
+                )
             chosen = fitting[0][: request.count]
         else:
             chosen = free[: request.count]

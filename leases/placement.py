@@ -87,7 +87,9 @@ def insufficient_code(resource: str) -> str:
     return "insufficient_" + re.sub(r"[^a-z0-9]+", "_", resource.lower()).strip("_")
 
 
-def phrase(code: str, resources: dict[str, int]) -> str:
+def phrase(code: str, resources: dict[str, int], extra: dict[str, str] | None = None) -> str:
+    if extra and code in extra:
+        return extra[code]
     for name in resources:
         if insufficient_code(name) == code:
             return f"Insufficient {name}"
@@ -615,6 +617,8 @@ def find_candidates(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_i
         page = query(offset, page_size)
         offset += page_size
         found, seen = feasible_rows(page, pool, spec, counts, limit=FEASIBLE_TARGET - len(feasible))
+        if spec.device_constrained and found:
+            found = _with_devices(found, spec)
         feasible += found
         examined += seen
         if len(page) < page_size:
@@ -635,6 +639,57 @@ def find_candidates(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_i
         rate = max(len(feasible), 1) / examined
         page_size = min(PAGE_SIZE, max(FIRST_PAGE_SIZE, int((FEASIBLE_TARGET - len(feasible)) / rate * 1.5)))
     return Search(rank(feasible, pool, spec, counts), examined)
+
+
+def _device_tolerance(spec: PlacementSpec):
+    if not spec.tolerations:
+        return None
+    return lambda taint: any(t.tolerates(taint) for t in spec.tolerations)
+
+
+def _with_devices(found: list, spec: PlacementSpec) -> list:
+    """The candidates whose devices can meet ``spec.devices`` (two queries for the whole page)."""
+    from . import devices as lease_devices
+    from .device_requests import choose
+
+    rows, taken = lease_devices.node_devices([c.node.pk for c in found], lease_devices.device_types(spec.devices))
+    tolerates = _device_tolerance(spec)
+    return [
+        c for c in found if not choose(spec.devices, rows.get(c.node.pk, []), taken.get(c.node.pk, set()),
+                                       tolerates=tolerates).reason
+    ]  # fmt: skip
+
+
+def device_census(pool: Pool, spec: PlacementSpec, *, now=None, counts=None) -> tuple[Counter, dict[str, str]]:
+    """Why the nodes that pass every other filter cannot give ``spec.devices``: ``(reasons, phrases)``
+    with one count per node under the first device rule it fails (leases.device_requests.choose),
+    and the "node(s) had …" phrase of each code as the request words it."""
+    from . import devices as lease_devices
+    from .device_requests import choose
+
+    if counts is None:
+        counts = group_counts(spec, pool)
+    read = _page_reader(pool, spec, now=now)
+    reasons: Counter = Counter()
+    phrases: dict[str, str] = {}
+    tolerates = _device_tolerance(spec)
+    offset = 0
+    while True:
+        page = read(offset, PAGE_SIZE)
+        offset += PAGE_SIZE
+        found, _ = feasible_rows(page, pool, spec, counts, limit=len(page) + 1)
+        if found:
+            rows, taken = lease_devices.node_devices(
+                [c.node.pk for c in found], lease_devices.device_types(spec.devices)
+            )
+            for candidate in found:
+                pk = candidate.node.pk
+                choice = choose(spec.devices, rows.get(pk, []), taken.get(pk, set()), tolerates=tolerates)
+                if choice.reason:
+                    reasons[choice.code] += 1
+                    phrases.setdefault(choice.code, choice.reason)
+        if len(page) < PAGE_SIZE:
+            return reasons, phrases
 
 
 # --- explanation -----------------------------------------------------------------------------------
@@ -726,6 +781,11 @@ def diagnose(
             pooled_free[name] += row[f"free_sum{i}"] or 0
     total = sum(g["n"] for g in groups)
     schedulable = sum(g["n"] for g in schedulable_groups)
+    device_phrases: dict[str, str] = {}
+    if spec.devices and sum(reasons.values()) < total:
+        # Nodes that pass every other filter: counted per node under their first failed device rule.
+        device_reasons, device_phrases = device_census(pool, spec, now=now, counts=counts)
+        reasons.update(device_reasons)
     pending = sum(g["n"] for g in groups if g["g_lifecycle"] in (Lifecycle.PENDING, Lifecycle.ADMITTING))
 
     insufficient = any(code.startswith("insufficient_") for code in reasons)
@@ -740,7 +800,10 @@ def diagnose(
         cause = UnschedulableCause.INSUFFICIENT_CAPACITY
     else:
         cause = UnschedulableCause.CONSTRAINTS
-    parts = [f"{count} {phrase(code, spec.resources)}" for code, count in sorted(reasons.items(), key=lambda i: -i[1])]
+    parts = [
+        f"{count} {phrase(code, spec.resources, device_phrases)}"
+        for code, count in sorted(reasons.items(), key=lambda i: -i[1])
+    ]
     message = f"0/{total} nodes are available: " + (", ".join(parts) if parts else "no nodes in the pool") + "."
     if cause == UnschedulableCause.NO_READY_NODES:
         message += f" No ready nodes ({pending} pending admission)."

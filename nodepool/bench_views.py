@@ -59,9 +59,9 @@ GRANT_TTL_SECONDS = 600
 INSERT_LEASE = """
 INSERT INTO leases_lease (id, workload_id, fencing_token, node_id, node_incarnation, pool_id, state, workload_state,
   resources, "group", priority, command, spec, decision, ttl_seconds, expires_at, granted_at, end_reason, outcome,
-  missed_reports, idempotency_key, request_hash, version)
-SELECT %s, %s, 1, id, incarnation, pool_id, 'granted', '', %s, '', 0, '[]', %s, '{}', %s, %s, %s, '', '', 0, '', '', 1
-FROM fleet_node WHERE id = %s
+  missed_reports, idempotency_key, request_hash, version, devices)
+SELECT %s, %s, 1, id, incarnation, pool_id, 'granted', '', %s, '', 0, '[]', %s, '{}', %s, %s, %s, '', '', 0, '', '', 1,
+  '[]' FROM fleet_node WHERE id = %s
 """
 
 

@@ -10,6 +10,7 @@ from rest_framework import serializers
 
 from nodepool.api.permissions import is_operator
 
+from ..devices import device_summary
 from ..models import Node
 from ..selectors import RECENT_CREDENTIALS, RECENT_EVENTS, unschedulable_reasons
 from .events import visible_events
@@ -68,6 +69,7 @@ class NodeSerializer(serializers.ModelSerializer):
     recent_events = serializers.SerializerMethodField()
     holds = serializers.SerializerMethodField()
     reported_readiness = serializers.SerializerMethodField()
+    devices = serializers.SerializerMethodField()
 
     class Meta:
         model = Node
@@ -79,7 +81,8 @@ class NodeSerializer(serializers.ModelSerializer):
             "liveness", "liveness_changed_at", "last_heartbeat_at",
             "reported_readiness", "ready", "ready_reason", "health", "health_reasons", "conditions",
             "incarnation", "sequence", "restart_count", "agent_version", "clock_skew_seconds", "usage",
-            "capability", "capacity", "enrollment", "admission", "credentials", "artifacts_blocked",
+            "capability", "capacity", "devices", "boot_id",
+            "enrollment", "admission", "credentials", "artifacts_blocked",
             "recent_events", "version", "created_at", "updated_at",
         ]  # fmt: skip
         read_only_fields = fields
@@ -103,6 +106,21 @@ class NodeSerializer(serializers.ModelSerializer):
         """What the node last said about its own readiness, and when: the node's word, not a verdict
         (``schedulable`` is the control plane's)."""
         return {"ready": node.ready, "reason": node.ready_reason, "reported_at": node.last_heartbeat_at}
+
+    def get_devices(self, node: Node) -> dict:
+        """``{type: {"total", "allocatable", "free", "models": {model: count}}}`` of the node's live
+        devices (``GET /nodes/{id}/devices`` lists them one by one). One query for a whole page."""
+        cache = self.context.get("_devices")
+        if cache is None or node.pk not in cache:
+            parent = getattr(self, "parent", None)
+            nodes = getattr(parent, "instance", None) if parent is not None else None
+            ids = [n.pk for n in nodes] if isinstance(nodes, list | tuple) else [node.pk]
+            if node.pk not in ids:
+                ids = [node.pk]
+            cache = self.context["_devices"] = device_summary(ids)
+        summary = cache.get(node.pk, {})
+        capacity = {r.name: r.free for r in node.resources.all()}
+        return {kind: {**entry, "free": capacity.get(kind, 0)} for kind, entry in summary.items()}
 
     def get_capability(self, node: Node) -> dict:
         return {"declared": node.declared, "measured": node.measured, "verified": node.verified}

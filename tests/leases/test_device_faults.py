@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.models import Device, Node
+from fleet.models import Device, Node, NodeEvent
 from leases.models import Lease, LeaseRequest
 from tests.device_support import gpu, make_gpu_node, report_devices
 from tests.factories import PoolFactory
@@ -25,6 +25,8 @@ def test_a_fatal_xid_revokes_and_requeues_that_gpus_lease_only(client_user):
     assert Lease.objects.get(pk=first.pk).state == "granted"
     assert LeaseRequest.objects.filter(requeued_from=second).exists()
     assert Node.objects.get(pk=node.pk).health == "healthy"
+    evidence = NodeEvent.objects.get(type="device", to_state="lease_device_fault", lease_id=second.pk)
+    assert evidence.data["devices"][0]["id"] == bad and evidence.data["devices"][0]["health"] == "unhealthy"
     # the node still takes work that does not need the bad GPU: 3 healthy GPUs are free
     assert grant_status(client_user, "small", pool="gpu", cpu="1", resources={"nvidia.com/gpu": 3}) == 201
 

@@ -174,3 +174,20 @@ def test_a_node_without_device_rows_keeps_the_plain_count(client_user):
     make_schedulable_node(PoolFactory(name="gpu"), resources={"cpu": 8000, "memory": 2**34, "nvidia.com/gpu": 2})
     lease, status = grant(client_user, "a", resources={"nvidia.com/gpu": 2})
     assert status == 201 and lease.devices == []
+
+
+def test_the_409_counts_device_reasons_per_node(client_api):
+    pool = PoolFactory(name="gpu")
+    for tag in ("a1", "a2"):
+        make_gpu_node(pool, tag=tag, model=A100, memory=40 * 2**30)
+    make_gpu_node(pool, tag="h", count=4, group="")
+    Device.objects.filter(device_id__startswith="GPU-h-").update(interconnect_group="")
+    body = {"workload_id": "w", "pool": "gpu", "devices": [{
+        "type": "nvidia.com/gpu", "count": 2, "colocate": "interconnect_group",
+        "constraints": [{"attribute": "model", "operator": "glob", "value": "*H100*"}]}]}  # fmt: skip
+    response = client_api.post("/api/v1/node-leases", body, format="json")
+    assert response.status_code == 409
+    problem = response.json()
+    assert problem["reasons"] == {"device_unmatched": 2, "device_not_colocated": 1}
+    assert "2 node(s) had no nvidia.com/gpu matching model=*H100*" in problem["detail"]
+    assert "1 node(s) had free nvidia.com/gpu only in different interconnect groups" in problem["detail"]

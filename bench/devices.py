@@ -1,0 +1,273 @@
+"""The device part of bench/placement.py (issue 27): a GPU fleet, device-aware placement, the 409
+with device reasons, device grants over HTTP against count-only grants, and the device audit.
+
+The fleet: bench/placement.py's ``build_fleet`` plus 8 verified GPUs per node (``nvidia.com/gpu``
+count resource 8), H100 80 GiB on even nodes and A100 40 GiB on odd ones, GPUs 0-3 in
+``nvlink-0`` and 4-7 in ``nvlink-1`` (NUMA nodes 0 and 1).
+
+Figures (milliseconds, grants per second):
+
+- ``device_place_p50/p99_ms``: ``placement.find_candidates`` for device requests (2 or 4 H100s
+  with >= 80Gi on one NVLink island, 1 A100 by model glob, 8 of any model), goal p99 ≤ 20 ms at
+  10,000 nodes; ``device_grant_p50/p99_ms`` the whole grant (``lease_create``).
+- ``device_409_p50/p99_ms``: the whole 409 of requests no node can meet for a device reason (a
+  model no node has; 5 GPUs on one island, which holds 4), goal p99 ≤ 100 ms at 10,000 nodes.
+- HTTP (``--http-seconds`` rounds, rotating order): ``count_grants_per_s`` (cpu + memory),
+  ``device_grants_per_s`` (the same plus ``nvidia.com/gpu: 1``, devices assigned) and the bare
+  view ``baseline_grants_per_s``; ``count_ratio`` and ``device_ratio`` to that baseline, and
+  ``device_vs_count`` = device_ratio / count_ratio (goal ≥ 0.9: within 10 %).
+- ``device_audit``: devices held by two live leases (must be 0), live leases whose device list
+  disagrees with their live LeaseDevice rows, GPU count rows above allocatable.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import tempfile
+import time
+import uuid
+
+GOAL_DEVICE_PLACE_P99_MS = 20
+GOAL_DEVICE_409_P99_MS = 100
+GOAL_DEVICE_VS_COUNT = 0.9
+H100 = ("NVIDIA H100 80GB HBM3", 80 * 2**30)
+A100 = ("NVIDIA A100-SXM4-40GB", 40 * 2**30)
+
+
+def add_gpus(pool) -> int:
+    """Give every node of ``pool`` 8 verified GPUs (rows and the count resource). Returns how many."""
+    from django.db import connection
+    from django.utils import timezone
+
+    from fleet.models import Device, Node, NodeResource
+
+    now = timezone.now()
+    devices, counts = [], []
+    for n, node_id in enumerate(Node.objects.filter(pool=pool).order_by("hostname").values_list("pk", flat=True)):
+        model, memory = H100 if n % 2 == 0 else A100
+        counts.append(NodeResource(node_id=node_id, name="nvidia.com/gpu", capacity=8, allocatable=8))
+        for i in range(8):
+            devices.append(
+                Device(
+                    node_id=node_id,
+                    device_id=f"GPU-{uuid.UUID(int=random.getrandbits(128))}",
+                    type="nvidia.com/gpu",
+                    index=i,
+                    model=model,
+                    memory_bytes=memory,
+                    numa_node=i // 4,
+                    interconnect_group=f"nvlink-{i // 4}",
+                    pci_bus_id=f"00000000:{16 + i:02x}:00.0",
+                    verified={"model": model, "memory_bytes": memory},
+                    verified_at=now,
+                    verified_by="bench",
+                    health="healthy",
+                    first_seen_at=now,
+                    last_seen_at=now,
+                )  # fmt: skip
+            )
+    NodeResource.objects.bulk_create(counts, batch_size=5000)
+    Device.objects.bulk_create(devices, batch_size=5000)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE fleet_device")
+        cursor.execute("ANALYZE fleet_noderesource")
+    return len(devices)
+
+
+def _gpus(count, *constraints, colocate=""):
+    request = {"type": "nvidia.com/gpu", "count": count}
+    if constraints:
+        request["constraints"] = [dict(zip(("attribute", "operator", "value"), c, strict=True)) for c in constraints]
+    if colocate:
+        request["colocate"] = colocate
+    return [request]
+
+
+def device_requests(count: int) -> list[dict]:
+    kinds = [
+        _gpus(2, ("model", "glob", "*H100*"), ("memory", ">=", "80Gi"), colocate="interconnect_group"),
+        _gpus(4, ("model", "glob", "*H100*"), colocate="interconnect_group"),
+        _gpus(1, ("model", "glob", "*A100*")),
+        _gpus(8),
+    ]
+    return [
+        {
+            "workload_id": f"d{i}",
+            "pool": "bench",
+            "resources": {"cpu": "500m", "memory": "1Gi"},
+            "devices": kinds[i % 4],
+        }
+        for i in range(count)
+    ]
+
+
+UNMEETABLE = {
+    "model_nobody_has": (_gpus(1, ("model", "glob", "*B200*")), "device_unmatched"),
+    "island_too_small": (_gpus(5, colocate="interconnect_group"), "device_not_colocated"),
+}
+
+
+def time_device_placement(pool, user, count: int, percentile) -> dict:
+    from fleet.events import Actor
+    from leases import placement
+    from leases.services import lease_create, resolve_shape
+    from leases.spec import parse_spec
+
+    bodies = device_requests(count)
+    for body in bodies[:20]:
+        placement.find_candidates(pool, resolve_shape(parse_spec(body))[0])
+    place_ms, grant_ms = [], []
+    for body in bodies:
+        spec = resolve_shape(parse_spec(body))[0]
+        start = time.perf_counter()
+        placement.find_candidates(pool, spec)
+        place_ms.append((time.perf_counter() - start) * 1000)
+        start = time.perf_counter()
+        try:
+            lease_create(data=body, client=user, actor=Actor.system("bench"))
+        except Exception as exc:
+            if getattr(exc, "status_code", None) != 409:
+                raise
+        grant_ms.append((time.perf_counter() - start) * 1000)
+    return {
+        "device_place_p50_ms": round(percentile(place_ms, 50), 2),
+        "device_place_p99_ms": round(percentile(place_ms, 99), 2),
+        "device_grant_p50_ms": round(percentile(grant_ms, 50), 2),
+        "device_grant_p99_ms": round(percentile(grant_ms, 99), 2),
+    }
+
+
+def time_device_409(user, samples: int, percentile) -> dict:
+    from fleet.events import Actor
+    from leases.services import lease_create
+
+    timings, reasons = [], {}
+    for i in range(samples * len(UNMEETABLE)):
+        kind, (devices, expected) = list(UNMEETABLE.items())[i % len(UNMEETABLE)]
+        body = {"workload_id": f"x{i}", "pool": "bench", "resources": {"cpu": "500m"}, "devices": devices}
+        start = time.perf_counter()
+        try:
+            lease_create(data=body, client=user, actor=Actor.system("bench"))
+            raise AssertionError(f"{kind} was placed")
+        except Exception as exc:
+            if getattr(exc, "status_code", None) != 409:
+                raise
+            answer = exc.detail if isinstance(exc.detail, dict) else {}
+            problem_reasons = getattr(exc, "extra", {}).get("reasons") or answer.get("reasons") or {}
+            reasons[kind] = problem_reasons
+            assert expected in problem_reasons, (kind, problem_reasons)
+        timings.append((time.perf_counter() - start) * 1000)
+    return {
+        "device_409_p50_ms": round(percentile(timings, 50), 2),
+        "device_409_p99_ms": round(percentile(timings, 99), 2),
+        "device_409_samples": len(timings),
+        "device_409_reasons": reasons,
+    }
+
+
+def device_audit() -> dict:
+    """Set-based, independent of the code it audits."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM (SELECT device_id FROM leases_leasedevice WHERE live GROUP BY device_id "
+            "HAVING count(*) > 1) t"
+        )
+        doubled = cursor.fetchone()[0]
+        cursor.execute(
+            """
+            SELECT count(*) FROM leases_lease l
+            WHERE l.state IN ('granted', 'active') AND jsonb_array_length(l.devices) <>
+              (SELECT count(*) FROM leases_leasedevice d WHERE d.lease_id = l.id AND d.live AND NOT d.implied)
+            """
+        )
+        mismatched = cursor.fetchone()[0]
+        cursor.execute(
+            "SELECT count(*) FROM leases_leasedevice d JOIN leases_lease l ON l.id = d.lease_id "
+            "WHERE d.live AND l.state NOT IN ('granted', 'active')"
+        )
+        stale = cursor.fetchone()[0]
+    return {
+        "double_assigned_devices": doubled,
+        "leases_with_wrong_devices": mismatched,
+        "claims_of_ended_leases": stale,
+    }
+
+
+DEVICE_LUA = r"""
+local mode = os.getenv("BENCH_MODE")
+local token = os.getenv("BENCH_TOKEN")
+local run = os.getenv("BENCH_RUN")
+local ids, n = {}, 0
+function init(args)
+  for line in io.lines(os.getenv("BENCH_RESOURCES")) do table.insert(ids, line) end
+  math.randomseed(tonumber(os.getenv("BENCH_SEED")) + 7919 * (tid or 0))
+end
+function request()
+  n = n + 1
+  local workload = string.format("%s-%s-%d-%d", mode, run, tid or 0, n)
+  if mode == "baseline" then
+    return wrk.format("POST", "/bench/one-grant", {["Content-Type"] = "application/json"},
+      string.format('{"workload_id": "%s", "resource": %s, "amount": 100}', workload, ids[math.random(#ids)]))
+  end
+  local gpu = ""
+  if mode == "device" then gpu = ', "nvidia.com/gpu": 1' end
+  return wrk.format("POST", "/api/v1/node-leases",
+    {["Content-Type"] = "application/json", ["Authorization"] = "Token " .. token},
+    string.format('{"workload_id": "%s", "pool": "bench", "resources": {"cpu": "100m", "memory": "64Mi"%s}}',
+      workload, gpu))
+end
+function response(status, headers, body)
+  counters[tostring(status)] = (counters[tostring(status)] or 0) + 1
+end
+"""
+
+
+def http_device_part(args, pool, user, *, Gunicorn, wrk, lua_lib) -> dict:
+    """Count-only grants, device grants and the bare view on one gunicorn, in rotating rounds."""
+    from fleet.models import NodeResource
+    from nodepool.tokens import create_user_token
+
+    _, token = create_user_token(user)
+    cpu_ids = NodeResource.objects.filter(node__pool=pool, name="cpu", allocatable__gte=4000).values_list(
+        "id", flat=True
+    )
+    with tempfile.NamedTemporaryFile("w", suffix=".ids", delete=False) as handle:
+        handle.writelines(f"{pk}\n" for pk in cpu_ids)
+        ids_file = handle.name
+    modes = ("baseline", "count", "device")
+    results: dict[str, list[dict]] = {mode: [] for mode in modes}
+    try:
+        with Gunicorn(args.database, workers=args.workers, extra_env={"THROTTLE_USER": "10000000/min"}) as server:
+
+            def run(mode: str, seconds: float) -> dict:
+                env = {"BENCH_MODE": mode, "BENCH_TOKEN": token, "BENCH_RUN": uuid.uuid4().hex[:8],
+                       "BENCH_RESOURCES": ids_file, "BENCH_SEED": str(random.randrange(1 << 30))}  # fmt: skip
+                return wrk(server.base, DEVICE_LUA + lua_lib, duration=seconds, connections=args.clients, env=env)
+
+            for mode in modes:
+                run(mode, 1 if args.quick else 2)
+            for round_ in range(max(args.rounds, 1)):
+                order = modes[round_ % 3 :] + modes[: round_ % 3]  # each mode in each position in turn
+                for mode in order:
+                    result = run(mode, args.http_seconds)
+                    results[mode].append(result)
+                    print(f"  round {round_ + 1} {mode:8s} {result['counters'].get('201', 0) / result['seconds']:7.1f} "
+                          f"grants/s  p50 {result['p50_ms']:7.2f} ms  p99 {result['p99_ms']:7.2f} ms  "
+                          f"{result['counters']}", flush=True)  # fmt: skip
+    finally:
+        os.unlink(ids_file)
+
+    def rate(mode):
+        return round(
+            sum(r["counters"].get("201", 0) for r in results[mode]) / sum(r["seconds"] for r in results[mode]), 1
+        )
+
+    figures = {f"{mode}_grants_per_s": rate(mode) for mode in modes}
+    base = max(figures["baseline_grants_per_s"], 0.1)
+    figures["count_ratio"] = round(figures["count_grants_per_s"] / base, 3)
+    figures["device_ratio"] = round(figures["device_grants_per_s"] / base, 3)
+    figures["device_vs_count"] = round(figures["device_ratio"] / max(figures["count_ratio"], 0.001), 3)
+    return figures
