@@ -55,11 +55,7 @@ from . import signals
 from .choices import DeviceHealth, Lifecycle, NodeEventType
 from .events import Actor, event_row, record_event
 from .models import Device, Node, NodeEvent, NodeResource
-
-try:  # devagent's catalogue (fleet/xid.py); until it lands, the few classes DEVICES-WIRE.md names.
-    from .xid import classify_xid as _classify
-except ImportError:  # pragma: no cover - removed once fleet.xid is on main
-    _classify = None
+from .xid import classify_xid
 
 MAX_DEVICES = 256
 MAX_XID_EVENTS = 32
@@ -88,22 +84,11 @@ HARD_EFFECTS = ("NoSchedule", "NoExecute")
 FLAP_LIMIT = 3
 FLAP_WINDOW = timedelta(hours=1)
 
-_FALLBACK = {
-    "application": {13, 31, 43, 45, 68},
-    "info": {63, 64, 92, 94},
-    "fatal": {48, 74, 79, 95, 119, 120},
-}
 
-
-def classify(xid: int) -> str:
-    """The resolution class of an XID: ``application``, ``info``, ``reset_gpu`` or ``fatal``
-    (unknown XIDs: ``reset_gpu``, the safe default). Delegates to :mod:`fleet.xid`."""
-    if _classify is not None:
-        return str(getattr(_classify(xid), "resolution", "reset_gpu"))
-    for resolution, numbers in _FALLBACK.items():
-        if xid in numbers:
-            return resolution
-    return "reset_gpu"
+def classify(xid: int, message: str = "") -> str:
+    """The resolution class of an XID by NVIDIA's catalogue (:func:`fleet.xid.classify_xid`):
+    ``application``, ``info``, ``reset_gpu`` or ``fatal`` (unknown XIDs: ``reset_gpu``)."""
+    return str(classify_xid(xid, message or None).resolution)
 
 
 # --- parsing ---------------------------------------------------------------------------------------
@@ -294,7 +279,7 @@ def _judge_health(row: Device, health: dict, now: datetime, boot_id: str) -> tup
     worst = None  # "fatal" > "reset_gpu"
     xids = []
     for event in health.get("xid_events") or []:
-        resolution = classify(event["xid"])
+        resolution = classify(event["xid"], event.get("message") or "")
         xids.append({**event, "resolution": resolution})
         if resolution == "fatal":
             worst = "fatal"
