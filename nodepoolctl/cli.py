@@ -29,8 +29,10 @@ KIND_ALIASES = {
     "lease": "lease", "leases": "lease",
     "drain": "drain", "drains": "drain",
     "quarantine": "quarantine", "quarantines": "quarantine",
+    "device": "device", "devices": "device",
 }  # fmt: skip
-PATHS = {"node": "/nodes", "pool": "/pools", "lease": "/node-leases", "drain": "/drains", "quarantine": "/quarantines"}
+PATHS = {"node": "/nodes", "pool": "/pools", "lease": "/node-leases", "drain": "/drains", "quarantine": "/quarantines",
+         "device": "/nodes/{node}/devices"}  # fmt: skip
 DURATION = re.compile(r"^(\d+)([smhd])$")
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 OUTPUTS = click.Choice(["wide", "json", "yaml", "name"])
@@ -120,9 +122,14 @@ def _show(kind: str, objects: list[dict], output: str | None) -> None:
 @click.option("--pool", default=None, help="Only this pool.")
 @click.pass_obj
 def get(obj: Context, kind, name, output, selector, pool):
-    """List nodes, pools, leases, drains or quarantines (or show one by NAME)."""
+    """List nodes, pools, leases, drains or quarantines (or show one by NAME); devices of node NAME."""
     kind = _kind(kind)
     api = obj.api
+    if kind == "device":  # the devices of one node: `get devices NODE`
+        if not name:
+            raise click.UsageError("get devices needs a NODE (name or id)")
+        _show(kind, api.get(f"/nodes/{api.node(name)['id']}/devices", retired="false"), output)
+        return
     if kind == "pool" and pool and not name:
         name = pool  # /pools has no ?pool= filter (the API refuses an unknown parameter): the pool itself
     if name:

@@ -102,6 +102,13 @@ def describe_node(node: dict, leases: list[dict], events: list[dict]) -> Group:
     parts += _section(
         "Capacity", _table(["RESOURCE", "CAPACITY", "RESERVED", "ALLOCATABLE", "ALLOCATED", "FREE"], capacity)
     )
+    device_rows = [
+        [kind, str(entry.get("total", 0)), str(entry.get("allocatable", 0)), str(entry.get("free", 0)),
+         ", ".join(f"{model or '?'} x{n}" for model, n in sorted((entry.get("models") or {}).items()))]
+        for kind, entry in sorted((node.get("devices") or {}).items())
+    ]  # fmt: skip
+    if device_rows:
+        parts += _section("Devices", _table(["TYPE", "TOTAL", "ALLOCATABLE", "FREE", "MODELS"], device_rows))
     parts += _section("Cordon holds", _table(["OWNER", "REASON", "SINCE", "EXPIRES"], holds))
     parts += _section("Leases", _table(["WORKLOAD", "TOKEN", "STATE", "WORKLOAD STATE", "EXPIRES"], lease_rows))
     parts += _section("Events", _table(["AGE", "TYPE", "CHANGE", "BY", "REASON"], event_rows))

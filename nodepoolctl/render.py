@@ -95,7 +95,28 @@ KINDS: dict[str, tuple[Callable[[dict], str], list[Column], list[Column]]] = {
                 "RESOURCES",
                 lambda lease: ",".join(f"{k}={amount(k, v)}" for k, v in (lease.get("resources") or {}).items()),
             ),
+            ("DEVICES", lambda lease: ",".join(d["id"] for d in lease.get("devices") or []) or "-"),
             ("VERSION", lambda lease: str(lease.get("version", ""))),
+        ],
+    ),
+    "device": (
+        lambda d: d["id"],
+        [
+            ("ID", lambda d: d["id"]),
+            ("TYPE", lambda d: d.get("type", "")),
+            ("INDEX", lambda d: str(d.get("index", ""))),
+            ("MODEL", lambda d: d.get("model") or "-"),
+            ("MEMORY", lambda d: amount("memory", d.get("memory_bytes"))),
+            ("GROUP", lambda d: d.get("interconnect_group") or "-"),
+            ("HEALTH", lambda d: d.get("health", "")),
+            ("ALLOCATABLE", lambda d: "True" if d.get("allocatable") else "False"),
+            ("TAINTS", lambda d: ",".join(f"{t['key']}:{t['effect']}" for t in d.get("taints") or []) or "<none>"),
+        ],
+        [
+            ("NUMA", lambda d: "-" if d.get("numa_node") is None else str(d["numa_node"])),
+            ("MIG", lambda d: d.get("mig_profile") or "-"),
+            ("VERIFIED", lambda d: timestamp(d.get("verified_at")) if d.get("verified_at") else "<no>"),
+            ("HELD", lambda d: "True" if d.get("held") else "False"),
         ],
     ),
     "drain": (

@@ -367,3 +367,17 @@ def test_the_installed_console_script_runs_and_prints_completion():
         assert result.returncode == 0 and "Usage: nodepoolctl" in result.stdout, (args, result.stderr)
     bash = subprocess.run([script, "completion", "bash"], capture_output=True, text=True, timeout=60)
     assert bash.returncode == 0 and "_NODEPOOLCTL_COMPLETE=bash_complete" in bash.stdout
+
+
+def test_get_devices_of_a_node_and_describe_shows_them(ctl, fleet):
+    from tests.device_support import gpus, report_devices
+
+    report_devices(fleet["gpu-1"], gpus(2, node="g"))
+    code, table, err = ctl("get", "devices", "gpu-1")
+    assert code == 0, err
+    lines = table.splitlines()
+    assert lines[0].split()[:3] == ["ID", "TYPE", "INDEX"]
+    assert [line.split()[0] for line in lines[1:]] == ["GPU-g-0000", "GPU-g-0001"]
+    code, described, _ = ctl("describe", "node", "gpu-1")
+    assert code == 0 and "Devices" in described and "nvidia.com/gpu" in described
+    assert ctl("get", "devices")[0] != 0  # a node is needed
