@@ -281,7 +281,9 @@ def test_a_revoked_credential_is_refused_with_401(node_secret):
 
 def test_a_body_over_the_size_limit_is_413_and_nothing_is_applied(node_secret):
     node, secret = node_secret
-    body = beat(sequence=1, ready_reason="x" * 70_000)
+    from fleet.heartbeats import MAX_BODY_BYTES
+
+    body = beat(sequence=1, ready_reason="x" * (MAX_BODY_BYTES + 1000))
     response = node_api(secret).post(f"/api/v1/nodes/{node.pk}/heartbeats", body, format="json")
     assert response.status_code == 413 and response.json()["code"] == "payload_too_large"
     node.refresh_from_db()
