@@ -117,7 +117,7 @@ class NodeSerializer(serializers.ModelSerializer):
             ids = [n.pk for n in nodes] if isinstance(nodes, list | tuple) else [node.pk]
             if node.pk not in ids:
                 ids = [node.pk]
-            cache = self.context["_devices"] = device_summary(ids)
+            cache = self.context["_devices"] = {pk: {} for pk in ids} | device_summary(ids)
         summary = cache.get(node.pk, {})
         capacity = {r.name: r.free for r in node.resources.all()}
         return {kind: {**entry, "free": capacity.get(kind, 0)} for kind, entry in summary.items()}
