@@ -740,14 +740,15 @@ def normalise_model(model: str) -> str:
 def device_metric_rows():
     """``[(pool name, type, model, health, allocatable, count)]`` with bounded labels (types
     outside the known device types and unknown models become ``other``). One grouped query."""
-    from django.db.models import Count
+    from django.db.models import BooleanField, Count, ExpressionWrapper, Q
 
     known_types = {"nvidia.com/gpu", "nvidia.com/mig", "amd.com/gpu", "intel.com/gpu", "habana.ai/gaudi"}
     rows: dict = {}
     grouped = (
         Device.objects.filter(retired_at__isnull=True)
         .exclude(node__lifecycle=Lifecycle.RETIRED)
-        .values_list("node__pool__name", "type", "model", "health", "verified_at__isnull", "held", "hard_tainted")
+        .annotate(unverified=ExpressionWrapper(Q(verified_at__isnull=True), output_field=BooleanField()))
+        .values_list("node__pool__name", "type", "model", "health", "unverified", "held", "hard_tainted")
         .annotate(n=Count("pk"))
         .order_by()
     )

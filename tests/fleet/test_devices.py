@@ -194,3 +194,16 @@ def test_an_unchanged_inventory_costs_no_statement(django_assert_num_queries):
     with django_assert_num_queries(0):
         fleet_devices.apply_report(node=fresh, devices=parsed, refusals=[], boot_id=fresh.boot_id,
                                    actor=Actor.for_node(fresh))  # fmt: skip
+
+
+def test_metrics_count_devices_by_type_normalised_model_and_health(operator_api):
+    from fleet.devices import normalise_model
+
+    node, _ = make_gpu_node(count=2)
+    report_devices(node, [gpu(0, health={"xid_events": [{"xid": 79, "at": "t"}]}), gpu(1, model="Mystery GPU 9000")])
+    from fleet.devices import device_metric_rows
+
+    rows = {(t, m, h, a): n for _, t, m, h, a, n in device_metric_rows()}
+    # the second GPU's model changed since it was verified: healthy, but not allocatable until verified again
+    assert rows == {("nvidia.com/gpu", "H100", "unhealthy", False): 1, ("nvidia.com/gpu", "other", "healthy", False): 1}
+    assert normalise_model("NVIDIA A100-SXM4-40GB") == "A100" and normalise_model("NVIDIA L40S") == "L40S"
