@@ -91,6 +91,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: REMOTE_ADDR is the client's address from here on (NODEPOOL_TRUSTED_PROXIES).
+    "nodepool.proxies.TrustedProxyMiddleware",
     "nodepool.api.middleware.RequestIdMiddleware",
     # A request whose database never answers ends at its deadline as 503 database_timeout.
     "nodepool.db_deadline.DatabaseDeadlineMiddleware",
@@ -235,16 +237,25 @@ AXES_RESET_ON_SUCCESS = True
 # lockout parameters (username, IP), not the user agent.
 AXES_VERBOSE = False
 AXES_LOCKOUT_TEMPLATE = "nodepool/login_locked_out.html"
-# Behind a reverse proxy (deploy/nginx), set NODEPOOL_PROXY_COUNT to the number of proxies adding
-# X-Forwarded-For: the client's address is then the entry that many places from the right (login
-# lockouts through AXES_CLIENT_IP_CALLABLE, anonymous throttles through REST_FRAMEWORK's
-# NUM_PROXIES: one rule). With 0, X-Forwarded-For is ignored: a client cannot pick its address.
-NODEPOOL_PROXY_COUNT = env.int("NODEPOOL_PROXY_COUNT", default=0)
+# Behind reverse proxies (deploy/nginx), NODEPOOL_TRUSTED_PROXIES lists their networks (CIDR,
+# comma-separated): the client's address comes from X-Forwarded-For only when the immediate peer is
+# one of them (nodepool.proxies, first middleware, rewrites REMOTE_ADDR for DRF's throttles, the login
+# lockout and the logs alike). Empty: X-Forwarded-For is ignored and a client cannot pick its address.
+NODEPOOL_TRUSTED_PROXIES = env.list("NODEPOOL_TRUSTED_PROXIES", default=[])
+# Retired: NODEPOOL_PROXY_COUNT trusted the hop count whoever connected. Refuse to start with it
+# rather than silently ignore it (every client behind the proxy would share the proxy's address).
+if env.int("NODEPOOL_PROXY_COUNT", default=0):
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        "NODEPOOL_PROXY_COUNT is retired: set NODEPOOL_TRUSTED_PROXIES to the networks of your reverse "
+        "proxies (CIDR, comma-separated) and unset NODEPOOL_PROXY_COUNT (docs/foundation.md)."
+    )
 AXES_CLIENT_IP_CALLABLE = "nodepool.api.throttling.client_address"
 # Behind our proxy the scheme is the one it saw (it always overwrites X-Forwarded-Proto): links,
-# redirects and CSRF's origin check then say https when TLS ends there. Only behind the proxy:
-# reachable directly, a client could claim https by sending the header itself.
-SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if NODEPOOL_PROXY_COUNT else None
+# redirects and CSRF's origin check then say https when TLS ends there. The middleware drops the
+# header from any peer that is not a trusted proxy.
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if NODEPOOL_TRUSTED_PROXIES else None
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -306,8 +317,8 @@ REST_FRAMEWORK = {
         "rest_framework.throttling.AnonRateThrottle",
         "nodepool.api.throttling.UserRateThrottle",  # DRF's, counted in O(1)
     ],
-    # DRF trusts the whole X-Forwarded-For when this is None; 0 means REMOTE_ADDR only.
-    "NUM_PROXIES": NODEPOOL_PROXY_COUNT,
+    # REMOTE_ADDR only: nodepool.proxies already put the client's address there.
+    "NUM_PROXIES": 0,
     "DEFAULT_THROTTLE_RATES": {
         "anon": env.str("THROTTLE_ANON", default="120/min"),
         "user": env.str("THROTTLE_USER", default="100000/min"),

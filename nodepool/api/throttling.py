@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from rest_framework import throttling
 
+from nodepool.proxies import client_address_of
+
 
 class UserRateThrottle(throttling.UserRateThrottle):
     """DRF's ``UserRateThrottle`` (same scope, rate setting, cache and keys: the user's id, or the
@@ -64,13 +66,13 @@ class UserRateThrottle(throttling.UserRateThrottle):
 
 def client_address(request) -> str:
     """The client's address, as every per-address limit reads it (``AXES_CLIENT_IP_CALLABLE``, the
-    login lockout; DRF's anonymous throttle computes the same).
+    login lockout; DRF's throttles read the same ``REMOTE_ADDR``).
 
-    ``REMOTE_ADDR``; behind ``NODEPOOL_PROXY_COUNT`` proxies that each append to
-    ``X-Forwarded-For`` (deploy/nginx), the entry that many places from the right: the address the
-    outermost of our proxies saw, which a client cannot choose. DRF's ``NUM_PROXIES`` rule
-    (``rest_framework.throttling.BaseThrottle.get_ident``). django-ipware's ``proxy_count``, axes'
-    default, expects one more entry than a single proxy writes (it found no address behind nginx)
-    and otherwise trusts the leftmost, which the client wrote.
+    ``nodepool.proxies.TrustedProxyMiddleware`` has already put the client's address in
+    ``REMOTE_ADDR`` (from X-Forwarded-For only when the peer is in ``NODEPOOL_TRUSTED_PROXIES``);
+    a request that did not pass the middleware (a test's request factory) is read the same way.
     """
-    return throttling.BaseThrottle().get_ident(request)
+    meta = request.META
+    if "NODEPOOL_PEER_ADDR" in meta:
+        return meta.get("REMOTE_ADDR", "")
+    return client_address_of(meta)

@@ -86,24 +86,46 @@ def test_the_cache_holds_one_counter_per_window_however_many_requests_were_made(
 
 
 @pytest.mark.parametrize(
-    ("proxies", "forwarded", "expected"),
+    ("trusted", "peer", "forwarded", "expected"),
     [
-        (0, "203.0.113.9", "10.0.0.5"),  # no proxy: a forged X-Forwarded-For is ignored
-        (0, None, "10.0.0.5"),
-        (1, "203.0.113.9, 198.51.100.7", "198.51.100.7"),  # the entry our one proxy appended
-        (1, None, "10.0.0.5"),
+        ([], "10.0.0.5", "203.0.113.9", "10.0.0.5"),  # no trusted proxy: a forged X-Forwarded-For is ignored
+        ([], "10.0.0.5", None, "10.0.0.5"),
+        (["10.0.0.0/24"], "10.0.0.5", "203.0.113.9, 198.51.100.7", "198.51.100.7"),  # the entry our proxy appended
+        (["10.0.0.0/24"], "10.0.0.5", None, "10.0.0.5"),
+        # A client that reaches gunicorn directly (not from the proxies' network) is its own address,
+        # whatever it writes: the hop count (NODEPOOL_PROXY_COUNT) believed anyone.
+        (["10.0.0.0/24"], "198.51.100.66", "203.0.113.9", "198.51.100.66"),
+        # Two trusted hops (a load balancer, then nginx): the rightmost address that is not one.
+        (["10.0.0.0/24", "10.1.0.0/16"], "10.0.0.5", "6.6.6.6, 203.0.113.9, 10.1.2.3", "203.0.113.9"),
+        (["10.0.0.0/24"], "10.0.0.5", "203.0.113.9, not-an-address", "10.0.0.5"),
+        (["10.0.0.0/24", "::1"], "::1", "2001:db8::7", "2001:db8::7"),
     ],
 )
-def test_the_anonymous_identity_is_the_address_our_proxies_saw_not_one_the_client_chose(proxies, forwarded, expected):
-    from django.conf import settings as django_settings
-    from django.test import override_settings
+def test_the_client_address_is_the_one_our_trusted_proxies_saw_not_one_the_client_chose(
+    trusted, peer, forwarded, expected, settings
+):
     from rest_framework.throttling import AnonRateThrottle
 
-    meta = {"REMOTE_ADDR": "10.0.0.5"} | ({"HTTP_X_FORWARDED_FOR": forwarded} if forwarded else {})
-    request = APIRequestFactory().get("/api/v1/", **meta)
-    assert django_settings.REST_FRAMEWORK["NUM_PROXIES"] == django_settings.NODEPOOL_PROXY_COUNT == 0
+    from nodepool.proxies import TrustedProxyMiddleware
 
-    with override_settings(REST_FRAMEWORK={**django_settings.REST_FRAMEWORK, "NUM_PROXIES": proxies}):
-        assert AnonRateThrottle().get_ident(request) == expected
-        assert client_address(request) == expected  # the login lockout's (AXES_CLIENT_IP_CALLABLE)
-    assert django_settings.AXES_CLIENT_IP_CALLABLE == "nodepool.api.throttling.client_address"
+    settings.NODEPOOL_TRUSTED_PROXIES = trusted
+    meta = {"REMOTE_ADDR": peer} | ({"HTTP_X_FORWARDED_FOR": forwarded} if forwarded else {})
+    request = APIRequestFactory().get("/api/v1/", **meta)
+    assert client_address(request) == expected  # the login lockout's (AXES_CLIENT_IP_CALLABLE), unmiddlewared
+    TrustedProxyMiddleware(lambda r: None)(request)
+    assert settings.REST_FRAMEWORK["NUM_PROXIES"] == 0
+    assert AnonRateThrottle().get_ident(request) == client_address(request) == expected
+    assert request.META["NODEPOOL_PEER_ADDR"] == peer
+    assert settings.AXES_CLIENT_IP_CALLABLE == "nodepool.api.throttling.client_address"
+
+
+def test_the_retired_proxy_count_stops_the_start_with_a_pointer_to_its_replacement():
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "NODEPOOL_PROXY_COUNT": "1", "DJANGO_SETTINGS_MODULE": "nodepool.settings"}
+    out = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()"], env=env, capture_output=True, text=True
+    )
+    assert out.returncode != 0 and "NODEPOOL_TRUSTED_PROXIES" in out.stderr

@@ -155,8 +155,7 @@ def test_the_lockout_is_per_user_and_address(client, settings):
 
 def behind_proxy(settings):
     """The compose shape: one proxy (deploy/nginx) appending the address it saw to X-Forwarded-For."""
-    settings.NODEPOOL_PROXY_COUNT = 1
-    settings.REST_FRAMEWORK = {**settings.REST_FRAMEWORK, "NUM_PROXIES": 1}
+    settings.NODEPOOL_TRUSTED_PROXIES = ["172.18.0.0/16"]
     proxy = {"REMOTE_ADDR": "172.18.0.5"}
 
     def via(client_address: str, forged: str | None = None) -> dict:
@@ -189,6 +188,21 @@ def test_behind_the_proxy_a_forged_x_forwarded_for_does_not_reset_the_count(clie
 
     response = client.post("/admin/login/", {"username": "ops", "password": "correct horse battery staple"},
                            **via("198.51.100.66", "10.0.0.99"))  # fmt: skip
+
+    assert response.status_code == 429
+
+
+def test_a_client_reaching_gunicorn_directly_cannot_pick_its_address_to_dodge_the_lockout(client, settings):
+    """The hop count believed any peer's X-Forwarded-For; trusted proxies are chosen by address."""
+    settings.NODEPOOL_TRUSTED_PROXIES = ["172.18.0.0/16"]
+    _operator()
+    direct = {"REMOTE_ADDR": "198.51.100.66"}
+    for n in range(settings.AXES_FAILURE_LIMIT):
+        client.post("/admin/login/", {"username": "ops", "password": "wrong"},
+                    HTTP_X_FORWARDED_FOR=f"10.0.0.{n}", **direct)  # fmt: skip
+
+    response = client.post("/admin/login/", {"username": "ops", "password": "correct horse battery staple"},
+                           HTTP_X_FORWARDED_FOR="10.0.0.99", **direct)  # fmt: skip
 
     assert response.status_code == 429
 

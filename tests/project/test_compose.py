@@ -106,8 +106,10 @@ def test_only_the_proxy_is_published_and_web_trusts_exactly_that_one_proxy(compo
     assert "./deploy/nginx/nodepool.conf.template:/etc/nginx/templates/nodepool.conf.template:ro" in proxy["volumes"]
     assert (ROOT / "deploy/nginx/nodepool.conf.template").exists()
     assert proxy["depends_on"] == {"web": {"condition": "service_healthy"}}
-    assert services["web"]["environment"]["NODEPOOL_PROXY_COUNT"] == "1"
-    for name in APP_SERVICES - {"web"}:
+    # The proxy's network, by address (issue 30): the subnet compose gives its default network.
+    subnet = compose["networks"]["default"]["ipam"]["config"][0]["subnet"]
+    assert services["web"]["environment"]["NODEPOOL_TRUSTED_PROXIES"] == subnet
+    for name in APP_SERVICES:
         assert "NODEPOOL_PROXY_COUNT" not in services[name]["environment"], name
 
 
