@@ -58,3 +58,51 @@ class DisputeDecision(models.TextChoices):
     ACCEPT = "accept", "pay the evidenced time"
     ADJUST = "adjust", "pay an adjusted quantity"
     REJECT = "reject", "pay nothing"
+
+
+class PoolPeriodState(models.TextChoices):
+    """Where a pool's settlement period is in reconciliation (docs/marketplace.md, "Pool periods")."""
+
+    PENDING = "pending", "pending (not over, or usage still inside its settlement window)"
+    MISMATCHED = "mismatched", "mismatched (items wait for an operator)"
+    RECONCILED = "reconciled", "reconciled (figures frozen)"
+
+
+class MismatchKind(models.TextChoices):
+    """Why a pool period does not reconcile by itself."""
+
+    EVIDENCE_WITHOUT_LEASE = "evidence_without_lease", "evidence that matches no lease's history"
+    USAGE_ABOVE_OFFERED = "usage_above_offered", "lease usage above what the node offered"
+    IMPOSSIBLE_USAGE = "impossible_usage", "the node reported more than it has (usage record finding)"
+
+
+class LineKind(models.TextChoices):
+    """What a statement line pays for."""
+
+    USAGE = "usage", "usage of one lease"
+    IDLE = "idle", "idle capacity offered in a pool period (pools that pay idle)"
+    CORRECTION = "correction", "a correction of an earlier line (appeal, payout reversal)"
+
+
+class PayoutState(models.TextChoices):
+    """A payout's life: nodepool records payments, it does not move money."""
+
+    REQUESTED = "requested", "requested (waits for a second operator)"
+    APPROVED = "approved", "approved (to be paid outside nodepool)"
+    PAID = "paid", "paid (external reference recorded)"
+    FAILED = "failed", "failed (may be requested again)"
+    REVERSED = "reversed", "reversed (chargeback; a negative correction on the next statement)"
+
+
+class HoldReason(models.TextChoices):
+    """Why a final statement may not be paid yet (apart from quarantine-held usage)."""
+
+    OUTLIER = "outlier", "far above the owner's previous comparable period (or the pool's median)"
+    FLAGGED_LINE = "flagged_line", "a line is flagged for review (device fault, disputed record)"
+
+
+class LineAppealState(models.TextChoices):
+    OPEN = "open", "open (the line is not paid until resolved)"
+    CORRECTED = "corrected", "resolved with a correction line on the next statement"
+    REJECTED = "rejected", "rejected (the line stands)"
+    WITHDRAWN = "withdrawn", "withdrawn by the owner"

@@ -220,11 +220,18 @@ def finalize_statement(*, statement_id, expected_version: int, actor: Actor, now
             subject_id=statement.pk,
             data={"owner": statement.owner_id, "totals": frozen, "carried_out": carried_out},
         )
+        # Payout holds (outliers, lines flagged for review) are decided on the frozen totals.
+        # Imported here: marketplace.payouts builds on this module (statement_for, totals).
+        from .payouts import evaluate_holds
+
+        evaluate_holds(Statement.objects.get(pk=statement.pk), now=now)
     return Statement.objects.get(pk=statement.pk)
 
 
 # --- export -------------------------------------------------------------------------------------
 EXPORT_COLUMNS = [
+    "line",
+    "kind",
     "usage_record",
     "lease_id",
     "workload_id",
@@ -241,32 +248,39 @@ EXPORT_COLUMNS = [
     "currency",
     "reason",
     "carried_from",
+    "corrects",
 ]
 
 
 def export_rows(statement: Statement) -> list[dict]:
     lines = statement.lines.select_related("usage_record").order_by("usage_record__ended_at", "id")
-    return [
-        {
-            "usage_record": line.usage_record_id,
-            "lease_id": str(line.usage_record.lease_id),
-            "workload_id": line.usage_record.workload_id,
-            "node": line.node_id_text,
-            "pool": line.pool_name,
-            "state": line.state,
-            "started_at": line.usage_record.started_at.isoformat(),
-            "ended_at": line.usage_record.ended_at.isoformat(),
-            "allocated_seconds": str(line.allocated_seconds),
-            "billable_seconds": str(line.billable_seconds),
-            "coverage": str(line.coverage),
-            "quantities": line.quantities,
-            "amount": str(line.amount),
-            "currency": line.currency,
-            "reason": line.reason,
-            "carried_from": line.carried_from_id,
-        }
-        for line in lines
-    ]
+    rows = []
+    for line in lines:
+        record = line.usage_record
+        rows.append(
+            {
+                "line": line.pk,
+                "kind": line.kind,
+                "usage_record": line.usage_record_id,
+                "lease_id": str(record.lease_id) if record else "",
+                "workload_id": record.workload_id if record else "",
+                "node": line.node_id_text,
+                "pool": line.pool_name,
+                "state": line.state,
+                "started_at": record.started_at.isoformat() if record else "",
+                "ended_at": record.ended_at.isoformat() if record else "",
+                "allocated_seconds": str(line.allocated_seconds),
+                "billable_seconds": str(line.billable_seconds),
+                "coverage": str(line.coverage),
+                "quantities": line.quantities,
+                "amount": str(line.amount),
+                "currency": line.currency,
+                "reason": line.reason,
+                "carried_from": line.carried_from_id,
+                "corrects": line.corrects_id,
+            }
+        )
+    return rows
 
 
 def export_json(statement: Statement) -> dict:

@@ -2,6 +2,7 @@
 
 from django.urls import path
 
+from . import money_views as money
 from . import views
 
 urlpatterns = [
@@ -25,4 +26,21 @@ urlpatterns = [
     path("appeals/<int:pk>/withdraw", views.AppealWithdraw.as_view(), name="appeal-withdraw"),
     path("owned-leases", views.OwnedLeaseList.as_view(), name="ownedlease-list"),
     path("owned-leases/<uuid:pk>", views.OwnedLeaseDetail.as_view(), name="ownedlease-detail"),
+    path("pool-periods", money.PoolPeriodList.as_view(), name="poolperiod-list"),
+    path("pool-periods/<int:pk>", money.PoolPeriodDetail.as_view(), name="poolperiod-detail"),
+    path("pool-periods/<int:pk>/reconcile", money.PoolPeriodReconcile.as_view(), name="poolperiod-reconcile"),
+    path("mismatch-items", money.MismatchItemList.as_view(), name="mismatchitem-list"),
+    path("mismatch-items/<int:pk>/resolve", money.MismatchItemResolve.as_view(), name="mismatchitem-resolve"),
+    path("payouts", money.PayoutList.as_view(), name="payout-list"),
+    path("payouts/export.<str:kind>", money.PayoutExport.as_view(), name="payout-export"),
+    path("payouts/<int:pk>", money.PayoutDetail.as_view(), name="payout-detail"),
+    path("payouts/<int:pk>/approve", money.PayoutAction.as_view(action="approve"), name="payout-approve"),
+    path("payouts/<int:pk>/paid", money.PayoutAction.as_view(action="paid"), name="payout-paid"),
+    path("payouts/<int:pk>/failed", money.PayoutAction.as_view(action="failed"), name="payout-failed"),
+    path("payouts/<int:pk>/reverse", money.PayoutAction.as_view(action="reverse"), name="payout-reverse"),
+    path("payout-holds", money.PayoutHoldList.as_view(), name="payouthold-list"),
+    path("payout-holds/<int:pk>/release", money.PayoutHoldRelease.as_view(), name="payouthold-release"),
+    path("line-appeals", money.LineAppealList.as_view(), name="lineappeal-list"),
+    path("line-appeals/<int:pk>/resolve", money.LineAppealResolve.as_view(), name="lineappeal-resolve"),
+    path("line-appeals/<int:pk>/withdraw", money.LineAppealWithdraw.as_view(), name="lineappeal-withdraw"),
 ]

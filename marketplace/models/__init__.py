@@ -17,7 +17,7 @@ from django.db.models import Q
 from leases.models import Lease
 from maintenance.models import Quarantine
 
-from ..choices import AppealState, StatementPeriod, StatementState, UsageState
+from ..choices import AppealState, LineKind, StatementPeriod, StatementState, UsageState
 
 currency_code = RegexValidator(r"^[A-Z]{3}$", "An ISO 4217 currency code: three capital letters (EUR, USD).")
 
@@ -62,6 +62,21 @@ class PoolSettlement(models.Model):
 
     pool = models.OneToOneField("fleet.Pool", on_delete=models.CASCADE, related_name="settlement")
     settlement_window = models.PositiveIntegerField(null=True, blank=True, help_text="Seconds; empty = default.")
+    # Pool periods and payouts (marketplace.periods, marketplace.payouts).
+    period = models.CharField(
+        max_length=8, choices=StatementPeriod.choices, default=StatementPeriod.MONTH, help_text="Pool period (UTC)."
+    )
+    idle_paid = models.BooleanField(default=False, help_text="Pay owners for idle capacity at the price in force.")
+    hold_multiple = models.DecimalField(
+        max_digits=8,
+        decimal_places=2,
+        default=Decimal(10),
+        validators=[MinValueValidator(Decimal(1))],
+        help_text="A statement above this multiple of the comparable amount is held for review.",
+    )
+    appeal_alert_after = models.PositiveIntegerField(
+        default=7 * 86400, help_text="Seconds an appeal of a line may stay open before the alert."
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     def __str__(self) -> str:
@@ -181,7 +196,19 @@ class StatementLine(models.Model):
     (``carried_from`` says from where) and keeps its ``reason``."""
 
     statement = models.ForeignKey(Statement, on_delete=models.PROTECT, related_name="lines")
-    usage_record = models.OneToOneField(UsageRecord, on_delete=models.PROTECT, related_name="statement_line")
+    kind = models.CharField(max_length=12, choices=LineKind.choices, default=LineKind.USAGE)
+    usage_record = models.OneToOneField(
+        UsageRecord, null=True, blank=True, on_delete=models.PROTECT, related_name="statement_line"
+    )
+    # A correction names the line it corrects (an appeal) or the payout it reverses; an idle line
+    # the pool period it pays. The original line is never edited.
+    corrects = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="corrections")
+    reverses = models.ForeignKey(
+        "marketplace.Payout", null=True, blank=True, on_delete=models.PROTECT, related_name="reversal_lines"
+    )
+    pool_period = models.ForeignKey(
+        "marketplace.PoolPeriod", null=True, blank=True, on_delete=models.PROTECT, related_name="idle_lines"
+    )
     state = models.CharField(max_length=16, choices=UsageState.choices)
     node_id_text = models.CharField("node", max_length=64)
     pool_name = models.CharField(max_length=63)
@@ -199,9 +226,19 @@ class StatementLine(models.Model):
 
     class Meta:
         ordering = ["id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(kind="usage", usage_record__isnull=False) | ~Q(kind="usage"), name="line_usage_has_record"
+            ),
+            # Idle capacity of one pool period is paid once per owner's statement line.
+            models.UniqueConstraint(
+                fields=["statement", "pool_period"], condition=Q(kind="idle"), name="line_one_idle_per_period"
+            ),
+        ]
 
     def __str__(self) -> str:
-        return f"line {self.usage_record_id}: {self.amount} {self.currency} ({self.state})"
+        subject = self.usage_record_id if self.kind == LineKind.USAGE else self.kind
+        return f"line {subject}: {self.amount} {self.currency} ({self.state})"
 
     def save(self, *args, **kwargs):
         if Statement.objects.filter(pk=self.statement_id, state=StatementState.FINAL).exists():
@@ -273,3 +310,5 @@ class OwnedQuarantine(Quarantine):
 
 # The money models live in modules of this package (small files); Django finds them through here.
 from .availability import AvailabilityClose, NodeAvailability  # noqa: E402, F401
+from .payouts import LineAppeal, Payout, PayoutHold  # noqa: E402, F401
+from .periods import MismatchItem, PoolPeriod  # noqa: E402, F401

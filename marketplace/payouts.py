@@ -1,0 +1,584 @@
+"""Payouts, payout holds and appeals of statement lines (docs/marketplace.md, "Payouts").
+
+nodepool records payments; it does not move money. Each service follows the house pattern:
+``atomic()`` → lock the row (``SELECT … FOR UPDATE``) → check the expected version →
+``can_proceed`` → transition (memory) → ``save(update_fields=…)`` → event (type ``statement``,
+subject ``payout`` / ``payout_hold`` / ``line_appeal``: read by the owner and operators only).
+
+* A payout is requested for one final statement and one currency, only when every pool period
+  overlapping the statement, in the pools of its lines, is reconciled, and no payout hold is open.
+  Its amount is the statement's total in that currency minus the lines under open appeal. One per
+  (statement, currency): the statement row is locked while the request checks, and a unique
+  constraint backs it. ``requested → approved`` (by another operator) ``→ paid`` (with the external
+  reference) ``| failed`` (may be requested again); ``paid → reversed`` books a negative correction
+  on the owner's next open statement.
+* Holds are placed when a statement is finalized (:func:`evaluate_holds`) and released by an
+  operator with a reason.
+* A line appeal is filed by the owner on a line of a final statement before it is paid; resolving
+  it ``corrected`` adds a correction line (positive or negative) to the owner's next open
+  statement; the original line is never edited.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from decimal import Decimal
+from statistics import median
+
+from django.db import IntegrityError, transaction
+from django.db.models import Sum
+from django.utils import timezone
+from django_fsm import can_proceed
+
+from fleet.choices import NodeEventType
+from fleet.events import Actor, record_event
+from fleet.models import Pool
+from nodepool.api.problems import Conflict, Forbidden, NotFound, Problem
+from nodepool.api.versioning import check_version
+
+from . import statements
+from .choices import (
+    PAYABLE_STATES,
+    HoldReason,
+    LineAppealState,
+    LineKind,
+    PayoutState,
+    PoolPeriodState,
+    StatementState,
+    UsageState,
+)
+from .models import LineAppeal, Payout, PayoutHold, PoolPeriod, PoolSettlement, Statement, StatementLine
+from .periods import pool_period_kind
+
+MAX_TEXT = 4000
+DEFAULT_HOLD_MULTIPLE = Decimal(10)
+# Findings of a usage record that flag its line for review: a device fault during the lease (the
+# devices issue), and a record that was disputed (an operator settled it).
+REVIEW_FINDINGS = frozenset({"device_fault", "impossible_usage", "absent_usage"})
+
+
+def _text(value, name: str) -> str:
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_TEXT:
+        raise Problem(
+            f"{name}: required, a non-empty string of at most {MAX_TEXT} characters.", "invalid_field", field=name
+        )
+    return value.strip()
+
+
+def _event(actor: Actor, subject_type: str, subject_id, *, from_state: str, to_state: str, reason: str, data: dict):
+    record_event(
+        None,
+        NodeEventType.STATEMENT,
+        actor,
+        from_state=from_state,
+        to_state=to_state,
+        reason=reason[:2000],
+        subject_type=subject_type,
+        subject_id=subject_id,
+        data=data,
+    )
+
+
+# --- amounts --------------------------------------------------------------------------------------
+def open_appeal_lines(statement: Statement) -> list[StatementLine]:
+    return list(statement.lines.filter(appeals__state=LineAppealState.OPEN).distinct())
+
+
+def payable_amount(statement: Statement, currency: str) -> tuple[Decimal, list[int]]:
+    """``(total in currency − lines under open appeal, [those line ids])``."""
+    total = Decimal(statements.totals(statement).get(currency, "0"))
+    appealed = [line for line in open_appeal_lines(statement) if line.currency == currency]
+    held_back = sum((line.amount for line in appealed if line.state in PAYABLE_STATES), Decimal(0))
+    return total - held_back, [line.pk for line in appealed]
+
+
+def statement_pools(statement: Statement) -> list[int]:
+    """The pools of the statement's lines (usage records' pools, idle lines' periods, names otherwise)."""
+    pools = set(statement.lines.exclude(usage_record=None).values_list("usage_record__pool_id", flat=True))
+    pools |= set(statement.lines.exclude(pool_period=None).values_list("pool_period__pool_id", flat=True))
+    names = set(statement.lines.filter(usage_record=None, pool_period=None).values_list("pool_name", flat=True))
+    pools |= set(Pool.objects.filter(name__in=names - {""}).values_list("pk", flat=True))
+    return sorted(pools)
+
+
+def unreconciled_periods(statement: Statement) -> list[dict]:
+    """Every pool period overlapping the statement, in its lines' pools, that is not reconciled
+    (missing ones included): ``[{"pool", "period_start", "state"}]``."""
+    missing = []
+    for pool_id in statement_pools(statement):
+        kind = pool_period_kind(pool_id)
+        at = statement.period_start
+        while at < statement.period_end:
+            start, end = statements.period_bounds(kind, at)
+            state = (
+                PoolPeriod.objects.filter(pool_id=pool_id, period_start=start).values_list("state", flat=True).first()
+            )
+            if state != PoolPeriodState.RECONCILED:
+                missing.append({"pool": pool_id, "period_start": start.isoformat(), "state": state or "missing"})
+            at = end
+    return missing
+
+
+# --- holds ----------------------------------------------------------------------------------------
+def _hold_multiple(pool_ids) -> Decimal:
+    multiples = list(PoolSettlement.objects.filter(pool_id__in=pool_ids).values_list("hold_multiple", flat=True))
+    return min(multiples) if multiples else DEFAULT_HOLD_MULTIPLE
+
+
+def comparable_amount(statement: Statement, currency: str) -> tuple[Decimal | None, str]:
+    """What an outlier is measured against (docs/marketplace.md, "Payout holds"):
+
+    the owner's previous final statement of the same period kind, when it paid something in this
+    currency; otherwise the median per-node amount of the statement's pools over the same period
+    (usage lines of every owner whose lease ended in it) times the owner's node count. ``None``
+    when neither exists (nothing to compare: no outlier hold).
+    """
+    previous = (
+        Statement.objects.filter(
+            owner_id=statement.owner_id,
+            period=statement.period,
+            state=StatementState.FINAL,
+            period_end__lte=statement.period_start,
+        )
+        .order_by("-period_start")
+        .first()
+    )
+    if previous is not None and Decimal(previous.totals.get(currency, "0")) > 0:
+        return Decimal(previous.totals[currency]), f"previous statement {previous.pk}"
+    pools = statement_pools(statement)
+    per_node = (
+        StatementLine.objects.filter(
+            kind=LineKind.USAGE,
+            currency=currency,
+            state__in=PAYABLE_STATES,
+            usage_record__pool_id__in=pools,
+            usage_record__ended_at__gte=statement.period_start,
+            usage_record__ended_at__lt=statement.period_end,
+        )
+        .values("usage_record__node_id")
+        .annotate(total=Sum("amount"))
+        .values_list("total", flat=True)
+    )
+    amounts = list(per_node)
+    nodes = statement.lines.filter(kind=LineKind.USAGE).values("usage_record__node_id").distinct().count()
+    if not amounts or median(amounts) <= 0:
+        return None, "no comparable period and no usage in the pools"
+    return median(amounts) * max(nodes, 1), f"pool median per node × {max(nodes, 1)} node(s)"
+
+
+def evaluate_holds(statement: Statement, *, now: datetime) -> list[PayoutHold]:
+    """Place the holds a just-final statement deserves (idempotent: one per reason)."""
+    placed = []
+    multiple = _hold_multiple(statement_pools(statement))
+    for currency, total in statement.totals.items():
+        basis, source = comparable_amount(statement, currency)
+        if basis is not None and Decimal(total) > multiple * basis:
+            placed.append(
+                _hold(
+                    statement,
+                    HoldReason.OUTLIER,
+                    f"{total} {currency} is more than {multiple}× the comparable {basis} ({source})",
+                    {"currency": currency, "total": total, "comparable": str(basis), "multiple": str(multiple)},
+                    now,
+                )
+            )
+    flagged = []
+    for line in statement.lines.exclude(usage_record=None).select_related("usage_record"):
+        codes = {f.get("code") for f in line.usage_record.findings or []} & REVIEW_FINDINGS
+        if codes:
+            flagged.append({"line": line.pk, "findings": sorted(codes)})
+    if flagged:
+        placed.append(
+            _hold(
+                statement,
+                HoldReason.FLAGGED_LINE,
+                f"{len(flagged)} line(s) flagged for review",
+                {"lines": flagged},
+                now,
+            )
+        )
+    return [hold for hold in placed if hold is not None]
+
+
+def _hold(statement, reason, message, detail, now) -> PayoutHold | None:
+    hold, created = PayoutHold.objects.get_or_create(
+        statement=statement, reason=reason, defaults={"message": message, "detail": detail, "created_at": now}
+    )
+    if created:
+        _event(
+            Actor.system("marketplace.holds"),
+            "payout_hold",
+            hold.pk,
+            from_state="",
+            to_state="held",
+            reason=message,
+            data={"statement": statement.pk, "owner": statement.owner_id, "reason": reason},
+        )
+    return hold if created else None
+
+
+def hold_release(*, hold_id, reason, expected_version: int, actor: Actor, now=None) -> PayoutHold:
+    """An operator releases a payout hold with a reason.
+
+    Raises: NotFound 404 ``payout_hold_not_found``; PreconditionFailed 412; Conflict 409
+    ``hold_released``; Problem 400 ``invalid_field``.
+    """
+    text = _text(reason, "reason")
+    now = now or timezone.now()
+    with transaction.atomic():
+        hold = PayoutHold.objects.select_for_update().filter(pk=hold_id).first()
+        if hold is None:
+            raise NotFound("No such payout hold.", "payout_hold_not_found")
+        check_version(hold.version, expected_version)
+        if hold.released_at is not None:
+            raise Conflict("The hold is released already.", "hold_released")
+        hold.released_at, hold.released_by, hold.release_reason = now, actor.user, text
+        hold.version += 1
+        hold.save(update_fields=["released_at", "released_by", "release_reason", "version"])
+        _event(actor, "payout_hold", hold.pk, from_state="held", to_state="released", reason=text,
+               data={"statement": hold.statement_id, "reason": hold.reason})  # fmt: skip
+    return hold
+
+
+def _refuse_if_held(statement_id) -> None:
+    open_holds = list(
+        PayoutHold.objects.filter(statement_id=statement_id, released_at=None).values_list("reason", flat=True)
+    )
+    if open_holds:
+        raise Conflict(
+            "The statement has a payout hold; an operator must release it first.",
+            "statement_on_hold",
+            holds=open_holds,
+        )
+
+
+# --- payouts --------------------------------------------------------------------------------------
+def payout_request(*, statement_id, currency, actor: Actor, now=None) -> Payout:
+    """Request the payout of one final statement in one currency (an operator).
+
+    Raises: NotFound 404 ``statement_not_found``; Conflict 409 ``statement_not_final``,
+    ``period_not_reconciled`` (``periods`` lists them), ``statement_on_hold``,
+    ``payout_exists`` (one per statement and currency), ``nothing_to_pay``; Problem 400
+    ``invalid_currency``. A failed payout is requested again instead (same row).
+    """
+    if not isinstance(currency, str) or len(currency) != 3 or not currency.isalpha() or not currency.isupper():
+        raise Problem("currency: an ISO 4217 code such as EUR.", "invalid_currency", field="currency")
+    now = now or timezone.now()
+    with transaction.atomic():
+        # The guard against two requests at once: the statement row is locked while this checks
+        # and writes, so the second waits and then finds the payout (the unique constraint backs it).
+        statement = Statement.objects.select_for_update().filter(pk=statement_id).first()
+        if statement is None:
+            raise NotFound("No such statement.", "statement_not_found")
+        if statement.state != StatementState.FINAL:
+            raise Conflict("Only a final statement is paid.", "statement_not_final")
+        missing = unreconciled_periods(statement)
+        if missing:
+            raise Conflict(
+                f"{len(missing)} pool period(s) overlapping the statement are not reconciled.",
+                "period_not_reconciled",
+                periods=missing,
+            )
+        _refuse_if_held(statement.pk)
+        if currency not in statement.totals:
+            raise Problem(f"The statement has no total in {currency}.", "invalid_currency", field="currency")
+        amount, excluded = payable_amount(statement, currency)
+        existing = Payout.objects.select_for_update().filter(statement=statement, currency=currency).first()
+        if existing is not None:
+            if not can_proceed(existing.request_again):
+                raise Conflict(
+                    f"A payout of this statement in {currency} exists ({existing.state}).", "payout_exists",
+                    payout=str(existing.uid),
+                )  # fmt: skip
+            from_state = existing.state
+            existing.request_again()
+            existing.amount, existing.excluded_lines = amount, excluded
+            existing.requested_by, existing.requested_at, existing.version = actor.user, now, existing.version + 1
+            existing.approved_by = existing.approved_at = None
+            existing.save(update_fields=["state", "amount", "excluded_lines", "requested_by", "requested_at",
+                                         "approved_by", "approved_at", "version", "updated_at"])  # fmt: skip
+            _payout_event(existing, actor, from_state, "requested again")
+            return existing
+        if amount <= 0:
+            raise Conflict(f"Nothing to pay in {currency} ({amount}).", "nothing_to_pay")
+        try:
+            with transaction.atomic():
+                payout = Payout.objects.create(
+                    statement=statement,
+                    owner_id=statement.owner_id,
+                    currency=currency,
+                    amount=amount,
+                    excluded_lines=excluded,
+                    requested_by=actor.user,
+                    requested_at=now,
+                )
+        except IntegrityError as exc:
+            raise Conflict(f"A payout of this statement in {currency} exists.", "payout_exists") from exc
+        _payout_event(payout, actor, "", f"requested: {amount} {currency}")
+    return payout
+
+
+def _payout_event(payout: Payout, actor: Actor, from_state: str, reason: str) -> None:
+    _event(
+        actor,
+        "payout",
+        payout.pk,
+        from_state=from_state,
+        to_state=payout.state,
+        reason=reason,
+        data={
+            "payout": str(payout.uid),
+            "statement": payout.statement_id,
+            "owner": payout.owner_id,
+            "amount": str(payout.amount),
+            "currency": payout.currency,
+        },
+    )
+
+
+def _locked_payout(payout_id, expected_version: int) -> Payout:
+    payout = Payout.objects.select_for_update().filter(pk=payout_id).first()
+    if payout is None:
+        raise NotFound("No such payout.", "payout_not_found")
+    check_version(payout.version, expected_version)
+    return payout
+
+
+def _move(payout: Payout, verb: str, code_hint: str) -> str:
+    method = getattr(payout, verb)
+    if not can_proceed(method):
+        raise Conflict(f"A {payout.state} payout cannot be {code_hint}.", "transition_not_allowed", state=payout.state)
+    from_state = payout.state
+    method()
+    return from_state
+
+
+def payout_approve(*, payout_id, expected_version: int, actor: Actor, now=None) -> Payout:
+    """A second operator approves: ``requested → approved`` (the amount is computed again: an
+    appeal filed meanwhile is held back). Raises 404, 412, 403 ``approval_by_requester``, 409
+    ``transition_not_allowed`` / ``statement_on_hold``."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        payout = _locked_payout(payout_id, expected_version)
+        if actor.user is None or actor.user.pk == payout.requested_by_id:
+            raise Forbidden(
+                "The payout must be approved by another operator than its requester.", "approval_by_requester"
+            )
+        _refuse_if_held(payout.statement_id)
+        from_state = _move(payout, "approve", "approved")
+        payout.amount, payout.excluded_lines = payable_amount(payout.statement, payout.currency)
+        payout.approved_by, payout.approved_at, payout.version = actor.user, now, payout.version + 1
+        payout.save(
+            update_fields=["state", "amount", "excluded_lines", "approved_by", "approved_at", "version", "updated_at"]
+        )
+        _payout_event(payout, actor, from_state, f"approved: {payout.amount} {payout.currency}")
+    return payout
+
+
+def payout_mark_paid(*, payout_id, external_reference, expected_version: int, actor: Actor, now=None) -> Payout:
+    """``approved → paid`` with the external payment reference. Raises 404, 412, 400 ``invalid_field``,
+    409 ``transition_not_allowed`` / ``statement_on_hold``."""
+    reference = _text(external_reference, "external_reference")[:200]
+    now = now or timezone.now()
+    with transaction.atomic():
+        payout = _locked_payout(payout_id, expected_version)
+        _refuse_if_held(payout.statement_id)
+        from_state = _move(payout, "pay", "paid")
+        payout.external_reference, payout.paid_at, payout.version = reference, now, payout.version + 1
+        payout.save(update_fields=["state", "external_reference", "paid_at", "version", "updated_at"])
+        _payout_event(payout, actor, from_state, f"paid: {reference}")
+    return payout
+
+
+def payout_mark_failed(*, payout_id, reason, expected_version: int, actor: Actor, now=None) -> Payout:
+    """``approved → failed`` (it may be requested again). Raises 404, 412, 400, 409."""
+    text = _text(reason, "reason")
+    now = now or timezone.now()
+    with transaction.atomic():
+        payout = _locked_payout(payout_id, expected_version)
+        from_state = _move(payout, "fail", "marked failed")
+        payout.failure_reason, payout.failed_at, payout.version = text, now, payout.version + 1
+        payout.save(update_fields=["state", "failure_reason", "failed_at", "version", "updated_at"])
+        _payout_event(payout, actor, from_state, f"failed: {text}")
+    return payout
+
+
+def payout_reverse(*, payout_id, reason, expected_version: int, actor: Actor, now=None) -> Payout:
+    """``paid → reversed`` (a chargeback): a negative correction line of the payout's amount on the
+    owner's next open statement. Raises 404, 412, 400, 409."""
+    text = _text(reason, "reason")
+    now = now or timezone.now()
+    with transaction.atomic():
+        payout = _locked_payout(payout_id, expected_version)
+        from_state = _move(payout, "reverse", "reversed")
+        payout.reversal_reason, payout.reversed_at, payout.version = text, now, payout.version + 1
+        payout.save(update_fields=["state", "reversal_reason", "reversed_at", "version", "updated_at"])
+        _correction_line(
+            owner_id=payout.owner_id,
+            after=max(now, payout.statement.period_end),
+            amount=-payout.amount,
+            currency=payout.currency,
+            reason=f"payout {payout.uid} reversed: {text}",
+            reverses=payout,
+        )
+        _payout_event(payout, actor, from_state, f"reversed: {text}")
+    return payout
+
+
+def _correction_line(
+    *, owner_id, after: datetime, amount: Decimal, currency: str, reason: str, **refs
+) -> StatementLine:
+    statement = statements.statement_for(owner_id, after)
+    return StatementLine.objects.create(
+        statement=statement,
+        kind=LineKind.CORRECTION,
+        state=UsageState.RECONCILED,
+        node_id_text="",
+        pool_name=refs.get("corrects").pool_name if refs.get("corrects") else "",
+        amount=amount,
+        currency=currency,
+        reason=reason[:2000],
+        **refs,
+    )
+
+
+# --- line appeals ---------------------------------------------------------------------------------
+def line_appeal_create(*, owner, line_id, message, actor: Actor, now=None) -> LineAppeal:
+    """The owner appeals one line of their final statement before it is paid.
+
+    Raises: NotFound 404 ``line_not_found`` (another owner's line: no leak); Conflict 409
+    ``statement_not_final``, ``line_paid`` (its payout is approved, paid or reversed),
+    ``line_appeal_exists``; Problem 400 ``invalid_field``.
+    """
+    text = _text(message, "message")
+    now = now or timezone.now()
+    with transaction.atomic():
+        line = StatementLine.objects.select_related("statement").filter(pk=line_id, statement__owner=owner).first()
+        if line is None:
+            raise NotFound("No such statement line.", "line_not_found")
+        # The statement row: a payout request holds it while it computes the amount.
+        Statement.objects.select_for_update().filter(pk=line.statement_id).first()
+        if line.statement.state != StatementState.FINAL:
+            raise Conflict(
+                "Only a line of a final statement is appealed; an open one may still change.", "statement_not_final"
+            )
+        paying = Payout.objects.filter(
+            statement_id=line.statement_id,
+            currency=line.currency,
+            state__in=[PayoutState.APPROVED, PayoutState.PAID, PayoutState.REVERSED],
+        ).first()
+        if paying is not None:
+            raise Conflict(f"The line's payout is {paying.state}; it can no longer be appealed.", "line_paid")
+        if LineAppeal.objects.filter(line=line).exclude(state=LineAppealState.WITHDRAWN).exists():
+            raise Conflict("This line has been appealed already.", "line_appeal_exists")
+        try:
+            with transaction.atomic():
+                appeal = LineAppeal.objects.create(line=line, owner=owner, message=text, created_at=now)
+        except IntegrityError as exc:
+            raise Conflict("This line has been appealed already.", "line_appeal_exists") from exc
+        _appeal_event(appeal, actor, "", text)
+    return appeal
+
+
+def _appeal_event(appeal: LineAppeal, actor: Actor, from_state: str, reason: str) -> None:
+    _event(actor, "line_appeal", appeal.pk, from_state=from_state, to_state=appeal.state, reason=reason,
+           data={"line": appeal.line_id, "owner": appeal.owner_id,
+                 "correction_line": appeal.correction_line_id})  # fmt: skip
+
+
+def line_appeal_resolve(
+    *, appeal_id, outcome: str, resolution, amount: Decimal | None, expected_version: int, actor: Actor, now=None
+) -> LineAppeal:
+    """An operator resolves an open line appeal: ``corrected`` (with ``amount``, positive or
+    negative, booked as a correction line on the owner's next open statement) or ``rejected``.
+
+    Raises: NotFound 404 ``line_appeal_not_found``; PreconditionFailed 412; Conflict 409
+    ``transition_not_allowed``; Problem 400 ``invalid_outcome``, ``invalid_field``, ``invalid_decimal``.
+    """
+    if outcome not in (LineAppealState.CORRECTED, LineAppealState.REJECTED):
+        raise Problem("outcome must be corrected or rejected.", "invalid_outcome")
+    text = _text(resolution, "resolution")
+    if outcome == LineAppealState.CORRECTED and (amount is None or amount == 0):
+        raise Problem("amount: a non-zero decimal string for a correction.", "invalid_decimal", field="amount")
+    now = now or timezone.now()
+    with transaction.atomic():
+        appeal = LineAppeal.objects.select_for_update().select_related("line__statement").filter(pk=appeal_id).first()
+        if appeal is None:
+            raise NotFound("No such line appeal.", "line_appeal_not_found")
+        check_version(appeal.version, expected_version)
+        verb = appeal.correct if outcome == LineAppealState.CORRECTED else appeal.reject
+        if not can_proceed(verb):
+            raise Conflict(f"The appeal is {appeal.state} already.", "transition_not_allowed", state=appeal.state)
+        verb()
+        line = appeal.line
+        # A payout made while the appeal was open held the line back: what it held back is due
+        # now, with the correction (a rejected appeal releases it as it was).
+        held_back = line.amount if _held_back_by_payout(line) else Decimal(0)
+        if outcome == LineAppealState.CORRECTED:
+            appeal.correction_amount = amount
+        due = held_back + (amount if outcome == LineAppealState.CORRECTED else Decimal(0))
+        if due or outcome == LineAppealState.CORRECTED:
+            appeal.correction_line = _correction_line(
+                owner_id=appeal.owner_id,
+                after=max(now, line.statement.period_end),
+                amount=due,
+                currency=line.currency,
+                reason=f"appeal {appeal.pk} of line {line.pk} ({appeal.state}): {text}"
+                + (f"; {held_back} held back from the payout" if held_back else ""),
+                corrects=line,
+            )
+        appeal.resolution, appeal.resolved_by, appeal.resolved_at = text, actor.user, now
+        appeal.version += 1
+        appeal.save(update_fields=["state", "resolution", "resolved_by", "resolved_at", "correction_amount",
+                                   "correction_line", "version"])  # fmt: skip
+        _appeal_event(appeal, actor, LineAppealState.OPEN, text)
+    return appeal
+
+
+def _held_back_by_payout(line: StatementLine) -> bool:
+    """Whether a payout of the line's statement (approved or later) left this line out."""
+    excluded = Payout.objects.filter(
+        statement_id=line.statement_id,
+        currency=line.currency,
+        state__in=[PayoutState.APPROVED, PayoutState.PAID, PayoutState.REVERSED],
+    ).values_list("excluded_lines", flat=True)
+    return any(line.pk in (ids or []) for ids in excluded)
+
+
+def line_appeal_withdraw(*, appeal_id, owner, actor: Actor) -> LineAppeal:
+    """The owner withdraws their open line appeal. Raises 404 ``line_appeal_not_found``, 409."""
+    with transaction.atomic():
+        appeal = LineAppeal.objects.select_for_update().filter(pk=appeal_id, owner=owner).first()
+        if appeal is None:
+            raise NotFound("No such line appeal.", "line_appeal_not_found")
+        if not can_proceed(appeal.withdraw):
+            raise Conflict(f"The appeal is {appeal.state} already.", "transition_not_allowed", state=appeal.state)
+        appeal.withdraw()
+        appeal.version += 1
+        line = appeal.line
+        if _held_back_by_payout(line):  # a payout left the line out while the appeal was open
+            appeal.correction_line = _correction_line(
+                owner_id=appeal.owner_id,
+                after=max(timezone.now(), line.statement.period_end),
+                amount=line.amount,
+                currency=line.currency,
+                reason=f"appeal {appeal.pk} of line {line.pk} withdrawn; {line.amount} held back from the payout",
+                corrects=line,
+            )
+        appeal.save(update_fields=["state", "version", "correction_line"])
+        _appeal_event(appeal, actor, LineAppealState.OPEN, "withdrawn by the owner")
+    return appeal
+
+
+def appeals_open_longer_than_allowed(now: datetime) -> int:
+    """Open line appeals older than their pool's ``appeal_alert_after`` (default 7 days)."""
+    count = 0
+    for appeal in LineAppeal.objects.filter(state=LineAppealState.OPEN).select_related("line__usage_record"):
+        pool_id = appeal.line.usage_record.pool_id if appeal.line.usage_record_id else None
+        limit = (
+            PoolSettlement.objects.filter(pool_id=pool_id).values_list("appeal_alert_after", flat=True).first()
+            or 7 * 86400
+        )
+        if appeal.created_at < now - timedelta(seconds=limit):
+            count += 1
+    return count
