@@ -123,7 +123,7 @@ def test_usage_above_offered_keeps_the_period_mismatched_until_resolved_and_run_
     assert (item.kind, item.key, item.detail) == (
         MismatchKind.USAGE_ABOVE_OFFERED,
         f"node:{node.pk}:time",
-        {"seconds": "3600"},
+        {"seconds": "3600.000000"},
     )
     assert reconcile(pool).state == PoolPeriodState.MISMATCHED  # nothing resolved yet
     operator_actor = Actor("user", operator.username, user=operator)
