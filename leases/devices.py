@@ -46,9 +46,10 @@ class NoDevices(Exception):
     """The node no longer has the devices the request needs (or a racing grant took them)."""
 
 
-def node_devices(node_ids, types) -> tuple[dict, dict]:
+def node_devices(node_ids, types, *, usable_only: bool = False) -> tuple[dict, dict]:
     """``({node_id: [device dicts]}, {node_id: {taken device pks}})`` for live devices of ``types``
-    (None: every type).
+    (None: every type). ``usable_only``: only verified, healthy, untainted, unheld devices (what a
+    request without tolerations can use; the explanation needs the others to say why).
 
     Two indexed queries whatever the number of nodes. ``taken`` holds devices live leases hold
     (implied MIG rows included) and the parents of held MIG instances (a whole GPU whose slice is
@@ -58,6 +59,8 @@ def node_devices(node_ids, types) -> tuple[dict, dict]:
     rows = Device.objects.filter(node_id__in=list(node_ids), retired_at__isnull=True)
     if types is not None:
         rows = rows.filter(type__in=list(types))
+    if usable_only:
+        rows = rows.filter(verified_at__isnull=False, held=False, hard_tainted=False, health__in=("healthy", "unknown"))
     by_device_id: dict = {}
     for values in rows.values_list(*DEVICE_FIELDS):
         device = dict(zip(DEVICE_FIELDS, values, strict=True))

@@ -54,6 +54,7 @@ HARD_TAINT_EFFECTS = ("NoSchedule", "NoExecute")  # the effects that keep work o
 FEASIBLE_TARGET = 16  # feasible nodes to score per request (percentageOfNodesToScore's idea)
 FIRST_PAGE_SIZE = 32  # most requests find enough feasible nodes in the first page
 PAGE_SIZE = 1024
+DEVICE_PAGE_SIZE = 64  # first page of a device-constrained request: its device rules pass fewer nodes
 
 UNTOLERATED_TAINT = "untolerated_taint"
 NODE_SELECTOR_MISMATCH = "node_selector_mismatch"
@@ -603,6 +604,8 @@ def _first_page_size(pool: Pool, spec: PlacementSpec) -> int:
         and not (spec.node_selector or spec.required or spec.features)
         and not spec.anti_affinity
     )
+    if spec.device_constrained:
+        return DEVICE_PAGE_SIZE
     return FEASIBLE_TARGET if sql_decides else FIRST_PAGE_SIZE
 
 
@@ -616,9 +619,13 @@ def find_candidates(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_i
     while len(feasible) < FEASIBLE_TARGET:
         page = query(offset, page_size)
         offset += page_size
-        found, seen = feasible_rows(page, pool, spec, counts, limit=FEASIBLE_TARGET - len(feasible))
-        if spec.device_constrained and found:
-            found = _with_devices(found, spec)
+        if spec.device_constrained:
+            # Device rules run on the whole page at once (two queries), not per 16 rows: a request
+            # for one model skips about every other node, and small pages meant several rounds.
+            found, seen = feasible_rows(page, pool, spec, counts, limit=len(page) + 1)
+            found = _with_devices(found, spec)[: FEASIBLE_TARGET - len(feasible)] if found else found
+        else:
+            found, seen = feasible_rows(page, pool, spec, counts, limit=FEASIBLE_TARGET - len(feasible))
         feasible += found
         examined += seen
         if len(page) < page_size:
@@ -652,7 +659,9 @@ def _with_devices(found: list, spec: PlacementSpec) -> list:
     from . import devices as lease_devices
     from .device_requests import choose
 
-    rows, taken = lease_devices.node_devices([c.node.pk for c in found], lease_devices.device_types(spec.devices))
+    rows, taken = lease_devices.node_devices(
+        [c.node.pk for c in found], lease_devices.device_types(spec.devices), usable_only=not spec.tolerations
+    )
     tolerates = _device_tolerance(spec)
     return [
         c for c in found if not choose(spec.devices, rows.get(c.node.pk, []), taken.get(c.node.pk, set()),
