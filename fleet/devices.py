@@ -554,9 +554,16 @@ def sync_counts(node: Node) -> dict[str, int]:
 
 
 def verify_node_devices(*, node: Node, actor: Actor, now: datetime | None = None) -> int:
-    """Verify every live device of ``node`` present now (admission). Returns how many."""
+    """Verify every live device of ``node`` present now (admission). Returns how many.
+
+    Not the synthetic devices of a Kubernetes import (ids ``k8s-…``, fleet.k8s_import): nobody
+    reported them, so only an operator's "verify device" or an agent taking the node over does."""
     now = now or timezone.now()
-    rows = list(Device.objects.filter(node=node, retired_at__isnull=True, verified_at__isnull=True))
+    rows = list(
+        Device.objects.filter(node=node, retired_at__isnull=True, verified_at__isnull=True).exclude(
+            device_id__startswith="k8s-"
+        )
+    )
     for row in rows:
         row.verified = _declared_snapshot(row)
         row.verified_at, row.verified_by = now, f"admission:{actor.name}"

@@ -16,7 +16,14 @@ Mapping (Kubernetes → nodepool):
   ``containerRuntimeVersion``): the contract's feature keys and no others, because enrollment
   refuses unknown features; the rest of nodeInfo (osImage, the runtime and kubelet versions),
   ``spec.providerID`` and ``status.runtimeHandlers`` are kept in the import event's data;
-* ``status.conditions`` → ``conditions`` (type, status, reason, message, last_transition_time).
+* ``status.conditions`` → ``conditions`` (type, status, reason, message, last_transition_time);
+* count-only device resources (``<vendor>/gpu``, ``nvidia.com/mig-<profile>``, ``habana.ai/gaudi``)
+  → one :class:`fleet.models.Device` per unit with a **synthetic id**
+  ``k8s-<uid>/<resource>/<i>`` (:func:`synthetic_devices`; model and memory from the GPU feature
+  discovery labels where present), **unverified**: admission does not verify them (an agent's
+  real devices do), only an operator's "verify device" or an agent taking the node over does --
+  its report of real devices retires the synthetic rows (``declared.synthetic``)
+  (fleet.devices.apply_report). A re-import never reports synthetic devices over real ones.
 
 Readiness stays false (``ready`` is the node's own word in a heartbeat; Kubernetes' ``Ready``
 condition is kept among the conditions) and the lifecycle is ``pending``: an imported node
@@ -26,6 +33,7 @@ goes through admission like any other. Everything that is not mapped is reported
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +47,7 @@ from nodepool.quantity import QuantityError, to_canonical
 from . import taints as taint_times
 from .choices import Lifecycle, NodeEventType
 from .events import Actor, record_event
-from .models import Node, Pool
+from .models import Device, Node, Pool
 
 EXTERNAL_PREFIX = "k8s:"
 TAINT_EFFECTS = {"NoSchedule", "PreferNoSchedule", "NoExecute"}
@@ -49,6 +57,10 @@ ADDRESS_TYPES = ("InternalIP", "ExternalIP", "InternalDNS", "ExternalDNS")
 IGNORED_STATUS = ("images", "daemonEndpoints", "config", "volumesInUse", "volumesAttached", "phase", "features")
 IGNORED_SPEC = ("podCIDR", "podCIDRs", "configSource", "externalID")
 MIB = 2**20
+# Extended resources that are devices (each unit one device); ``nvidia.com/mig-3g.20gb`` is MIG.
+DEVICE_RESOURCE = re.compile(r"^(?:[a-z0-9.-]+/gpu|habana\.ai/gaudi|nvidia\.com/mig-(?P<profile>[0-9a-z.+]+))$")
+SYNTHETIC_PREFIX = "k8s-"
+MAX_SYNTHETIC_DEVICES = 256
 
 
 class ImportError_(ValueError):
@@ -144,6 +156,54 @@ def _accelerators(resources: dict[str, int], labels: dict, unmapped: list[str]) 
             unmapped.append(f"{vendor}/gpu.count label says {label_count} but capacity says {count}")
         accelerators.append(accelerator)
     return accelerators
+
+
+def synthetic_devices(mapped: MappedNode) -> list[dict]:
+    """The node's count-only device resources as wire devices (DEVICES-WIRE.md) with synthetic ids.
+
+    ``nvidia.com/gpu: 8`` becomes ``k8s-<uid>/nvidia.com/gpu/0`` … ``/7`` (type
+    ``nvidia.com/gpu``, index 0-7); ``nvidia.com/mig-3g.20gb: 2`` two ``nvidia.com/mig`` devices
+    with that profile. Model and memory come from ``<vendor>/gpu.product`` and
+    ``<vendor>/gpu.memory`` (MiB) when GPU feature discovery set them. At most 256 per node.
+    """
+    labels = mapped.fields["labels"]
+    out: list[dict] = []
+    for name, count in sorted(mapped.fields["declared"]["resources"].items()):
+        matched = DEVICE_RESOURCE.match(name)
+        if not matched or count <= 0:
+            continue
+        vendor = name.split("/", 1)[0]
+        profile = matched.group("profile")
+        device = {"type": "nvidia.com/mig" if profile else name}
+        if profile:
+            device["mig_profile"] = profile
+        if name.endswith("/gpu") or profile:
+            if labels.get(f"{vendor}/gpu.product"):
+                device["model"] = labels[f"{vendor}/gpu.product"][:200]
+            memory = labels.get(f"{vendor}/gpu.memory", "")
+            if memory.isascii() and memory.isdigit() and not profile:
+                device["memory_bytes"] = int(memory) * MIB
+        for index in range(min(count, MAX_SYNTHETIC_DEVICES - len(out))):
+            out.append({"id": f"{SYNTHETIC_PREFIX}{mapped.uid}/{name}/{index}", "index": index, **device})
+    return out
+
+
+def _import_devices(node: Node, mapped: MappedNode, actor: Actor, *, force: bool) -> int:
+    """Store the node's synthetic devices (unverified); returns how many it has. Not when the
+    node already has real devices (an agent reported them: they win over the dump)."""
+    from .devices import apply_report, parse_devices
+
+    wire = synthetic_devices(mapped)
+    live = Device.objects.filter(node=node, retired_at__isnull=True)
+    if not wire or live.exclude(device_id__startswith=SYNTHETIC_PREFIX).exists():
+        return 0
+    parsed, refusals = parse_devices(wire)
+    apply_report(node=node, devices=parsed, refusals=refusals, boot_id=None, actor=actor, force=force)
+    rows = list(live.filter(device_id__startswith=SYNTHETIC_PREFIX))
+    for row in rows:
+        row.declared = {**row.declared, "source": "kubernetes", "synthetic": True}
+    Device.objects.bulk_update(rows, ["declared"])
+    return len(rows)
 
 
 def _taints(spec: dict, unmapped: list[str]) -> tuple[list[dict], dict]:
@@ -334,6 +394,7 @@ def _upsert(mapped: MappedNode, *, pool: Pool, actor: Actor, source: str) -> tup
             node = Node.objects.create(
                 pool=pool, external_id=mapped.external_id, taints_added_at=added, **mapped.fields
             )
+            devices = _import_devices(node, mapped, actor, force=True)
             record_event(
                 node,
                 NodeEventType.ENROLLED,
@@ -346,11 +407,13 @@ def _upsert(mapped: MappedNode, *, pool: Pool, actor: Actor, source: str) -> tup
                     "file": source,
                     "node_info": mapped.details,
                     "unmapped": mapped.unmapped,
+                    "synthetic_devices": devices,
                 },
             )
             return "created", node
         if node.pool_id != pool.pk:
             return "skipped", node
+        _import_devices(node, mapped, actor, force=False)
         changed = [name for name, value in mapped.fields.items() if getattr(node, name) != value]
         added = taint_times.stamp(node.taints_added_at, mapped.fields["taints"], now, given=mapped.taints_added)
         if added != node.taints_added_at:

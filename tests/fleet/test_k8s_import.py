@@ -115,7 +115,7 @@ def test_every_node_of_every_dump_becomes_a_pending_node_with_the_sources_values
             assert accelerator["memory"] == int(labels.get("nvidia.com/gpu.memory", 0)) * 2**20
         else:
             assert node.declared["accelerators"] == []
-        event = NodeEvent.objects.get(node=node)
+        event = NodeEvent.objects.get(node=node, type=NodeEventType.ENROLLED)  # devices have events of their own
         assert event.type == NodeEventType.ENROLLED and event.data["uid"] == meta["uid"]
         assert event.data["node_info"]["os_image"] == info["osImage"]
         assert event.data["node_info"]["kubelet_version"] == info["kubeletVersion"]
