@@ -207,6 +207,9 @@ class Agent:
             "agent_version": self.version,
             "labels": self.config.labels,
             "capability": facts["capability"],
+            # The device inventory (DEVICES-WIRE.md); XID events wait for the first status report.
+            "boot_id": self.boot_id,
+            **({"devices": found} if (found := self.devices.inventory()) else {}),
         }
 
     def enroll(self) -> None:

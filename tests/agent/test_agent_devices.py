@@ -407,3 +407,23 @@ def test_a_host_that_never_had_a_device_sends_no_devices_but_one_that_lost_them_
     assert tracker.report() == [] and tracker.ever_found
 
     assert not DeviceTracker([], refresh=0).ever_found
+
+
+@pytest.mark.django_db
+def test_enrollment_carries_the_device_inventory_and_boot_id(fake_smi, tmp_path):
+    from fleet.models import Device
+    from tests.control_plane import ControlPlane
+
+    cp = ControlPlane(heartbeat_interval=10)
+    agent = cp.make_agent(tmp_path)
+    agent.start()
+    try:
+        (enrollment,) = [e for e in cp.exchanges if e.path == "/api/v1/node-enrollments"]
+        stored = sorted(Device.objects.filter(node_id=agent.state.node_id).values_list("device_id", flat=True))
+    finally:
+        agent.shutdown()
+    assert enrollment.status == 201
+    assert enrollment.request["boot_id"] == boot_id()
+    assert [d["id"] for d in enrollment.request["devices"]] == fake_smi.uuids
+    assert all("xid_events" not in d["health"] for d in enrollment.request["devices"])
+    assert stored == sorted(fake_smi.uuids), "the server keeps them from enrollment on"
