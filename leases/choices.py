@@ -57,6 +57,7 @@ class UnschedulableCause(models.TextChoices):
     INSUFFICIENT_CAPACITY = "insufficient_capacity", "not enough free capacity"
     FRAGMENTED = "fragmented", "enough free capacity in total, but no single node fits"
     CONSTRAINTS = "constraints", "no node satisfies the constraints"
+    TOO_LARGE = "too_large", "no node (nor node template) in the pool could ever hold the request"
 
 
 class EvidenceClose(models.TextChoices):

@@ -44,6 +44,7 @@ from fleet.models import Node, NodeResource, Pool
 from fleet.selectors import schedulable_q, valid_credential_exists
 from nodepool.db import prepared_cursor
 
+from . import impossible
 from .choices import LIVE_LEASE_STATES, SpreadMode, UnschedulableCause
 from .models import Lease
 from .spec import PlacementSpec
@@ -713,7 +714,12 @@ def diagnose(
     candidate search does), else they are read here.
 
     Returns ``{"reasons": {code: count}, "nodes_considered": N, "fragmented": bool, "cause": str,
-    "pending_admission": int, "message": "0/N nodes are available: …"}``.
+    "pending_admission": int, "message": "0/N nodes are available: …", "too_large": dict | None}``.
+
+    ``cause`` ``too_large``: no node of the pool (any lifecycle but rejected) nor node template
+    could ever hold the request (:mod:`leases.impossible`, whose ``too_large`` object is returned).
+    ``fragmented`` requires both that the free capacity of the schedulable nodes that pass the
+    constraints would fit in total and that one of them could hold the request once freed.
 
     Set-based, so that a 409 stays cheap on a large pool (issue "machine traffic at fleet scale":
     p99 ≤ 50 ms at 10,000 nodes). Three queries whatever the pool's size:
@@ -730,7 +736,7 @@ def diagnose(
     representative, not once per node: a request's 409 costs about the same on 100 or 100,000
     alike nodes.
     """
-    from django.db.models import CharField, Count, Min, Sum, Value
+    from django.db.models import CharField, Count, Max, Min, Sum, Value
     from django.db.models.functions import Cast, Coalesce, Greatest
 
     from fleet.selectors import first_unschedulable_reason
@@ -749,6 +755,7 @@ def diagnose(
     names = sorted(spec.resources)
     fits: list[Q] = []
     aggregates: dict[str, Any] = {"n": Count("pk"), "representative": Min(Cast("pk", CharField()))}
+    holds: list[Q] = []  # the node's allocatable covers the whole request (it would fit once empty)
     for i, name in enumerate(names):
         nodes = nodes.alias(
             **{f"res{i}": FilteredRelation("resources", condition=Q(resources__name=name))}
@@ -758,10 +765,16 @@ def diagnose(
                 Value(0), output_field=BigIntegerField(),
             )}
         )  # fmt: skip
+        nodes = nodes.alias(
+            **{f"alloc{i}": Coalesce(F(f"res{i}__allocatable"), Value(0), output_field=BigIntegerField())}
+        )
         short = Q(**{f"free{i}__lt": spec.resources[name]})
         aggregates[f"short{i}"] = Sum(Case(When(Q(*fits) & short, then=Value(1)), default=Value(0)))
         aggregates[f"free_sum{i}"] = Sum(f"free{i}")
+        aggregates[f"largest{i}"] = Max(f"alloc{i}")
         fits.append(~short)
+        holds.append(Q(**{f"alloc{i}__gte": spec.resources[name]}))
+    aggregates["holds"] = Sum(Case(When(Q(*holds), then=Value(1)), default=Value(0)))
     groups = _hash_grouped(
         nodes.values(g_reason=first_reason, g_lifecycle=F("lifecycle"), **_signature(pool, spec, counts))
         .annotate(**aggregates)
@@ -776,6 +789,7 @@ def diagnose(
     }
     reasons: Counter = Counter()
     pooled_free: Counter = Counter()
+    a_candidate_holds = False  # a schedulable node passing the constraints would hold it once freed
     for row in groups:
         if row["g_reason"]:
             reasons[row["g_reason"]] += row["n"]
@@ -788,6 +802,7 @@ def diagnose(
             if row[f"short{i}"]:
                 reasons[insufficient_code(name)] += row[f"short{i}"]
             pooled_free[name] += row[f"free_sum{i}"] or 0
+        a_candidate_holds = a_candidate_holds or bool(row["holds"])
     total = sum(g["n"] for g in groups)
     schedulable = sum(g["n"] for g in schedulable_groups)
     device_phrases: dict[str, str] = {}
@@ -798,8 +813,13 @@ def diagnose(
     pending = sum(g["n"] for g in groups if g["g_lifecycle"] in (Lifecycle.PENDING, Lifecycle.ADMITTING))
 
     insufficient = any(code.startswith("insufficient_") for code in reasons)
-    fragmented = insufficient and all(pooled_free.get(n, 0) >= a for n, a in spec.resources.items())
-    if not total:
+    fragmented = (
+        insufficient and a_candidate_holds and all(pooled_free.get(n, 0) >= a for n, a in spec.resources.items())
+    )
+    too_large = _too_large(pool, spec, names, [g for g in groups if g["g_lifecycle"] != Lifecycle.REJECTED])
+    if too_large is not None:
+        cause = UnschedulableCause.TOO_LARGE
+    elif not total:
         cause = UnschedulableCause.NO_NODES
     elif schedulable == 0:
         cause = UnschedulableCause.NO_READY_NODES
@@ -816,8 +836,10 @@ def diagnose(
     message = f"0/{total} nodes are available: " + (", ".join(parts) if parts else "no nodes in the pool") + "."
     if cause == UnschedulableCause.NO_READY_NODES:
         message += f" No ready nodes ({pending} pending admission)."
+    elif too_large is not None:
+        message += f" {too_large.message[0].upper()}{too_large.message[1:]}: it could never be placed."
     elif fragmented:
-        message += " The pool has enough free capacity in total, but it is fragmented: no single node fits."
+        message += " The pool has enough free capacity in total, but it is fragmented: no single node fits now."
     return {
         "reasons": dict(reasons),
         "nodes_considered": total,
@@ -825,7 +847,36 @@ def diagnose(
         "cause": str(cause),
         "pending_admission": pending,
         "message": message,
+        "too_large": too_large.detail() if too_large is not None else None,
     }
+
+
+def _too_large(pool: Pool, spec: PlacementSpec, names: list[str], groups: list[dict]):
+    """:func:`leases.impossible.summary_verdict` from diagnose's groups (nodes not rejected)."""
+    if not spec.resources or any(row["holds"] for row in groups):
+        return None  # the common case: one node holds it, no further lookup
+    templates = impossible.growth_shapes(pool)
+    if not groups and not templates:
+        return None  # an empty pool that cannot grow: cause no_nodes says it better
+    largest = {name: max((row[f"largest{i}"] or 0 for row in groups), default=0) for i, name in enumerate(names)}
+    # A node still in admission has no inventory yet: what it declared (less the pool's
+    # reservations) is what it may bring.
+    admitting = (Lifecycle.PENDING, Lifecycle.ADMITTING)
+    if any(row["g_lifecycle"] in admitting for row in groups):
+        reserved = pool.reserved_totals()
+        for declared in Node.objects.filter(pool=pool, lifecycle__in=admitting).values_list("declared", flat=True):
+            shape = impossible.declared_allocatable(declared, reserved)
+            if impossible.holds(shape, spec.resources):
+                return None
+            largest = {name: max(largest[name], shape.get(name, 0)) for name in names}
+    return impossible.summary_verdict(
+        pool.name,
+        spec.resources,
+        any_node_holds=False,
+        node_largest=largest,
+        nodes_considered=sum(row["n"] for row in groups),
+        template_shapes=templates,
+    )
 
 
 def _hostname_in(values: set[str]):

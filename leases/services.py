@@ -36,7 +36,7 @@ from nodepool.api.problems import Conflict, NotFound, Problem, Unprocessable
 from nodepool.db import fetch_rows, insert_row, prepared_cursor
 from nodepool.structured_logs import bind
 
-from . import device_requests, evidence, placement, requeue
+from . import device_requests, evidence, impossible, placement, requeue
 from . import devices as lease_devices
 from . import metrics as lease_metrics
 from .choices import LIVE_LEASE_STATES, CheckpointState, LeaseRequestState, LeaseState, WorkloadState
@@ -482,8 +482,9 @@ def _create(*, data, client, actor, idempotency_key: str, request_hash: str, now
             fragmented=explanation["fragmented"],
             cause=explanation["cause"],
             pending_admission=explanation["pending_admission"],
+            too_large=explanation.get("too_large"),
         )
-    _refuse_impossible(pool, spec)
+    _refuse_impossible(pool, explanation)
     try:
         request = LeaseRequest.objects.create(
             workload_id=spec.workload_id,
@@ -529,21 +530,23 @@ def _refuse_second_live_lease(workload_id: str, user) -> None:
     )
 
 
-def _refuse_impossible(pool: Pool, spec: PlacementSpec) -> None:
-    """A queued request must be placeable some day: some live node of the pool must be big enough."""
-    for name, amount in spec.resources.items():
-        largest = (
-            NodeResource.objects.filter(node__pool=pool, name=name)
-            .exclude(node__lifecycle__in=(Lifecycle.RETIRED, Lifecycle.REJECTED))
-            .aggregate(m=Max("allocatable"))["m"]
-        )
-        if not largest or largest < amount:
-            raise Unprocessable(
-                f"No node in pool {pool.name!r} has {amount} {name} allocatable (largest: {largest or 0}); "
-                "this request could never be placed, so it is not queued.",
-                "impossible_request",
-                field=f"resources.{name}",
-            )
+def _refuse_impossible(pool: Pool, explanation: dict) -> None:
+    """422 ``impossible_request``: a queued request must be placeable some day, so it is refused
+    when no node of the pool (nor node template it can grow) could ever hold it
+    (``cause: "too_large"``, :mod:`leases.impossible`); the body carries the same ``too_large``
+    object as the synchronous 409."""
+    too_large = explanation.get("too_large")
+    if not too_large:
+        return
+    exceeds = too_large["exceeds"]
+    message = impossible.TooLarge(pool=pool.name, **too_large).message
+    raise Unprocessable(
+        f"{message[0].upper()}{message[1:]}: this request could never be placed, so it is not queued.",
+        impossible.IMPOSSIBLE_REQUEST,
+        field=f"resources.{exceeds[0]}" if exceeds else "resources",
+        cause=explanation["cause"],
+        too_large=too_large,
+    )
 
 
 # --- ending leases -------------------------------------------------------------------------------

@@ -15,10 +15,11 @@ class OperationsConfig(AppConfig):
     def ready(self):
         from fleet import admission
         from fleet import signals as fleet_signals
+        from leases import impossible
         from leases.signals import lease_ended
         from nodepool.metrics import register_collector
 
-        from . import preemption, targets, upgrades
+        from . import capacity, preemption, targets, upgrades
         from .metrics import OperationsCollector
 
         admission.register_check(
@@ -29,3 +30,5 @@ class OperationsConfig(AppConfig):
         )
         lease_ended.connect(preemption.requeue_evicted_lease, dispatch_uid="operations.requeue_evicted_lease")
         register_collector("operations", OperationsCollector().collect)
+        # A request no node holds is still placeable if the autoscaler's template would hold it.
+        impossible.register_growth_source("operations.node_template", capacity.template_shapes)

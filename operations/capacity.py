@@ -14,6 +14,8 @@ from fleet.selectors import IN_SERVICE_LIFECYCLES, SCHEDULABLE_HEALTH
 from leases import placement
 from leases.spec import PlacementSpec
 
+from .models import PoolOperations
+
 # Schedulable but for the credential check (fleet.selectors.schedulable_q): ready, no cordon hold,
 # alive, reporting ready, healthy.
 AVAILABLE = Q(
@@ -74,6 +76,15 @@ def template_allocatable(pool: Pool, template: dict) -> dict[str, int]:
         name: max(0, int(amount) - reserved.get(name, 0))
         for name, amount in ((template or {}).get("resources") or {}).items()
     }
+
+
+def template_shapes(pool: Pool) -> list[dict[str, int]]:
+    """The allocatable of the node the pool's autoscaler can add (``[]`` when it adds none): the
+    growth source leases' "too large" verdict counts beside the pool's nodes (``leases.impossible``)."""
+    ops = PoolOperations.objects.filter(pool=pool).first()
+    if ops is None or not ops.provider or not ops.max_nodes or not (ops.node_template or {}).get("resources"):
+        return []
+    return [template_allocatable(pool, ops.node_template)]
 
 
 def template_preview(pool: Pool, template: dict, spec: PlacementSpec) -> str | None:

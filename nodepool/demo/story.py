@@ -226,6 +226,7 @@ class Story:
         status = response.status_code
         self.check(status == 409 and body.get("code") == "unschedulable", f"{status} {body}")
         self.check(body["reasons"].get("insufficient_cpu", 0) > 0, f"reasons: {body['reasons']}")
+        self.check(body.get("cause") == "too_large", f"cause {body.get('cause')}: no node is that large")
         return [
             f"256 CPU, 2 TiB in general → {response.status_code} {body['code']} (cause: {body.get('cause')})",
             f"“{body['detail']}”",

@@ -110,8 +110,11 @@ def test_unschedulable_accounts_for_every_node_once(client_api, pool):
 
 
 def test_fragmented_pool_is_named(client_api, pool):
-    for _ in range(3):
-        make_schedulable_node(pool, resources={"cpu": 1000, "memory": 8 * GiB})
+    from tests.maintenance_support import make_lease
+
+    for i in range(3):  # 1 cpu free on each of three 4-cpu nodes: freeing one would fit 2.5
+        node, _ = make_schedulable_node(pool, resources={"cpu": 4000, "memory": 8 * GiB})
+        make_lease(node, f"other-{i}", resources={"cpu": 3000})
     response = ask(client_api, resources={"cpu": "2500m"})
     body = response.json()
     assert response.status_code == 409
