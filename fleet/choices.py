@@ -44,6 +44,20 @@ class Liveness(models.TextChoices):
     LOST = "lost", "lost (past loss threshold)"
 
 
+class Readiness(models.TextChoices):
+    """Readiness as shown (issue 33): the node's reported ``ready`` while its signals are current,
+    ``unknown`` once it is unreachable, lost or never heard from (Kubernetes' ``Ready=Unknown``)."""
+
+    READY = "ready", "ready"
+    NOT_READY = "not_ready", "not ready"
+    UNKNOWN = "unknown", "unknown (no current report)"
+
+
+# Liveness states in which the node's last report no longer describes it: its readiness and health
+# are shown as unknown (``stale`` is still within grace, as Kubernetes waits its grace period).
+SIGNALS_UNKNOWN_LIVENESS = ("unknown", "unreachable", "lost")
+
+
 class Health(models.TextChoices):
     """The control plane's judgement of reported conditions under the pool's policy."""
 

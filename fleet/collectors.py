@@ -20,6 +20,7 @@ from nodepool.metrics import bounded_resources, gauge, resource_unit
 
 from . import fleet_state
 from .models import LivenessSweepState, Pool
+from .readiness import shown_counts
 from .selectors import IN_SERVICE_LIFECYCLES
 
 
@@ -47,6 +48,20 @@ def collect() -> Iterable[Metric]:
          "Nodes whose last measured clock skew exceeds NODEPOOL['CLOCK_SKEW_THRESHOLD'] seconds."),
     ):  # fmt: skip
         yield gauge(metric, text, ["pool"], samples_per_pool(pools, ((p, c[key]) for p, c in per_pool.items())))
+    readiness, health_shown = shown_counts(figures)
+    yield gauge(
+        "nodepool_nodes_readiness",
+        "Nodes by readiness as shown: ready / not_ready as reported, "
+        "unknown once unreachable, lost or never heard from.",
+        ["pool", "readiness"],
+        sorted((pools[p], state, n) for (p, state), n in readiness.items() if p in pools),
+    )
+    yield gauge(
+        "nodepool_nodes_health",
+        "Nodes by health as shown: the judged health, unknown once unreachable, lost or never heard from.",
+        ["pool", "health"],
+        sorted((pools[p], state, n) for (p, state), n in health_shown.items() if p in pools),
+    )
     yield gauge(
         "nodepool_pool_ready_ratio_objective",
         "The pool's Node Ready SLO (Pool.ready_ratio_objective), for burn-rate alerts.",
@@ -93,7 +108,7 @@ def node_counts(figures: dict) -> tuple[dict, dict]:
     health): n}, {pool: {"schedulable", "in_service", "ready", "skewed", "restarts"}})``."""
     by_state: dict = {}
     per_pool: dict = defaultdict(Counter)
-    for pool, lifecycle, liveness, health, n, schedulable, ready, skewed, restarts in figures["nodes"]:
+    for pool, lifecycle, liveness, health, n, schedulable, ready, skewed, restarts, *_ in figures["nodes"]:
         by_state[(pool, lifecycle, liveness, health)] = n
         totals = per_pool[pool]
         totals["schedulable"] += schedulable

@@ -13,7 +13,7 @@ SQLite default all read the same figures. ``/metrics`` exports the row's age
 
 ``figures`` (JSON; pools by pk, resources by name, amounts in canonical units)::
 
-    {"nodes": [[pool, lifecycle, liveness, health, n, schedulable, ready, clock_skewed, restarts]],
+    {"nodes": [[pool, lifecycle, liveness, health, n, schedulable, ready, clock_skewed, restarts, reports_ready]],
      "capacity": [[pool, resource, allocatable, allocated]],   # in-service nodes
      "used": [[pool, resource, reported usage]],               # in-service nodes
      "capability_drift": [[pool, n]], "usage_inconsistent": [[pool, n]]}
@@ -28,7 +28,7 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import BigIntegerField, Count, Q, Sum
+from django.db.models import BigIntegerField, Count, F, Q, Sum
 from django.db.models.fields.json import KT
 from django.db.models.functions import Abs, Cast
 from django.utils import timezone
@@ -103,13 +103,16 @@ def _number(value) -> int | float:
 
 def _node_counts(now) -> list[list]:
     """One scan of the node table: per (pool, lifecycle, liveness, health), the count and how many
-    of those are schedulable, Ready (in service, alive, reporting ready) and clock-skewed, and the
-    sum of their restarts."""
+    of those are schedulable, Ready (in service, alive, reporting ready) and clock-skewed, the
+    sum of their restarts, and how many last reported ready (whatever their liveness)."""
     skew = settings.NODEPOOL.get("CLOCK_SKEW_THRESHOLD", 30.0)
     in_service = Q(lifecycle__in=IN_SERVICE_LIFECYCLES)
     rows = (
         Node.objects.exclude(lifecycle=Lifecycle.RETIRED)
-        .alias(has_valid_credential=valid_credential_exists(now), skew=Abs("clock_skew_seconds"))
+        # reports_ready: the column under another name, since the "ready" annotation below hides it.
+        .alias(
+            has_valid_credential=valid_credential_exists(now), skew=Abs("clock_skew_seconds"), reports_ready=F("ready")
+        )
         .values_list("pool", "lifecycle", "liveness", "health")
         .annotate(
             n=Count("id"),
@@ -117,6 +120,7 @@ def _node_counts(now) -> list[list]:
             ready=Count("id", filter=in_service & Q(liveness=Liveness.ALIVE, ready=True)),
             skewed=Count("id", filter=Q(skew__gt=skew)),
             restarts=Sum("restart_count"),
+            reported_ready=Count("id", filter=Q(reports_ready=True)),  # readiness shown (fleet.readiness)
         )
         .order_by()
     )

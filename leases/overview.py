@@ -19,6 +19,7 @@ from django.utils import timezone
 
 from fleet import fleet_state
 from fleet.models import LivenessSweepState, NodeEvent, Pool
+from fleet.readiness import shown_counts
 from fleet.selectors import IN_SERVICE_LIFECYCLES
 from humanunits import quantity
 
@@ -32,7 +33,7 @@ def fleet_overview(*, now=None, events_per_pool: int = EVENTS_PER_POOL) -> list[
     """One entry per pool, sorted by name::
 
     {"pool": Pool, "total": n, "schedulable": n, "ready": n, "in_service": n,
-     "lifecycle": {state: n}, "liveness": {state: n}, "health": {state: n},
+     "lifecycle": {state: n}, "liveness": {state: n}, "health": {state: n}, "readiness": {state: n},
      "capacity": [{"resource", "allocatable", "allocated", "percent", "label"}],
      "request_classes": [{"name", "fits"}], "pending": n, "oldest_pending_seconds": float | None,
      "guards": [{"scope", "zone", "silent", "total"}], "events": [NodeEvent],
@@ -44,6 +45,7 @@ def fleet_overview(*, now=None, events_per_pool: int = EVENTS_PER_POOL) -> list[
         pool.pk: {
             "pool": pool, "total": 0, "schedulable": 0, "ready": 0, "in_service": 0,
             "lifecycle": defaultdict(int), "liveness": defaultdict(int), "health": defaultdict(int),
+            "readiness": defaultdict(int),
             "capacity": [], "request_classes": [], "pending": 0, "oldest_pending_seconds": None,
             "guards": [], "events": [], "state_at": None,
         }
@@ -51,7 +53,7 @@ def fleet_overview(*, now=None, events_per_pool: int = EVENTS_PER_POOL) -> list[
     }  # fmt: skip
     state = fleet_state.current()
     figures = {**fleet_state.EMPTY, **(state.figures or {})}
-    for pool, lifecycle, liveness, health, n, n_schedulable, n_ready, *_ in figures["nodes"]:
+    for pool, lifecycle, liveness, _health, n, n_schedulable, n_ready, *_ in figures["nodes"]:
         entry = by_pool.get(pool)
         if entry is None:
             continue
@@ -61,7 +63,14 @@ def fleet_overview(*, now=None, events_per_pool: int = EVENTS_PER_POOL) -> list[
         entry["in_service"] += n if lifecycle in IN_SERVICE_LIFECYCLES else 0
         entry["lifecycle"][lifecycle] += n
         entry["liveness"][liveness] += n
-        entry["health"][health] += n
+    # Health and readiness as shown: unknown once a node is unreachable, lost or never heard from.
+    readiness, health_shown = shown_counts(figures)
+    for (pool, state_name), n in readiness.items():
+        if pool in by_pool and n:
+            by_pool[pool]["readiness"][state_name] += n
+    for (pool, state_name), n in health_shown.items():
+        if pool in by_pool and n:
+            by_pool[pool]["health"][state_name] += n
     for pool, name, allocatable, allocated in figures["capacity"]:
         if pool in by_pool:
             percent = round(100 * allocated / allocatable, 1) if allocatable else 0.0
@@ -99,7 +108,7 @@ def fleet_overview(*, now=None, events_per_pool: int = EVENTS_PER_POOL) -> list[
         ]
         entry["request_classes_at"] = pool.request_class_fits_at
         entry["state_at"] = state.computed_at
-        for key in ("lifecycle", "liveness", "health"):
+        for key in ("lifecycle", "liveness", "health", "readiness"):
             entry[key] = dict(sorted(entry[key].items()))
     wanted = [getattr(pool, f"recent_event_{i}") for pool in pools for i in range(events_per_pool)]
     for event in NodeEvent.objects.filter(pk__in=[pk for pk in wanted if pk is not None]).select_related("node"):

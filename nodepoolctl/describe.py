@@ -7,7 +7,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from .render import age, amount, timestamp
+from .render import age, amount, health, ready, timestamp
 
 
 def _grid(rows: list[tuple[str, str]]) -> Table:
@@ -25,6 +25,15 @@ def _pairs(labels: dict | None) -> str:
 
 def _with(value, detail) -> str:
     return f"{value} ({detail})" if detail else f"{value}"
+
+
+def _shown(shown: str, reported, detail: str | None, reported_at: str | None) -> str:
+    """The value as shown; once it is ``Unknown`` (node unreachable, lost, never heard from) the last
+    reported value and its age follow: ``Unknown (last reported True 5m ago: booting)``."""
+    if shown.lower() != "unknown" or str(reported).lower() == "unknown":
+        return _with(shown, detail)
+    last = f"last reported {reported} {age(reported_at)} ago" if reported_at else f"last reported {reported}"
+    return f"{shown} ({last}: {detail})" if detail else f"{shown} ({last})"
 
 
 def _section(title: str, body) -> list:
@@ -66,8 +75,16 @@ def describe_node(node: dict, leases: list[dict], events: list[dict]) -> Group:
         ("Lifecycle", _with(node.get("lifecycle"), node.get("lifecycle_reason"))),
         ("Cordoned", "yes" if node.get("cordoned") else "no"),
         ("Liveness", _with(node.get("liveness"), heartbeat)),
-        ("Ready", _with(node.get("ready"), node.get("ready_reason"))),
-        ("Health", _with(node.get("health"), ", ".join(node.get("health_reasons") or []))),
+        ("Ready", _shown(ready(node), node.get("ready"), node.get("ready_reason"), node.get("last_heartbeat_at"))),
+        (
+            "Health",
+            _shown(
+                health(node),
+                node.get("health"),
+                ", ".join(node.get("health_reasons") or []),
+                (node.get("reported_health") or {}).get("reported_at") or node.get("last_heartbeat_at"),
+            ),
+        ),
         ("Schedulable", "yes" if node.get("schedulable") else "no: " + "; ".join(r["message"] for r in reasons)),
         ("Agent", _with(node.get("agent_version") or "-", agent)),
         ("Version", str(node.get("version"))),

@@ -24,6 +24,23 @@ def free(node: dict, resource: str) -> str:
     return amount(resource, entry.get("free")) if entry else "-"
 
 
+READY_WORDS = {"ready": "True", "not_ready": "False", "unknown": "Unknown"}
+
+
+def ready(node: dict) -> str:
+    """kubectl's Ready: ``True``, ``False``, or ``Unknown`` once the node is unreachable, lost or
+    never heard from (the server's ``readiness``; from ``ready`` alone for a server without it)."""
+    state = node.get("readiness")
+    if state in READY_WORDS:
+        return READY_WORDS[state]
+    return "True" if node.get("ready") else "False"
+
+
+def health(node: dict) -> str:
+    """The health as shown (``unknown`` once the node's signals are not current)."""
+    return node.get("health_state") or node.get("health", "")
+
+
 def _status(node: dict) -> str:
     parts = [node.get("lifecycle", "?")]
     if node.get("cordoned"):
@@ -53,8 +70,8 @@ KINDS: dict[str, tuple[Callable[[dict], str], list[Column], list[Column]]] = {
             ("POOL", lambda n: n.get("pool") or ""),
             ("STATUS", _status),
             ("LIVENESS", lambda n: n.get("liveness", "")),
-            ("READY", lambda n: "True" if n.get("ready") else "False"),
-            ("HEALTH", lambda n: n.get("health", "")),
+            ("READY", ready),
+            ("HEALTH", health),
             ("CPU FREE", lambda n: free(n, "cpu")),
             ("MEMORY FREE", lambda n: free(n, "memory")),
             ("GPU FREE", lambda n: free(n, "nvidia.com/gpu")),

@@ -12,6 +12,7 @@ from nodepool.api.permissions import is_operator
 
 from ..devices import device_summary
 from ..models import Node
+from ..readiness import health_state, readiness_state
 from ..selectors import RECENT_CREDENTIALS, RECENT_EVENTS, unschedulable_reasons
 from .events import visible_events
 
@@ -70,6 +71,9 @@ class NodeSerializer(serializers.ModelSerializer):
     holds = serializers.SerializerMethodField()
     reported_readiness = serializers.SerializerMethodField()
     devices = serializers.SerializerMethodField()
+    readiness = serializers.SerializerMethodField()
+    health_state = serializers.SerializerMethodField()
+    reported_health = serializers.SerializerMethodField()
 
     class Meta:
         model = Node
@@ -79,7 +83,8 @@ class NodeSerializer(serializers.ModelSerializer):
             "addresses", "labels", "node_labels", "taints", "taints_added_at",
             "lifecycle", "lifecycle_reason", "lifecycle_changed_at", "cordoned", "holds",
             "liveness", "liveness_changed_at", "last_heartbeat_at",
-            "reported_readiness", "ready", "ready_reason", "health", "health_reasons", "conditions",
+            "readiness", "health_state", "reported_readiness", "reported_health",
+            "ready", "ready_reason", "health", "health_reasons", "conditions",
             "incarnation", "sequence", "restart_count", "agent_version", "clock_skew_seconds", "usage",
             "capability", "capacity", "devices", "boot_id",
             "enrollment", "admission", "credentials", "artifacts_blocked",
@@ -121,6 +126,18 @@ class NodeSerializer(serializers.ModelSerializer):
         summary = cache.get(node.pk, {})
         capacity = {r.name: r.free for r in node.resources.all()}
         return {kind: {**entry, "free": capacity.get(kind, 0)} for kind, entry in summary.items()}
+
+    def get_readiness(self, node: Node) -> str:
+        """``ready`` / ``not_ready`` / ``unknown`` (unreachable, lost or never heard from): fleet.readiness."""
+        return readiness_state(liveness=node.liveness, ready=node.ready)
+
+    def get_health_state(self, node: Node) -> str:
+        """``health`` while the node's signals are current, else ``unknown``: fleet.readiness."""
+        return health_state(liveness=node.liveness, health=node.health)
+
+    def get_reported_health(self, node: Node) -> dict:
+        """The last judged health and when the status report it judged arrived (kept when shown unknown)."""
+        return {"health": node.health, "reasons": node.health_reasons, "reported_at": node.last_status_report_at}
 
     def get_capability(self, node: Node) -> dict:
         return {"declared": node.declared, "measured": node.measured, "verified": node.verified}
