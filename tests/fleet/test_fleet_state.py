@@ -98,6 +98,7 @@ def walk() -> dict:
         counts["ready"] += in_service and node.liveness == Liveness.ALIVE and node.ready
         counts["skewed"] += abs(node.clock_skew_seconds or 0) > skew
         counts["restarts"] += node.restart_count
+        counts["reports_ready"] += node.ready
         tolerance = node.pool.benchmark_tolerance
         drifting = over = False
         for name in ("cpu", "memory"):
@@ -120,7 +121,8 @@ def walk() -> dict:
                     used[(node.pool_id, name)] += amount
     return {
         "nodes": sorted(
-            [*key, c["n"], c["schedulable"], c["ready"], c["skewed"], c["restarts"]] for key, c in nodes.items()
+            [*key, c["n"], c["schedulable"], c["ready"], c["skewed"], c["restarts"], c["reports_ready"]]
+            for key, c in nodes.items()
         ),
         "capacity": sorted([*key, *sums] for key, sums in capacity.items()),
         "used": sorted([*key, amount] for key, amount in used.items()),

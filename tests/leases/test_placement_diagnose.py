@@ -193,9 +193,11 @@ def _reads(queries) -> list[str]:
 
 def test_a_request_spread_over_hosts_is_explained_in_three_queries():
     """Anti-affinity over hosts is the common spread. The hosts that hold the group's leases are
-    told apart in the grouped query; all other alike nodes form one group."""
+    told apart in the grouped query; all other alike nodes form one group. (A request no node could
+    ever hold also reads the pool's node templates, leases.impossible: one query more.)"""
     pool = PoolFactory()
-    nodes = [make_schedulable_node(pool, labels={"zone": "a"})[0] for _ in range(30)]
+    nodes = [make_schedulable_node(pool, labels={"zone": "a"}, resources={"cpu": 16000})[0] for _ in range(30)]
+    NodeResource.objects.filter(node__pool=pool, name="cpu").update(allocated=8000)  # 8 of 16 free: 9 fits once freed
     for node in nodes[:10]:
         make_lease(node, f"w-{node.pk}", group="g", resources={"cpu": 0})
     spec = parse_spec(
