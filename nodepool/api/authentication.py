@@ -13,14 +13,20 @@ from knox.auth import TokenAuthentication
 from knox.crypto import hash_token
 from knox.models import get_token_model
 from knox.settings import CONSTANTS, knox_settings
+from rest_framework.authentication import get_authorization_header
 from rest_framework.exceptions import AuthenticationFailed
 
 from nodepool.api.permissions import remember_groups
 from nodepool.db import from_row, prepared_cursor, select_list
 
+# The schemes a user token is accepted under: knox's ``Token``, and ``Bearer`` (RFC 6750), which
+# OAuth-minded clients and /metrics use; the same key either way (issue 33 item 10).
+SCHEMES = (b"token", b"bearer")
+
 
 class UserTokenAuthentication(TokenAuthentication):
-    """django-rest-knox's token authentication, keyword ``Token`` (clients, the CLI, curl).
+    """django-rest-knox's token authentication, ``Authorization: Token <key>`` or its synonym
+    ``Authorization: Bearer <key>`` (clients, the CLI, curl).
 
     Raises:
         AuthenticationFailed (401): unknown, expired or malformed token, or an inactive user.
@@ -36,9 +42,17 @@ class UserTokenAuthentication(TokenAuthentication):
         return False
 
     def authenticate(self, request):
+        """knox's ``authenticate`` (5.1) with ``Bearer`` accepted beside ``Token``."""
+        auth = get_authorization_header(request).split()
+        if not auth or auth[0].lower() not in SCHEMES:
+            return None  # another scheme (Node, Basic…) or none: another backend's
+        if len(auth) == 1:
+            raise AuthenticationFailed("Invalid token header. No credentials provided.")
+        if len(auth) > 2:
+            raise AuthenticationFailed("Invalid token header. Token string should not contain spaces.")
         # knox hashes whatever it is given; a key that is not ASCII cannot be one of ours.
         try:
-            return super().authenticate(request)
+            return self.authenticate_credentials(auth[1])
         except UnicodeDecodeError:
             raise AuthenticationFailed("Invalid token.") from None
 

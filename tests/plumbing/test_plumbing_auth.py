@@ -78,6 +78,21 @@ def test_drf_create_token_makes_a_token_that_authenticates():
     assert response.json() == {"username": "sched-1", "auth": "UserTokenAuthentication"}
 
 
+@pytest.mark.parametrize("scheme", ["Bearer", "bearer", "Token"])
+def test_a_user_token_is_accepted_under_bearer_as_under_token(scheme):
+    User.objects.create_user("sched-3")
+    out = io.StringIO()
+    call_command("create_api_token", "sched-3", stdout=out)
+    key = out.getvalue().split()[2]
+    api = APIClient()
+    api.credentials(HTTP_AUTHORIZATION=f"{scheme} {key}")
+    response = api.get("/plumbing/whoami")
+    assert response.status_code == 200
+    assert response.json()["username"] == "sched-3"
+    api.credentials(HTTP_AUTHORIZATION="Bearer not-a-real-token")
+    assert_problem(api.get("/plumbing/whoami"), 401, "authentication_failed")
+
+
 def test_drf_create_token_reset_revokes_the_old_token():
     User.objects.create_user("sched-2")
     out = io.StringIO()
