@@ -1,4 +1,4 @@
-"""Periodic tasks log at DEBUG unless they changed something (nodepool.logs)."""
+"""Task lines log at DEBUG, except a periodic task that changed something (nodepool.logs)."""
 
 from __future__ import annotations
 
@@ -50,8 +50,18 @@ def test_a_periodic_task_that_changed_something_and_other_tasks_keep_their_info_
     moved = success("fleet.sweep_liveness", "{'gap_seconds': 5.0, 'moved': {'alive->stale': 1}, 'lost': 0}")
     assert chatter.filter(moved) and moved.levelno == logging.INFO
     assert chatter.filter(success("leases.expire_leases", "2"))
-    assert chatter.filter(success("fleet.run_admission", "'ready'"))  # not periodic: untouched
     assert chatter.filter(success("leases.expire_leases", "{'truncated': ..."))  # unreadable: kept
+
+
+def test_every_other_tasks_received_and_succeeded_lines_are_debug():
+    chatter = PeriodicTaskChatter()
+    assert not chatter.filter(success("fleet.run_admission", "'ready'"))
+    received = record("celery.worker.strategy", "Task %(name)s[%(id)s] received", ({"name": "x.y", "id": "1"},))
+    assert not chatter.filter(received)
+    retry = record(
+        "celery.app.trace", "Task %(name)s[%(id)s] retry: %(exc)s", ({"name": "x.y", "id": "1", "exc": "e"},)
+    )
+    assert chatter.filter(retry) and retry.levelno == logging.INFO
 
 
 def test_periodic_lines_stay_visible_at_debug(caplog):
