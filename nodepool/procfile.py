@@ -23,11 +23,14 @@ import errno
 import os
 import shutil
 import signal
+import sys
 from pathlib import Path
 
 import honcho.manager
 from honcho.command import main
 from honcho.compat import ProcessManager
+
+from nodepool import instances
 
 GRACE_SECONDS = 30  # a safety net only: a clean stop takes well under 10 s
 
@@ -45,15 +48,44 @@ class MainProcessFirst(ProcessManager):
 
 def prepare_metrics_dir() -> str:
     """Create (or empty) the shared multiprocess directory and export it to the children."""
-    var = Path(os.environ.get("NODEPOOL_VAR_DIR") or Path(__file__).resolve().parent.parent / "var")
+    var = var_dir()
     path = Path(os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(var / "prometheus")))
     shutil.rmtree(path, ignore_errors=True)
     path.mkdir(parents=True, exist_ok=True)
     return str(path)
 
 
-if __name__ == "__main__":
+def var_dir() -> Path:
+    return Path(os.environ.get("NODEPOOL_VAR_DIR") or Path(__file__).resolve().parent.parent / "var")
+
+
+def bind_port() -> int | None:
+    """The web port ``make run`` will bind (``NODEPOOL_BIND``, default 127.0.0.1:8000)."""
+    bind = os.environ.get("NODEPOOL_BIND", "127.0.0.1:8000")
+    try:
+        return int(bind.rsplit(":", 1)[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def run() -> None:
+    """Refuse a second ``make run`` on the same var dir or port (naming the running one), then run
+    the Procfile; on the way out, stop whatever the processes started in other process groups."""
+    try:
+        lock = instances.acquire(var_dir(), kind="make run", port=bind_port())
+    except instances.AlreadyRunning as exc:
+        sys.stderr.write(exc.message + "\n")
+        raise SystemExit(1) from None
+    os.environ[instances.MARKER] = lock.info["id"]  # inherited by every process honcho starts
     honcho.manager.KILL_WAIT = GRACE_SECONDS
     honcho.manager.ProcessManager = MainProcessFirst
     prepare_metrics_dir()
-    main()
+    try:
+        main()
+    finally:
+        instances.stop_marked(lock.info["id"], grace=5)
+        lock.release()
+
+
+if __name__ == "__main__":
+    run()

@@ -11,8 +11,10 @@ import socket
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
+from nodepool import instances
 from simulator import FleetSimulator, FleetThread, PoolSpec
 
 from . import processes, report, setup
@@ -42,7 +44,7 @@ def stop_signals_ignored():
 
 class Demo:
     def __init__(self, *, var_dir: Path, nodes: int, port: int | None, once: bool, seed: int, timeout: float,
-                 web_workers: int, agent: bool, progress: bool, out):  # fmt: skip
+                 web_workers: int, agent: bool, progress: bool, out, instance_id: str | None = None):  # fmt: skip
         self.var_dir = var_dir
         self.nodes = nodes
         self.once = once
@@ -52,6 +54,10 @@ class Demo:
         self.agent = agent
         self.progress = progress
         self.out = out
+        self.interrupted = False  # a stop signal arrived before the story completed
+        # Every process the demo starts, and everything those start (the simulated provider's
+        # machines, in sessions of their own), carries this marker: the stop finds them all.
+        self.instance_id = instance_id or uuid.uuid4().hex
         if port is None:
             port = processes.free_port() if once else 8000
         if processes.port_in_use(port):
@@ -66,6 +72,7 @@ class Demo:
         shutil.rmtree(metrics_dir, ignore_errors=True)
         metrics_dir.mkdir(parents=True, exist_ok=True)
         env.update(NODEPOOL_VAR_DIR=str(var_dir), PYTHONUNBUFFERED="1", PROMETHEUS_MULTIPROC_DIR=str(metrics_dir))
+        env[instances.MARKER] = self.instance_id
         # Pool operations at the story's pace: upgrade ticks every second, autoscaling every 3 s,
         # simulator machines that find this web server and stop by themselves within the hour.
         env.setdefault("NODEPOOL_UPGRADE_TICK", "1")
@@ -84,7 +91,7 @@ class Demo:
     def run(self) -> bool:
         fleet = story = None
         api = Api(self.base_url, self.operator.token)
-        ok = False
+        ok = completed = False
         try:
             self.start_processes(api)
             pools = setup.create_pools(api)
@@ -116,12 +123,14 @@ class Demo:
             )
             self.say(f"logs: {self.supervisor.log_dir}")
             ok = admitted and all(r.ok for r in results) and not dead
+            completed = True
             if not self.once:
                 self.say("\nThe demo keeps running (the fleet heartbeats, beat sweeps). Ctrl-C stops everything.")
                 while True:
                     time.sleep(3600)
         except KeyboardInterrupt:
-            self.say("\nstopping…")
+            self.interrupted = not completed
+            self.say("\nstopping…" if completed else "\ninterrupted before the story completed; stopping…")
         finally:
             with stop_signals_ignored():
                 if story is not None:
@@ -132,7 +141,11 @@ class Demo:
                     fleet.close()
                 api.close()
                 stopped = self.supervisor.stop_all()
+                # Whatever else carries the marker, in any process group (provider machines).
+                stragglers = instances.stop_marked(self.instance_id, grace=processes.STOP_GRACE_SECONDS)
             self.say("stopped: " + ", ".join(f"{n} ({s})" for n, s in stopped.items()))
+            if stragglers:
+                self.say(f"stopped {len(stragglers)} more process(es) the demo had started: {stragglers}")
         return ok
 
     def start_processes(self, api: Api) -> None:

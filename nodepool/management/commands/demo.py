@@ -17,7 +17,10 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
+from nodepool import instances
+
 CHILD_FLAG = "NODEPOOL_DEMO_VAR_READY"
+LOCK_FD = "NODEPOOL_DEMO_LOCK_FD"  # the var dir lock's file descriptor, kept across execve
 
 
 class Command(BaseCommand):
@@ -40,12 +43,24 @@ class Command(BaseCommand):
         if not var_dir.is_absolute():
             var_dir = Path(settings.BASE_DIR) / var_dir
         if os.environ.get(CHILD_FLAG) != str(var_dir):
-            self._reexec(var_dir, keep=opts["keep"])  # does not return
+            self._reexec(var_dir, keep=opts["keep"], port=opts["port"] or (None if opts["once"] else 8000))
+        # From here on SIGTERM (CI, a supervisor) stops the demo as Ctrl-C does, in every phase.
+        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        lock = instances.adopt(os.environ.get(LOCK_FD), var_dir)
+        try:
+            self._run(var_dir, lock, opts)
+        except KeyboardInterrupt:
+            # Before Demo.run (migrations, static files, users): no process was started yet.
+            self.stderr.write("interrupted before the demo started; nothing is left running")
+            raise SystemExit(130) from None
+
+    def _run(self, var_dir: Path, lock, opts) -> None:
         from nodepool.demo.runner import Demo
 
         nodes = opts["nodes"] if opts["nodes"] is not None else (120 if opts["once"] else 300)
         if nodes < 20:
             raise CommandError("--nodes must be at least 20 (the story disturbs a handful of them)")
+        self.stdout.write(f"demo: migrating its database in {var_dir}…")
         call_command("migrate", verbosity=0, interactive=False)
         # The web server (whitenoise) serves the admin's and the API docs' files from STATIC_ROOT,
         # here the demo's own var dir: without them the admin is unstyled and /api/docs/ blank.
@@ -62,20 +77,37 @@ class Command(BaseCommand):
             agent=not opts["no_agent"],
             progress=not opts["no_progress"],
             out=self.stdout,
+            instance_id=lock.info.get("id") if lock else None,
         )
+        if lock is not None:
+            lock.update(port=demo.port, url=demo.base_url)
         connections.close_all()  # the subprocesses own the database from here on
-        # SIGTERM (from CI or a supervisor) stops the demo as Ctrl-C does.
-        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
         ok = demo.run()
-        if opts["once"] and not ok:
-            raise SystemExit(1)
+        # Non-zero unless the story completed and passed: 130 when interrupted before that.
+        if not ok:
+            raise SystemExit(130 if demo.interrupted else 1)
 
-    def _reexec(self, var_dir: Path, *, keep: bool) -> None:
-        """Settings are read at import: run again with NODEPOOL_VAR_DIR set to the demo's own dir."""
-        if not keep and var_dir.exists():
-            shutil.rmtree(var_dir)
-        var_dir.mkdir(parents=True, exist_ok=True)
+    def _reexec(self, var_dir: Path, *, keep: bool, port: int | None) -> None:
+        """Settings are read at import: run again with NODEPOOL_VAR_DIR set to the demo's own dir.
+
+        First the var dir's lock (nodepool.instances): a second demo on the same var dir or port is
+        refused, naming the running one, before anything is deleted. The lock is kept across the
+        ``execve`` (same process, same open file) and held until the demo exits.
+        """
+        try:
+            lock = instances.acquire(var_dir, kind="make demo", port=port)
+        except instances.AlreadyRunning as exc:
+            raise CommandError(exc.message) from None
+        if not keep:
+            for entry in var_dir.iterdir():  # everything but the lock we hold
+                if entry.name == instances.LOCK_NAME:
+                    continue
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
         env = dict(os.environ, NODEPOOL_VAR_DIR=str(var_dir), **{CHILD_FLAG: str(var_dir)})
+        env[LOCK_FD] = lock.keep_across_exec()
         if "DATABASE_URL" in env:
             self.stderr.write(f"note: DATABASE_URL is set; the demo uses it as it is ({socket.gethostname()})")
         sys.stdout.flush()
