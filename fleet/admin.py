@@ -39,7 +39,7 @@ from .admin_display import (
 from .admin_sections import node_sections
 from .capability import CapabilityError, parse_labels, parse_taints
 from .events import Actor
-from .models import AdmissionCheck, BootstrapToken, Node, NodeCredential, NodeHold, Pool
+from .models import AdmissionCheck, BootstrapToken, Device, Node, NodeCredential, NodeHold, Pool
 from .policy import check_pool, parse_required_capabilities, parse_required_labels, parse_reservations, parse_specifier
 from .selectors import unschedulable_reasons, valid_credential_exists
 
@@ -265,6 +265,57 @@ class NodeHoldInline(ReadOnlyInline):
     ordering = [F("removed_at").desc(nulls_first=True), "-created_at"]
 
 
+class DeviceInline(ReadOnlyInline):
+    """The node's devices (fleet.devices): live ones first, retired ones kept as history."""
+
+    model = Device
+    verbose_name = "device"
+    fields = [
+        "device_id", "type", "index", "model", "memory_bytes", "interconnect_group", "numa_node",
+        "health", "verified_at", "held", "taints", "retired_at", "retired_reason",
+    ]  # fmt: skip
+    ordering = [F("retired_at").desc(nulls_first=True), "type", "index"]
+
+
+@admin.register(Device)
+class DeviceAdmin(OperatorOnlyAdmin):
+    """Devices across the fleet; actions: verify, release a held device (fleet.devices services)."""
+
+    list_display = ["device_id", "node", "type", "index", "model", "health", "verified_at", "held", "retired_at"]
+    list_filter = ["type", "health", "held"]
+    search_fields = ["device_id", "serial", "node__hostname"]
+    readonly_fields = [f.name for f in Device._meta.fields]
+    actions = ["verify_devices", "release_devices"]
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @admin.action(description="Verify the selected devices (they become allocatable if healthy)")
+    def verify_devices(self, request, queryset):
+        from .devices import device_verify
+
+        actor = Actor.from_request(request)
+        done = 0
+        for row in queryset.filter(retired_at__isnull=True):
+            device_verify(node_id=row.node_id, device_id=row.device_id, actor=actor, reason="verified in the admin")
+            done += 1
+        self.message_user(request, f"{done} device(s) verified.")
+
+    @admin.action(description="Release the selected held devices")
+    def release_devices(self, request, queryset):
+        from .devices import device_release
+
+        actor = Actor.from_request(request)
+        done = 0
+        for row in queryset.filter(retired_at__isnull=True, held=True):
+            device_release(node_id=row.node_id, device_id=row.device_id, actor=actor, reason="released in the admin")
+            done += 1
+        self.message_user(request, f"{done} device(s) released.")
+
+
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
     """Operators: the fleet at a glance, a node page in sections, actions as buttons. Owners: their
@@ -282,7 +333,7 @@ class NodeAdmin(admin.ModelAdmin):
     search_fields = ["hostname", "display_name"]
     list_select_related = ["pool", "owner"]
     actions = ["admit_nodes"]
-    inlines = [NodeHoldInline, AdmissionCheckInline, NodeCredentialInline]
+    inlines = [DeviceInline, NodeHoldInline, AdmissionCheckInline, NodeCredentialInline]
     change_form_template = "admin/fleet/node/node_page.html"
 
     class Media:

@@ -207,3 +207,15 @@ def test_metrics_count_devices_by_type_normalised_model_and_health(operator_api)
     # the second GPU's model changed since it was verified: healthy, but not allocatable until verified again
     assert rows == {("nvidia.com/gpu", "H100", "unhealthy", False): 1, ("nvidia.com/gpu", "other", "healthy", False): 1}
     assert normalise_model("NVIDIA A100-SXM4-40GB") == "A100" and normalise_model("NVIDIA L40S") == "L40S"
+
+
+def test_the_admin_node_page_lists_devices_and_the_device_admin_verifies(admin_client):
+    from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+
+    node, _ = make_gpu_node(count=2, verified=False)
+    page = admin_client.get(f"/admin/fleet/node/{node.pk}/change/")
+    assert page.status_code == 200 and b"GPU-n-0001" in page.content
+    row = Device.objects.get(device_id="GPU-n-0001")
+    response = admin_client.post("/admin/fleet/device/", {"action": "verify_devices", ACTION_CHECKBOX_NAME: [row.pk]})
+    assert response.status_code == 302
+    assert Device.objects.get(pk=row.pk).allocatable and gpu_count(node) == 1
