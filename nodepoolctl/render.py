@@ -41,15 +41,15 @@ def health(node: dict) -> str:
     return node.get("health_state") or node.get("health", "")
 
 
+STATUS_WORDS = {"True": "Ready", "False": "NotReady", "Unknown": "Unknown"}
+
+
 def _status(node: dict) -> str:
-    parts = [node.get("lifecycle", "?")]
-    if node.get("cordoned"):
-        parts.append("SchedulingDisabled")
-    if not node.get("schedulable"):
-        reasons = node.get("unschedulable_reasons") or []
-        if reasons:
-            parts.append(reasons[0]["code"])
-    return ",".join(parts)
+    """kubectl's STATUS: ``Ready``, ``NotReady`` or ``Unknown`` (unreachable, lost, never heard from),
+    plus ``SchedulingDisabled`` when cordoned. Each fact once: the lifecycle has its own column and
+    the reasons a node takes no work are in ``describe``."""
+    word = STATUS_WORDS[ready(node)]
+    return f"{word},SchedulingDisabled" if node.get("cordoned") else word
 
 
 def _resources(resources: dict | None) -> str:
@@ -70,7 +70,7 @@ KINDS: dict[str, tuple[Callable[[dict], str], list[Column], list[Column]]] = {
             ("POOL", lambda n: n.get("pool") or ""),
             ("STATUS", _status),
             ("LIVENESS", lambda n: n.get("liveness", "")),
-            ("READY", ready),
+            ("LIFECYCLE", lambda n: n.get("lifecycle", "")),
             ("HEALTH", health),
             ("CPU FREE", lambda n: free(n, "cpu")),
             ("MEMORY FREE", lambda n: free(n, "memory")),

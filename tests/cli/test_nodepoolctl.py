@@ -381,3 +381,18 @@ def test_get_devices_of_a_node_and_describe_shows_them(ctl, fleet):
     code, described, _ = ctl("describe", "node", "gpu-1")
     assert code == 0 and "Devices" in described and "nvidia.com/gpu" in described
     assert ctl("get", "devices")[0] != 0  # a node is needed
+
+
+def test_status_reads_as_kubectls_each_fact_once(ctl, fleet):
+    from fleet.choices import Liveness
+    from tests.factories import place_test_hold
+
+    Node.objects.filter(pk=fleet["cpu-2"].pk).update(liveness=Liveness.UNREACHABLE)
+    place_test_hold(fleet["gpu-1"])
+    code, table, _ = ctl("get", "nodes")
+    assert code == 0
+    rows = {line.split()[0]: line.split() for line in table.splitlines()[1:]}
+    assert table.splitlines()[0].split()[:5] == ["NAME", "POOL", "STATUS", "LIVENESS", "LIFECYCLE"]
+    assert rows["cpu-1"][2:6] == ["Ready", "alive", "ready", "healthy"]
+    assert rows["cpu-2"][2:6] == ["Unknown", "unreachable", "ready", "unknown"]
+    assert rows["gpu-1"][2] == "Ready,SchedulingDisabled"
