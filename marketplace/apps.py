@@ -23,7 +23,10 @@ class MarketplaceConfig(AppConfig):
         # Retention (nodepool.retention) keeps unsettled usage's leases and their events.
         retention.keep_leases(selectors.keep_unsettled_leases)
         retention.keep_events(selectors.keep_unsettled_lease_events)
+        # Payouts, holds and appeals are never pruned (no retention deletes them); their events stay too.
+        retention.keep_events(selectors.keep_money_events)
         register_collector("marketplace", collectors.collect)
+        register_collector("marketplace_money", collectors.collect_money)
         # Availability evidence (what each node offered) from every applied status report.
         fleet_signals.status_report_applied.connect(
             availability.record_status_report, dispatch_uid="marketplace.availability"

@@ -11,7 +11,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from nodepool.metrics import resource_unit
 
-from .models import PoolPrice
+from .choices import PoolPeriodState
+from .models import MismatchItem, PayoutHold, PoolPeriod, PoolPrice
 from .pricing import unit_of
 
 
@@ -37,3 +38,50 @@ def collect() -> Iterable[Metric]:
         unit, factor = resource_unit(resource)
         family.add_metric([pool, resource, unit, currency], float(price) / (float(unit_of(resource)) * factor))
     yield family
+
+
+def collect_money() -> Iterable[Metric]:
+    """The money's signals (docs/observability.md; alerts in deploy/prometheus/alerts.yml):
+
+    ``nodepool_marketplace_pool_periods{pool,state}`` periods per state (every state of every pool,
+    zeros included); ``nodepool_marketplace_mismatch_items_open{pool}``;
+    ``nodepool_marketplace_payout_holds_open`` statements' unreleased payout holds;
+    ``nodepool_marketplace_line_appeals_overdue`` line appeals open longer than their pool's
+    ``appeal_alert_after``."""
+    from django.db.models import Count
+
+    from .payouts import appeals_open_longer_than_allowed
+
+    periods = GaugeMetricFamily(
+        "nodepool_marketplace_pool_periods", "Pool settlement periods per state.", labels=["pool", "state"]
+    )
+    from fleet.models import Pool
+
+    counts: dict[str, dict[str, int]] = {name: {} for name in Pool.objects.values_list("name", flat=True)}
+    for pool, state, count in PoolPeriod.objects.values_list("pool__name", "state").annotate(n=Count("id")):
+        counts.setdefault(pool, {})[state] = count
+    for pool in sorted(counts):
+        for state in PoolPeriodState.values:
+            periods.add_metric([pool, state], counts[pool].get(state, 0))
+    yield periods
+    items = GaugeMetricFamily(
+        "nodepool_marketplace_mismatch_items_open", "Mismatch items waiting for an operator.", labels=["pool"]
+    )
+    for pool, count in (
+        MismatchItem.objects.filter(resolved_at__isnull=True)
+        .values_list("period__pool__name")
+        .annotate(n=Count("id"))
+        .order_by()
+    ):
+        items.add_metric([pool], count)
+    yield items
+    yield GaugeMetricFamily(
+        "nodepool_marketplace_payout_holds_open",
+        "Payout holds not released (final statements that cannot be paid).",
+        value=PayoutHold.objects.filter(released_at__isnull=True).count(),
+    )
+    yield GaugeMetricFamily(
+        "nodepool_marketplace_line_appeals_overdue",
+        "Line appeals open longer than their pool's appeal_alert_after.",
+        value=appeals_open_longer_than_allowed(timezone.now()),
+    )

@@ -32,6 +32,7 @@ period is never evaluated again, so one outcome and one event.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal, localcontext
@@ -53,6 +54,7 @@ from .choices import OPEN_STATES, PAYABLE_STATES, LineKind, MismatchKind, PoolPe
 from .models import MismatchItem, NodeAvailability, PoolPeriod, PoolPrice, PoolSettlement, StatementLine, UsageRecord
 from .pricing import CENT, HOUR, QUANTITY, intervals_of, unit_of
 
+logger = logging.getLogger(__name__)
 PRECISION = 60
 MAX_TEXT = 4000
 
@@ -449,6 +451,10 @@ def reconcile_due_periods(*, actor: Actor, now: datetime | None = None) -> dict:
         period_for(pool, start - timedelta(microseconds=1))
     due = PoolPeriod.objects.filter(period_end__lte=now).exclude(state=PoolPeriodState.RECONCILED)
     for period_id in due.values_list("pk", flat=True)[:200]:
-        state = reconcile_period(period_id=period_id, actor=actor, now=now).state
+        try:
+            state = reconcile_period(period_id=period_id, actor=actor, now=now).state
+        except Exception:  # one bad period never stops the others; it is tried again next pass
+            logger.exception("pool period reconciliation failed", extra={"period_id": period_id})
+            state = "failed"
         outcomes[state] = outcomes.get(state, 0) + 1
     return outcomes

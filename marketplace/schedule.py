@@ -12,4 +12,11 @@ BEAT_SCHEDULE = {
         "schedule": _SWEEP,
         "options": {"expires": _SWEEP * 0.9},
     },
+    # Pool periods that ended: reconcile them (waiting ones and re-runs after operators resolved
+    # mismatch items are picked up on the next pass).
+    "marketplace-reconcile-pool-periods": {
+        "task": "marketplace.reconcile_pool_periods",
+        "schedule": 300.0,
+        "options": {"expires": 270.0},
+    },
 }

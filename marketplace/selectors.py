@@ -127,3 +127,13 @@ def keep_unsettled_leases() -> Q:
 def keep_unsettled_lease_events() -> Q:
     """nodepool.retention.keep_events hook: never prune the events of such a lease."""
     return Q(lease_id__in=unsettled_lease_ids())
+
+
+# Events of the money (payouts, holds, line appeals, pool periods, mismatch items): the record of
+# who moved money and why, kept as long as the rows they describe (which are never deleted).
+MONEY_SUBJECTS = ("payout", "payout_hold", "line_appeal", "pool_period", "mismatch_item", "statement")
+
+
+def keep_money_events() -> Q:
+    """nodepool.retention.keep_events hook: never prune the events of payouts and their kin."""
+    return Q(subject_type__in=MONEY_SUBJECTS)

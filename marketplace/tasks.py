@@ -6,7 +6,7 @@ from celery import shared_task
 
 from fleet.events import Actor
 
-from . import reconciliation
+from . import periods, reconciliation
 
 
 @shared_task(name="marketplace.reconcile_usage_record", ignore_result=True)
@@ -23,3 +23,11 @@ def reconcile_due() -> dict:
     """Beat safety net: records past their window, and held ones whose quarantine was released."""
     task_id = reconcile_due.request.id or ""
     return reconciliation.reconcile_due(actor=Actor.system("marketplace.reconcile_due", task_id))
+
+
+@shared_task(name="marketplace.reconcile_pool_periods", ignore_result=True)
+def reconcile_pool_periods() -> dict:
+    """Beat: reconcile every pool period that is over (marketplace.periods). Safe twice at once:
+    each period is reconciled under its row lock, and a reconciled one is never evaluated again."""
+    task_id = reconcile_pool_periods.request.id or ""
+    return periods.reconcile_due_periods(actor=Actor.system("marketplace.reconcile_pool_periods", task_id))

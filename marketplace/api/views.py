@@ -289,19 +289,51 @@ class PoolPriceList(generics.ListCreateAPIView):
 
 
 class PoolSettlementView(APIView):
-    """``GET /pools/{name}/settlement`` and ``PUT`` (operator) ``{"settlement_window": seconds | null}``."""
+    """``GET /pools/{name}/settlement`` and ``PUT`` (operator) ``{"settlement_window": seconds | null}``
+    and/or the pool-period settings ``{"period": "day" | "week" | "month", "idle_paid": bool,
+    "hold_multiple": "10", "appeal_alert_after": seconds}`` (docs/marketplace.md, "Pool periods")."""
 
     permission_classes = [IsOperator]
 
     def _answer(self, pool):
-        configured = PoolSettlement.objects.filter(pool=pool).values_list("settlement_window", flat=True).first()
+        row = PoolSettlement.objects.filter(pool=pool).first() or PoolSettlement(pool=pool)
         return Response(
             {
                 "pool": pool.name,
-                "settlement_window": configured,
+                "settlement_window": row.settlement_window,
                 "effective_window": reconciliation.settlement_window(pool),
+                "period": row.period,
+                "idle_paid": row.idle_paid,
+                "hold_multiple": str(Decimal(row.hold_multiple).quantize(Decimal("0.01"))),
+                "appeal_alert_after": row.appeal_alert_after,
             }
         )
+
+    @staticmethod
+    def _money_settings(data: dict) -> dict:
+        values = {}
+        if "period" in data:
+            if data["period"] not in StatementPeriod.values:
+                raise Problem("period: day, week or month.", "invalid_field", field="period")
+            values["period"] = data["period"]
+        if "idle_paid" in data:
+            if not isinstance(data["idle_paid"], bool):
+                raise Problem("idle_paid: true or false.", "invalid_field", field="idle_paid")
+            values["idle_paid"] = data["idle_paid"]
+        if "hold_multiple" in data:
+            multiple = _decimal(data, "hold_multiple")
+            if multiple < 1 or multiple >= 10**6 or multiple != multiple.quantize(Decimal("0.01")):
+                raise Problem(
+                    "hold_multiple: at least 1, two decimals at most.", "invalid_decimal", field="hold_multiple"
+                )
+            values["hold_multiple"] = multiple
+        if "appeal_alert_after" in data:
+            seconds = data["appeal_alert_after"]
+            if isinstance(seconds, bool) or not isinstance(seconds, int) or not 60 <= seconds <= 10**8:
+                raise Problem("appeal_alert_after: seconds (an integer, 60 or more).", "invalid_field",
+                              field="appeal_alert_after")  # fmt: skip
+            values["appeal_alert_after"] = seconds
+        return values
 
     def _pool(self, name):
         pool = Pool.objects.filter(name=name).first()
@@ -316,7 +348,11 @@ class PoolSettlementView(APIView):
     @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
     def put(self, request, name):
         pool = self._pool(name)
-        data = _body(request, {"settlement_window"})
+        data = _body(request, {"settlement_window", "period", "idle_paid", "hold_multiple", "appeal_alert_after"})
+        money = self._money_settings(data)
+        if money and "settlement_window" not in data:
+            PoolSettlement.objects.update_or_create(pool=pool, defaults=money)
+            return self._answer(pool)
         value = data.get("settlement_window", "missing")
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 10**8):
             raise Problem(
@@ -333,7 +369,7 @@ class PoolSettlementView(APIView):
                 "settlement_window_too_short",
                 field="settlement_window",
             )
-        PoolSettlement.objects.update_or_create(pool=pool, defaults={"settlement_window": value})
+        PoolSettlement.objects.update_or_create(pool=pool, defaults={"settlement_window": value, **money})
         return self._answer(pool)
 
 

@@ -179,7 +179,15 @@ def test_operators_publish_price_versions_and_bad_prices_are_refused(operator_ap
 
 def test_a_settlement_window_must_exceed_the_loss_threshold(operator_api, owner_api, pool):
     url = f"{API}/pools/{pool.name}/settlement"
-    assert operator_api.get(url).json() == {"pool": pool.name, "settlement_window": None, "effective_window": 900.0}
+    assert operator_api.get(url).json() == {
+        "pool": pool.name,
+        "settlement_window": None,
+        "effective_window": 900.0,
+        "period": "month",
+        "idle_paid": False,
+        "hold_multiple": "10.00",
+        "appeal_alert_after": 604800,
+    }
     problem(operator_api.put(url, {"settlement_window": 300}), 400, "settlement_window_too_short")
     problem(operator_api.put(url, {"settlement_window": "soon"}), 400, "invalid_field")
     problem(operator_api.put(url, {"settlement_window": True}), 400, "invalid_field")

@@ -31,3 +31,26 @@ def test_the_price_in_force_is_exported_per_base_unit_hour(client):
     assert value(text, name, pool="gpu", resource="cpu", unit="core", currency="EUR") == pytest.approx(0.05)
     assert value(text, name, pool="gpu", resource="memory", unit="byte", currency="EUR") == pytest.approx(0.01 / 2**30)
     assert value(text, name, pool="gpu", resource="nvidia.com/gpu", unit="integer", currency="EUR") == 2
+
+
+def test_the_money_signals_count_mismatched_periods_open_holds_and_overdue_appeals(owner):
+    from datetime import UTC, datetime, timedelta
+
+    from marketplace.collectors import collect_money
+    from marketplace.models import PayoutHold, PoolPeriod, Statement
+    from tests.factories import PoolFactory
+
+    pool = PoolFactory(name="money")
+    start = datetime(2026, 11, 2, tzinfo=UTC)
+    PoolPeriod.objects.create(
+        pool=pool, period="day", period_start=start, period_end=start + timedelta(days=1), state="mismatched"
+    )
+    statement = Statement.objects.create(
+        owner=owner, period="day", period_start=start, period_end=start + timedelta(days=1)
+    )
+    PayoutHold.objects.create(statement=statement, reason="outlier", message="x", created_at=start)
+    families = {f.name: f for f in collect_money()}
+    periods = {tuple(s.labels.values()): s.value for s in families["nodepool_marketplace_pool_periods"].samples}
+    assert periods[("money", "mismatched")] == 1 and periods[("money", "reconciled")] == 0
+    assert families["nodepool_marketplace_payout_holds_open"].samples[0].value == 1
+    assert families["nodepool_marketplace_line_appeals_overdue"].samples[0].value == 0

@@ -152,3 +152,21 @@ def test_pool_periods_and_mismatch_items_in_the_api(final_statement, operator_ap
     assert [p["id"] for p in mine] == [period.pk] and "offered" not in mine[0]
     assert_problem(operator_api.get(f"{API}/pool-periods?state=closed"), 400, "invalid_filter")
     assert PoolPeriod.objects.get(pk=period.pk).state == "reconciled"
+
+
+def test_pool_period_settings_through_the_settlement_endpoint(operator_api):
+    from marketplace.models import PoolSettlement
+
+    pool = priced_pool("settled")
+    url = f"{API}/pools/{pool.name}/settlement"
+    answer = operator_api.put(url, {"period": "week", "idle_paid": True, "hold_multiple": "5"}, format="json")
+    assert answer.status_code == 200, answer.content
+    assert (answer.json()["period"], answer.json()["idle_paid"], answer.json()["hold_multiple"]) == (
+        "week",
+        True,
+        "5.00",
+    )
+    for body, code in (({"period": "year"}, "invalid_field"), ({"hold_multiple": 5.0}, "invalid_decimal"),
+                       ({"hold_multiple": "0.5"}, "invalid_decimal"), ({"idle_paid": "yes"}, "invalid_field")):  # fmt: skip
+        assert_problem(operator_api.put(url, body, format="json"), 400, code)
+    assert PoolSettlement.objects.get(pool=pool).period == "week"

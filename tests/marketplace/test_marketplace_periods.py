@@ -154,3 +154,8 @@ def test_a_reconciled_period_is_never_evaluated_again(example):
     first = reconcile(example)
     again = reconcile(example)
     assert again.version == first.version and again.runs == 1
+
+
+def test_the_beat_sweep_reconciles_the_periods_that_are_over(example):
+    assert periods.reconcile_due_periods(actor=OPERATOR, now=h(25)) == {PoolPeriodState.RECONCILED: 1}
+    assert periods.reconcile_due_periods(actor=OPERATOR, now=h(25)) == {}
