@@ -166,7 +166,12 @@ def test_pool_period_settings_through_the_settlement_endpoint(operator_api):
         True,
         "5.00",
     )
-    for body, code in (({"period": "year"}, "invalid_field"), ({"hold_multiple": 5.0}, "invalid_decimal"),
-                       ({"hold_multiple": "0.5"}, "invalid_decimal"), ({"idle_paid": "yes"}, "invalid_field")):  # fmt: skip
+    bad = [
+        ({"period": "year"}, "invalid_field"),
+        ({"hold_multiple": 5.0}, "invalid_decimal"),
+        ({"hold_multiple": "0.5"}, "invalid_decimal"),
+        ({"idle_paid": "yes"}, "invalid_field"),
+    ]
+    for body, code in bad:
         assert_problem(operator_api.put(url, body, format="json"), 400, code)
     assert PoolSettlement.objects.get(pool=pool).period == "week"
