@@ -139,6 +139,8 @@ def get(obj: Context, kind, name, output, selector, pool):
         if selector and kind != "node":
             raise click.UsageError("-l/--selector applies to nodes only")
         objects = api.list(PATHS[kind], pool=pool, label=selector)
+        if pool and not objects:
+            api.get(f"/pools/{pool}")  # an unknown pool is an error (404 pool_not_found, rc 1), not "No resources"
     _show(kind, objects, output)
 
 

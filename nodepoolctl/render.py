@@ -189,7 +189,11 @@ def print_whole(console: Console, renderable: RenderableType) -> None:
     cut, whatever the width of the terminal (it wraps a longer line) or of ``COLUMNS`` when the
     output is a pipe or a file, which scripts read line by line."""
     console.width = max(console.width, natural_width(console, renderable))
-    console.print(renderable)
+    with console.capture() as captured:
+        console.print(renderable)
+    # Rich pads every line to the console's width: a describe line would end in ~200 spaces.
+    console.file.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
+    console.file.flush()
 
 
 def dump(objects: list[dict] | dict, output: str) -> str:

@@ -396,3 +396,18 @@ def test_status_reads_as_kubectls_each_fact_once(ctl, fleet):
     assert rows["cpu-1"][2:6] == ["Ready", "alive", "ready", "healthy"]
     assert rows["cpu-2"][2:6] == ["Unknown", "unreachable", "ready", "unknown"]
     assert rows["gpu-1"][2] == "Ready,SchedulingDisabled"
+
+
+def test_an_unknown_pool_is_an_error_not_an_empty_list(ctl, fleet):
+    code, stdout, stderr = ctl("get", "nodes", "--pool", "no-such-pool")
+    assert code == 1 and stdout == ""
+    assert stderr.startswith("error: 404")
+    code, _, stderr = ctl("get", "leases", "--pool", "general")  # a known pool with nothing: rc 0
+    assert code == 0 and "No resources found" in stderr
+
+
+def test_describe_and_get_lines_carry_no_trailing_padding(ctl, fleet):
+    for args in (("describe", "node", "cpu-1"), ("get", "nodes"), ("get", "nodes", "-o", "wide")):
+        code, text, _ = ctl(*args)
+        assert code == 0, args
+        assert all(line == line.rstrip() for line in text.splitlines()), args
