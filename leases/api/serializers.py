@@ -15,6 +15,10 @@ class LeaseSerializer(serializers.ModelSerializer):
     pool = serializers.SlugRelatedField(slug_field="name", read_only=True)
     shape = serializers.SlugRelatedField(slug_field="name", read_only=True)
     client = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    placement = serializers.JSONField(
+        read_only=True,
+        help_text="The placement the request asked for: node_selector, affinity, tolerations, spread, features.",
+    )
 
     class Meta:
         model = Lease
@@ -34,6 +38,7 @@ class LeaseSerializer(serializers.ModelSerializer):
             "group",
             "priority",
             "command",
+            "placement",
             "decision",
             "ttl_seconds",
             "expires_at",
@@ -64,6 +69,10 @@ def _when(value):
     return _DATETIME.to_representation(value) if value is not None else None
 
 
+# What a lease shows of the placement its request asked for (issue 33 item 10), beside where it landed.
+PLACEMENT_KEYS = ("node_selector", "affinity", "tolerations", "spread", "features")
+
+
 def lease_representation(lease: Lease) -> dict:
     """The wire shape of a lease (canonical resource integers, RFC 3339 times)."""
     return {
@@ -82,6 +91,7 @@ def lease_representation(lease: Lease) -> dict:
         "group": lease.group,
         "priority": lease.priority,
         "command": lease.command,
+        "placement": {key: spec[key] for key in PLACEMENT_KEYS if (spec := lease.spec or {}).get(key)},
         "decision": lease.decision,
         "ttl_seconds": lease.ttl_seconds,
         "expires_at": _when(lease.expires_at),

@@ -396,3 +396,15 @@ def test_unknown_lease_ids_are_404(client_api):
     )
     assert response.status_code == 404
     assert response.json()["code"] == "lease_not_found"
+
+
+def test_a_lease_shows_the_placement_it_asked_for(client_api, pool):
+    make_schedulable_node(pool, labels={"zone": "a"}, taints=[{"key": "gpu", "value": "true", "effect": "NoSchedule"}])
+    tolerations = [{"key": "gpu", "operator": "Exists"}]
+    response = ask(client_api, node_selector={"zone": "a"}, tolerations=tolerations)
+    assert response.status_code == 201, response.json()
+    placement = response.json()["placement"]
+    assert placement["node_selector"] == {"zone": "a"}
+    assert placement["tolerations"][0]["key"] == "gpu"
+    assert "affinity" not in placement
+    assert client_api.get(f"/api/v1/node-leases/{response.json()['id']}").json()["placement"] == placement
