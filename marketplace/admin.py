@@ -488,3 +488,6 @@ register_node_section(
         _node_marketplace,
     )
 )
+
+# The money's pages (pool periods, mismatch items, payouts, holds, line appeals) live in their own module.
+from . import money_admin  # noqa: E402, F401

@@ -1,0 +1,191 @@
+"""Admin pages of the money (docs/marketplace.md, "Pool periods", "Payouts"): operators read pool
+periods and work the queues of mismatch items, payouts, payout holds and line appeals with actions
+that take a reason; owners read their own payouts, holds and line appeals. Amounts (a correction,
+an external reference) are entered through the API."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+
+from fleet.admin import OperatorOnlyAdmin
+from fleet.events import Actor
+from maintenance.admin import ReasonForm, Spec, run_with_form
+
+from . import payouts, periods
+from .models import LineAppeal, MismatchItem, NodeAvailability, Payout, PayoutHold, PoolPeriod
+
+
+class ReadOnly(OperatorOnlyAdmin):
+    """Rows the services write: operators read them here and act through the actions."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(NodeAvailability)
+class NodeAvailabilityAdmin(ReadOnly):
+    list_display = ["node", "pool", "owner", "started_at", "last_seen_at", "end_reason"]
+    list_filter = ["pool", "end_reason"]
+    list_select_related = ["node", "pool", "owner"]
+
+
+@admin.action(description="Reconcile selected pool periods now")
+def reconcile_periods(modeladmin, request, queryset):
+    actor = Actor.from_request(request)
+    states = []
+    for period in queryset:
+        try:
+            states.append(periods.reconcile_period(period_id=period.pk, actor=actor).state)
+        except Exception as exc:  # a period not over yet: say so, go on with the others
+            states.append(f"refused ({exc})")
+    modeladmin.message_user(request, f"Pool periods: {', '.join(states)}.")
+
+
+@admin.register(PoolPeriod)
+class PoolPeriodAdmin(ReadOnly):
+    list_display = ["__str__", "pool", "period", "period_start", "state", "idle_paid", "reconciled_at"]
+    list_filter = ["state", "pool", "period"]
+    list_select_related = ["pool"]
+    actions = [reconcile_periods]
+    readonly_fields = ["offered", "usage", "idle", "unallocated", "money", "waiting_for", "runs", "version"]
+
+
+def _resolve_item(item, version, actor, data):
+    periods.resolve_mismatch(item_id=item.pk, reason=data["reason"], expected_version=version, actor=actor)
+
+
+@admin.action(description="Resolve selected mismatch items (with a reason)…")
+def resolve_items(modeladmin, request, queryset):
+    spec = Spec("Resolve mismatch item", "marketplace.change_mismatchitem", ReasonForm, _resolve_item)
+    return run_with_form(modeladmin, request, queryset, spec, lambda item: item.version)
+
+
+@admin.register(MismatchItem)
+class MismatchItemAdmin(ReadOnly):
+    list_display = ["__str__", "period", "kind", "message", "resolved_at"]
+    list_filter = ["kind", ("resolved_at", admin.EmptyFieldListFilter)]
+    actions = [resolve_items]
+
+
+class OwnersRead(admin.ModelAdmin):
+    """Operators read all and act; owners read their own rows (``owner_field``)."""
+
+    owner_field = "owner"
+
+    def _operator(self, request):
+        from nodepool.api.permissions import is_operator
+
+        return is_operator(request.user)
+
+    def _owner(self, request):
+        from nodepool.api.permissions import is_owner
+
+        return is_owner(request.user)
+
+    def has_module_permission(self, request):
+        return self._operator(request) or self._owner(request)
+
+    def has_view_permission(self, request, obj=None):
+        return self._operator(request) or self._owner(request)
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def get_queryset(self, request):
+        rows = super().get_queryset(request)
+        if self._operator(request):
+            return rows
+        return rows.filter(**{self.owner_field: request.user}) if self._owner(request) else rows.none()
+
+    def get_actions(self, request):
+        return super().get_actions(request) if self._operator(request) else {}
+
+
+@admin.action(description="Approve selected payouts (a second operator)")
+def approve_payouts(modeladmin, request, queryset):
+    actor, done = Actor.from_request(request), []
+    for payout in queryset:
+        try:
+            done.append(payouts.payout_approve(payout_id=payout.pk, expected_version=payout.version, actor=actor).state)
+        except Exception as exc:  # the requester, a hold, a stale version: say so per payout
+            done.append(f"refused ({exc})")
+    modeladmin.message_user(request, f"Payouts: {', '.join(done)}.")
+
+
+def _fail(payout, version, actor, data):
+    payouts.payout_mark_failed(payout_id=payout.pk, reason=data["reason"], expected_version=version, actor=actor)
+
+
+def _reverse(payout, version, actor, data):
+    payouts.payout_reverse(payout_id=payout.pk, reason=data["reason"], expected_version=version, actor=actor)
+
+
+@admin.action(description="Mark selected payouts failed (with a reason)…")
+def fail_payouts(modeladmin, request, queryset):
+    spec = Spec("Mark payout failed", "marketplace.change_payout", ReasonForm, _fail)
+    return run_with_form(modeladmin, request, queryset, spec, lambda payout: payout.version)
+
+
+@admin.action(description="Reverse selected paid payouts (chargeback, with a reason)…")
+def reverse_payouts(modeladmin, request, queryset):
+    spec = Spec("Reverse payout", "marketplace.change_payout", ReasonForm, _reverse)
+    return run_with_form(modeladmin, request, queryset, spec, lambda payout: payout.version)
+
+
+@admin.register(Payout)
+class PayoutAdmin(OwnersRead):
+    list_display = ["uid", "statement", "owner", "amount", "currency", "state", "external_reference", "requested_at"]
+    list_filter = ["state", "currency"]
+    list_select_related = ["owner"]
+    actions = [approve_payouts, fail_payouts, reverse_payouts]
+
+
+def _release(hold, version, actor, data):
+    payouts.hold_release(hold_id=hold.pk, reason=data["reason"], expected_version=version, actor=actor)
+
+
+@admin.action(description="Release selected payout holds (with a reason)…")
+def release_holds(modeladmin, request, queryset):
+    spec = Spec("Release payout hold", "marketplace.change_payouthold", ReasonForm, _release)
+    return run_with_form(modeladmin, request, queryset, spec, lambda hold: hold.version)
+
+
+@admin.register(PayoutHold)
+class PayoutHoldAdmin(OwnersRead):
+    owner_field = "statement__owner"
+    list_display = ["__str__", "statement", "reason", "message", "created_at", "released_at"]
+    list_filter = ["reason", ("released_at", admin.EmptyFieldListFilter)]
+    actions = [release_holds]
+
+
+def _reject(appeal, version, actor, data):
+    payouts.line_appeal_resolve(
+        appeal_id=appeal.pk, outcome="rejected", resolution=data["reason"], amount=None,
+        expected_version=version, actor=actor,
+    )  # fmt: skip
+
+
+@admin.action(description="Reject selected line appeals (the line stands)…")
+def reject_line_appeals(modeladmin, request, queryset):
+    spec = Spec("Reject line appeal", "marketplace.change_lineappeal", ReasonForm, _reject)
+    return run_with_form(modeladmin, request, queryset, spec, lambda appeal: appeal.version)
+
+
+@admin.register(LineAppeal)
+class LineAppealAdmin(OwnersRead):
+    list_display = ["__str__", "line", "owner", "state", "correction_amount", "created_at", "resolved_at"]
+    list_filter = ["state"]
+    list_select_related = ["owner"]
+    actions = [reject_line_appeals]
