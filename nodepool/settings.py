@@ -287,6 +287,8 @@ NODEPOOL_MAX_HEADERS_TOTAL_BYTES = env.int("NODEPOOL_MAX_HEADERS_TOTAL_BYTES", d
 
 # --- User API tokens (django-rest-knox) ------------------------------------------------------------
 NODEPOOL_USER_TOKEN_TTL_DAYS = env.int("NODEPOOL_USER_TOKEN_TTL_DAYS", default=90)
+# An expired token's digest is kept this long, so presenting it answers reason token_expired.
+NODEPOOL_EXPIRED_TOKEN_RETENTION_DAYS = env.int("NODEPOOL_EXPIRED_TOKEN_RETENTION_DAYS", default=30)
 REST_KNOX = {
     "AUTH_HEADER_PREFIX": "Token",  # the header clients and the CLI already send
     "TOKEN_PREFIX": "npu_",

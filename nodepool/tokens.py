@@ -36,9 +36,12 @@ def create_user_token(user, *, ttl: timedelta | None | str = "default", replace:
 
 
 def prune_expired_tokens(now=None) -> int:
-    """Delete every user token past its expiry; returns how many (the ``nodepool.prune_expired_tokens``
-    task, hourly). An expired token is refused whether or not it was pruned yet."""
+    """Delete every user token expired more than ``NODEPOOL_EXPIRED_TOKEN_RETENTION_DAYS`` ago;
+    returns how many (the ``nodepool.prune_expired_tokens`` task, hourly). Until then an expired
+    token's digest is kept so that presenting it answers reason ``token_expired``; it is refused
+    either way."""
     from django.utils import timezone
 
-    deleted, _ = AuthToken.objects.filter(expiry__lt=now or timezone.now()).delete()
+    retention = timedelta(days=getattr(settings, "NODEPOOL_EXPIRED_TOKEN_RETENTION_DAYS", 30))
+    deleted, _ = AuthToken.objects.filter(expiry__lt=(now or timezone.now()) - retention).delete()
     return deleted

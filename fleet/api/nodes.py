@@ -57,6 +57,10 @@ def active_holds(node: Node) -> list:
     return holds
 
 
+def _sees_private_node_details(user, node: Node) -> bool:
+    return is_operator(user) or (node.owner_id is not None and node.owner_id == getattr(user, "pk", None))
+
+
 class NodeSerializer(serializers.ModelSerializer):
     pool = serializers.SlugRelatedField(slug_field="name", read_only=True)
     owner = serializers.SlugRelatedField(slug_field="username", read_only=True)
@@ -91,6 +95,17 @@ class NodeSerializer(serializers.ModelSerializer):
             "recent_events", "version", "created_at", "updated_at",
         ]  # fmt: skip
         read_only_fields = fields
+
+    def to_representation(self, node: Node) -> dict:
+        """Lease clients see what placement needs, not who contributed a node or how it enrolled
+        (issue 30, item 5): ``owner`` is null and ``enrollment`` empty for anyone but an operator
+        and the node's owner. An internal rendering (no request: the admin, the demo) sees all."""
+        data = super().to_representation(node)
+        request = self.context.get("request")
+        if request is not None and not _sees_private_node_details(request.user, node):
+            data["owner"] = None
+            data["enrollment"] = {}
+        return data
 
     def _reasons(self, node: Node) -> list[dict]:
         cache = self.context.setdefault("_reasons", {})

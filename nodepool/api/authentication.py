@@ -33,13 +33,12 @@ class UserTokenAuthentication(TokenAuthentication):
     """
 
     def _cleanup_token(self, auth_token) -> bool:
-        """Is ``auth_token`` expired (then deleted)? knox also scans and deletes the user's other
-        expired tokens here, one more query on every request; nodepool leaves that to the hourly
-        ``nodepool.prune_expired_tokens`` task."""
-        if auth_token.expiry is not None and auth_token.expiry < timezone.now():
-            auth_token.delete()
-            return True
-        return False
+        """Is ``auth_token`` expired? Expiry is inclusive: a token whose ``expiry`` is now is
+        expired. Expired tokens are not deleted here (knox deletes them, and scans the user's
+        others, on every request): their digests are kept ``NODEPOOL_EXPIRED_TOKEN_RETENTION_DAYS``
+        so that presenting one answers ``token_expired`` rather than a generic refusal; the hourly
+        ``nodepool.prune_expired_tokens`` task deletes them after that."""
+        return auth_token.expiry is not None and auth_token.expiry <= timezone.now()
 
     def authenticate(self, request):
         """knox's ``authenticate`` (5.1) with ``Bearer`` accepted beside ``Token``."""
@@ -67,18 +66,20 @@ class UserTokenAuthentication(TokenAuthentication):
         Returns ``(user, auth_token)``.
 
         Raises:
-            AuthenticationFailed (401): no such token, a digest that does not match, an expired
-                token, an inactive user.
+            AuthenticationFailed (401): no such token, a digest that does not match, an inactive
+                user; an expired token (expiry at or before now) with reason ``token_expired``.
         """
         text = token.decode("utf-8")
         for auth_token in _tokens_of_key(text[: CONSTANTS.TOKEN_KEY_LENGTH]):
-            if self._cleanup_token(auth_token):
-                continue
             try:
                 digest = hash_token(text)
             except (TypeError, binascii.Error):
                 raise AuthenticationFailed("Invalid token.") from None
             if compare_digest(digest, auth_token.digest):
+                if self._cleanup_token(auth_token):
+                    # 401 authentication_failed with reason token_expired (as node credentials
+                    # say credential_expired): the client should sign in again, not retry.
+                    raise AuthenticationFailed("The token has expired.", code="token_expired")
                 if knox_settings.AUTO_REFRESH and auth_token.expiry:
                     self.renew_token(auth_token)
                 return self.validate_user(auth_token)

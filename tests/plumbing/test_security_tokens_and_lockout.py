@@ -83,12 +83,34 @@ def test_authentication_reads_only_the_presented_token_and_expired_ones_are_prun
     assert sum("knox_authtoken" in q["sql"] for q in queries.captured_queries) == 1
     assert AuthToken.objects.filter(user=user).count() == 2  # the expired one waits for the task
 
-    assert prune_expired_tokens() == 1
+    assert prune_expired_tokens() == 0  # expired tokens' digests are kept a while (token_expired)
+    from nodepool import tokens
+
+    assert tokens.prune_expired_tokens(now=timezone.now() + timedelta(days=30, hours=12)) == 1
     assert AuthToken.objects.filter(user=user).count() == 1
     assert BEAT_SCHEDULE["nodepool.prune_expired_tokens"]["task"] == "nodepool.prune_expired_tokens"
     time_machine.shift(24 * 3600)
-    assert_problem(_token_api(key).get("/api/v1/pools"), 401, "authentication_failed")
-    assert not AuthToken.objects.filter(user=user).exists()  # the presented expired token is deleted
+    body = assert_problem(_token_api(key).get("/api/v1/pools"), 401, "authentication_failed")
+    assert body["reason"] == "token_expired"
+    assert AuthToken.objects.filter(user=user).exists()  # kept, so that it keeps saying so
+
+
+def test_a_token_is_expired_at_the_instant_of_its_expiry_and_says_token_expired(time_machine):
+    """Issue 30, item 6: expiry is inclusive; an expired token gets a stable reason, not the
+    generic "Invalid token." a made-up one gets."""
+    from datetime import timedelta
+
+    from nodepool.tokens import create_user_token
+
+    time_machine.move_to(timezone.now(), tick=False)
+    stored, key = create_user_token(_operator(), ttl=timedelta(hours=1))
+    time_machine.move_to(stored.expiry - timedelta(microseconds=1), tick=False)
+    assert _token_api(key).get("/api/v1/pools").status_code == 200
+    time_machine.move_to(stored.expiry, tick=False)
+    body = assert_problem(_token_api(key).get("/api/v1/pools"), 401, "authentication_failed")
+    assert body["reason"] == "token_expired"
+    made_up = assert_problem(_token_api(key[:-4] + "0000").get("/api/v1/pools"), 401, "authentication_failed")
+    assert "reason" not in made_up
 
 
 def test_an_unknown_user_is_a_command_error():
