@@ -296,6 +296,7 @@ def _enforce(drain: Drain, node: Node, *, actor: Actor, now) -> bool:
     )
     if not claimed:
         return False
+    overrode = overridden_budgets(live, now=now)
     revoked = [
         lease
         for lease in live
@@ -316,12 +317,37 @@ def _enforce(drain: Drain, node: Node, *, actor: Actor, now) -> bool:
         actor,
         from_state=DrainState.ACTIVE,
         to_state=DrainState.FORCED,
-        reason="deadline reached",
-        data={"drain_id": str(drain.pk), "leases_revoked": len(revoked), "deadline": drain.deadline.isoformat()},
+        reason="deadline reached"
+        + (
+            "; overrode the disruption budget of "
+            + ", ".join(f"group {o['group']!r} (allowed {o['allowed']}, evicted {o['evicted']})" for o in overrode)
+            if overrode
+            else ""
+        ),
+        data={
+            "drain_id": str(drain.pk),
+            "leases_revoked": len(revoked),
+            "deadline": drain.deadline.isoformat(),
+            "overrode_budgets": overrode,
+        },
     )
     _park_node(node, actor=actor, now=now, reason=f"drain forced at its deadline: {drain.reason}")
     _observe_duration(drain, node, now)
     return True
+
+
+def overridden_budgets(leases: list[Lease], *, now) -> list[dict]:
+    """The workload disruption budgets that revoking all of ``leases`` now overrides (a forced
+    drain at its deadline says which): ``[{"group", "allowed", "evicted"}]``, by group."""
+    groups: dict[str, int] = {}
+    for lease in leases:
+        if lease.group:
+            groups[lease.group] = groups.get(lease.group, 0) + 1
+    return [
+        {"group": status["group"], "allowed": status["allowed_disruptions"], "evicted": groups[status["group"]]}
+        for status in statuses_for_groups(groups, now=now)
+        if status["allowed_disruptions"] < groups[status["group"]]
+    ]
 
 
 def _finish(drain: Drain, node: Node, *, state: str, actor: Actor, now, progress: dict) -> bool:
