@@ -32,7 +32,7 @@ CONSOLIDATION = "system:consolidation"
 SHUTDOWN = "system:shutdown"
 # Every automated owner: its drains' evicted leases are requeued (operations.preemption), and its
 # holds count as disrupting against the pool disruption budgets (operations.disruption).
-SYSTEM_OWNERS = (UPGRADE, AUTOSCALER, PREEMPTION, DRIFT, EXPIRY, REPAIR, CONSOLIDATION)
+SYSTEM_OWNERS = (UPGRADE, AUTOSCALER, PREEMPTION, DRIFT, EXPIRY, REPAIR, CONSOLIDATION, SHUTDOWN)
 
 
 def take_out_of_service(

@@ -24,6 +24,7 @@ urlpatterns = [
     path(
         "pools/<slug:name>/preemption-notices", views.PoolPreemptionNoticeView.as_view(), name="pool-preemption-notice"
     ),
+    path("nodes/<uuid:pk>/shutdown-drain", views.NodeShutdownDrainView.as_view(), name="node-shutdown-drain"),
     path("nodes/<uuid:pk>/preemption-notice", views.NodePreemptionNoticeView.as_view(), name="node-preemption-notice"),
     *router.urls,
 ]

@@ -29,7 +29,7 @@ from nodepool.api.problems import Forbidden, NotFound, Problem
 from nodepool.api.strict import refuse_unknown_members
 from nodepool.api.versioning import ETagMixin, expected_version
 
-from .. import disruption, preemption, providers, services, upgrades
+from .. import disruption, preemption, providers, services, shutdown, upgrades
 from ..choices import PreemptionSource
 from ..filtersets import MachineFilterSet, ScaleDecisionFilterSet, UpgradeFilterSet
 from ..models import Preemption, ProviderMachine, ScaleDecision, Upgrade
@@ -253,6 +253,33 @@ class NodePreemptionNoticeView(APIView):
             actor=Actor.for_node(node, request_id=getattr(request._request, "request_id", "")),
         )
         return Response(s.PreemptionSerializer(record).data, status=201 if created else 200)
+
+
+class NodeShutdownDrainView(APIView):
+    """``POST /nodes/{id}/shutdown-drain`` (the node's own credential): ``{"deadline": RFC 3339,
+    "reason"}`` (both optional) — graceful node shutdown (:mod:`operations.shutdown`): the node
+    drains itself with its pool's policy; ``201`` the drain (``200`` when already draining)."""
+
+    authentication_classes = [NodeCredentialAuthentication, UserTokenAuthentication]
+    permission_classes = [IsNodeSelf]
+
+    @extend_schema(request=OpenApiTypes.OBJECT, responses={201: OpenApiTypes.OBJECT})
+    def post(self, request, pk):
+        node = node_from_request(request)
+        data = refuse_unknown_members(request.data, {"deadline", "reason"})
+        reason = data.get("reason", "")
+        if not isinstance(reason, str) or len(reason) > 2000:
+            raise Problem("reason must be a string of at most 2000 characters.", "invalid_reason")
+        deadline = _deadline(data) if data.get("deadline") is not None else None
+        drain, created = shutdown.shutdown_drain(node=node, deadline=deadline, reason=reason)
+        body = {
+            "drain_id": str(drain.pk),
+            "node_id": str(node.pk),
+            "state": drain.state,
+            "policy": drain.policy,
+            "deadline": drain.deadline.isoformat(),
+        }
+        return Response(body, status=201 if created else 200)
 
 
 class PoolPreemptionNoticeView(APIView):
