@@ -6,7 +6,8 @@ lock of the pool's :class:`PoolOperations` row so two passes never decide at onc
 ``FOR KEY SHARE`` on it, and a sweep holding the node being drained deadlocked on it; following
 machines takes no lock: each change of a machine's state is a compare-and-swap, so two passes
 following the same machine move it, and record it, once; a delete or a failure is claimed by that
-compare-and-swap before the provider is called, so the provider deletes a machine once):
+compare-and-swap (state ``deleting``, committed) before the provider is called, so no lock is held
+during the call and the provider deletes a machine at least once, recorded exactly once):
 
 1. **follow machines**: a requested machine whose bootstrap token enrolled a node is linked to
    it (and admitted if the pool admits manually: the autoscaler asked for it); a linked node
@@ -36,10 +37,10 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from contextlib import contextmanager
 from datetime import timedelta
 
 from django.db import DatabaseError, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from fleet import services as fleet_services
@@ -58,6 +59,7 @@ from nodepool.api.problems import Problem
 
 from . import capacity, conf, disruption, outofservice
 from .choices import (
+    ACTIVE_UPGRADE_STATES,
     LIVE_MACHINE_STATES,
     DisruptionReason,
     MachineState,
@@ -65,7 +67,7 @@ from .choices import (
     ScaleDirection,
     ScaleOutcome,
 )
-from .models import PoolOperations, ProviderMachine, ScaleDecision
+from .models import PoolOperations, ProviderMachine, ScaleDecision, Upgrade
 from .providers import MachineRequest, ProviderError, provider_for
 
 logger = logging.getLogger(__name__)
@@ -121,7 +123,7 @@ def _held_back(pool: Pool, direction: str, reason: str, actor: Actor, **data) ->
 def follow_machines(*, pool_id, actor: Actor, now) -> None:
     ops = PoolOperations.objects.select_related("pool").get(pool_id=pool_id)
     for machine in ProviderMachine.objects.filter(
-        pool_id=pool_id, state__in=[*LIVE_MACHINE_STATES, MachineState.DRAINING]
+        pool_id=pool_id, state__in=[*LIVE_MACHINE_STATES, MachineState.DRAINING, MachineState.DELETING]
     ):
         try:
             _follow(machine, ops, actor, now)
@@ -157,6 +159,10 @@ def _follow(machine: ProviderMachine, ops: PoolOperations, actor: Actor, now) ->
         elif node.lifecycle == Lifecycle.READY:
             if not _moved(machine, state=MachineState.READY, ready_at=now):
                 return
+            # A machine that made it: the pool's back-off starts over.
+            PoolOperations.objects.filter(pk=ops.pk, consecutive_failures__gt=0).update(
+                consecutive_failures=0, backoff_until=None
+            )
             seconds = (now - (machine.pending_since or machine.requested_at)).total_seconds()
             record_event(
                 node,
@@ -172,7 +178,9 @@ def _follow(machine: ProviderMachine, ops: PoolOperations, actor: Actor, now) ->
         elif node.lifecycle == Lifecycle.REJECTED:
             _fail_machine(machine, ops, actor, now, f"admission refused the new node: {node.lifecycle_reason}")
             return
-    if machine.state in (MachineState.REQUESTED, MachineState.ENROLLED):
+    if machine.state == MachineState.DELETING:
+        _finish_removal(machine.pk, ops, actor)  # a claim whose provider call failed or never ran
+    elif machine.state in (MachineState.REQUESTED, MachineState.ENROLLED):
         if now - machine.requested_at > timedelta(seconds=ops.boot_timeout):
             _fail_machine(machine, ops, actor, now, f"not ready within {ops.boot_timeout}s")
     elif machine.state == MachineState.DRAINING and node is not None:
@@ -190,30 +198,68 @@ def _follow(machine: ProviderMachine, ops: PoolOperations, actor: Actor, now) ->
 def _fail_machine(machine: ProviderMachine, ops: PoolOperations, actor: Actor, now, error: str) -> None:
     """Leave nothing half-done: token revoked, the provider told to delete, the node (if any) retired.
 
-    See :func:`_claimed_for_removal` for why a pass that read the machine before another moved it
-    (to ready, say, as its node turned ready past the boot timeout) changes nothing. A failed
-    provider delete is recorded in the machine's error; the machine is failed all the same."""
-    with _claimed_for_removal(machine, state=MachineState.FAILED, error=error[:2000], deleted_at=now) as node:
-        if node is False:
-            return
-        BootstrapToken.objects.filter(pk=machine.bootstrap_token_id, revoked_at__isnull=True).update(revoked_at=now)
-        try:
-            provider_for(ops).delete(machine.name, machine.provider_data)
-        except ProviderError as exc:
-            error = f"{error}; delete failed: {exc}"
-            ProviderMachine.objects.filter(pk=machine.pk).update(error=error[:2000])
-        _removed(machine, node, actor, state=MachineState.FAILED, reason=error)
+    See :func:`_remove` for why a pass that read the machine before another moved it (to ready,
+    say, as its node turned ready past the boot timeout) changes nothing. A failed provider delete
+    is recorded in the machine's error; the machine is failed all the same."""
+    if not _claim_removal(machine, to_state=MachineState.FAILED, reason=error, now=now):
+        return
+    back_off(ops.pool_id, now=now)
+    BootstrapToken.objects.filter(pk=machine.bootstrap_token_id, revoked_at__isnull=True).update(revoked_at=now)
+    _finish_removal(machine.pk, ops, actor)
 
 
 def _delete_machine(machine: ProviderMachine, ops: PoolOperations, actor: Actor, *, reason: str) -> None:
-    """Delete ``machine`` through the provider and retire its node, once (:func:`_claimed_for_removal`).
+    """Delete ``machine`` through the provider and retire its node, once (:func:`_claim_removal`).
 
-    Raises ProviderError (nothing recorded: the machine stays ``draining`` for the next pass)."""
-    with _claimed_for_removal(machine, state=MachineState.DELETED, deleted_at=timezone.now()) as node:
-        if node is False:
-            return
+    Raises ProviderError (the machine stays ``deleting``: the next pass asks the provider again)."""
+    if _claim_removal(machine, to_state=MachineState.DELETED, reason=reason, now=timezone.now()):
+        _finish_removal(machine.pk, ops, actor)
+
+
+def _claim_removal(machine: ProviderMachine, *, to_state: str, reason: str, now) -> bool:
+    """Claim ``machine`` for removal: a compare-and-swap from the state it was read in to
+    ``deleting`` (naming the state it ends in and why), committed **before** the provider is
+    called. False when another pass (or a preemption) moved the machine first.
+
+    The claim is committed first so that no lock is held during the provider call (up to
+    ``PROVIDER_TIMEOUT``): a pass that read the machine before another claimed it asks the provider
+    for nothing, and a process dying after the claim leaves a ``deleting`` machine that the next
+    pass deletes again (:func:`_finish_removal`; providers' deletes are idempotent: "gone already
+    is fine") — delete at least once, record exactly once."""
+    with transaction.atomic():
+        return _moved(
+            machine,
+            state=MachineState.DELETING,
+            removing_to=to_state,
+            removal_reason=reason[:2000],
+            error=(reason if to_state == MachineState.FAILED else machine.error)[:2000],
+            deleted_at=now,
+        )
+
+
+def _finish_removal(machine_id, ops: PoolOperations, actor: Actor) -> None:
+    """Ask the provider to delete a ``deleting`` machine (no transaction, no lock held), then, in
+    one transaction, move it to the state it ends in (a compare-and-swap: recorded once however
+    many passes got here), retire its node and record the event. A delete that fails leaves a
+    machine that is being deleted ``deleting`` (ProviderError raised: the next pass asks again);
+    a failed machine is failed all the same, the error recorded."""
+    machine = ProviderMachine.objects.get(pk=machine_id)
+    reason = machine.removal_reason
+    try:
         provider_for(ops).delete(machine.name, machine.provider_data)
-        _removed(machine, node, actor, state=MachineState.DELETED, reason=reason)
+    except ProviderError as exc:
+        if machine.removing_to != MachineState.FAILED:
+            raise
+        reason = f"{reason}; delete failed: {exc}"
+    with transaction.atomic():
+        # The node's row before the machine's, the order of the paths that lock both (preemption).
+        node = maintenance_services.lock_node(machine.node_id) if machine.node_id else None
+        changes = {"state": machine.removing_to}
+        if machine.removing_to == MachineState.FAILED:
+            changes["error"] = reason[:2000]
+        if not ProviderMachine.objects.filter(pk=machine.pk, state=MachineState.DELETING).update(**changes):
+            return
+        _removed(machine, node, actor, state=machine.removing_to, reason=reason)
 
 
 def _removed(machine: ProviderMachine, node: Node | None, actor: Actor, *, state: str, reason: str) -> None:
@@ -232,25 +278,6 @@ def _removed(machine: ProviderMachine, node: Node | None, actor: Actor, *, state
         reason=reason,
         data={"machine": machine.name},
     )
-
-
-@contextmanager
-def _claimed_for_removal(machine: ProviderMachine, **changes):
-    """One transaction that claims ``machine`` (:func:`_moved` with ``changes``) before the provider
-    is called; yields its node, locked (None when it has none), or False when another pass (or a
-    preemption) moved the machine first.
-
-    Claimed before the provider call, so that a pass that read the machine before another moved it
-    asks the provider for nothing; in the same transaction as that call, so that a second pass
-    waits for the first to commit and then finds the machine moved, and so that an error or a
-    process dying before COMMIT leaves the machine as it was for the next pass: the provider is
-    asked at least once (its deletes are idempotent: "gone already is fine") and the removal is
-    recorded once. The node's row is locked before the machine's, the order of the paths that
-    lock both (preemption). The provider call (``PROVIDER_TIMEOUT`` at most) holds the two rows.
-    """
-    with transaction.atomic():
-        node = maintenance_services.lock_node(machine.node_id) if machine.node_id else None
-        yield node if _moved(machine, **changes) else False
 
 
 def remove_machine_of(node: Node, *, actor: Actor, reason: str) -> bool:
@@ -328,6 +355,28 @@ def scale_up(*, pool_id, actor: Actor, now) -> int:
                 pool, ScaleDirection.UP, f"{reason_base}; held back: at max_nodes {ops.max_nodes}", actor, wanted=wanted
             )
             return 0
+        if ops.backoff_until and now < ops.backoff_until:
+            _held_back(
+                pool,
+                ScaleDirection.UP,
+                f"{reason_base}; held back: backing off after {ops.consecutive_failures} consecutive failure(s) "
+                f"until {ops.backoff_until.isoformat()}",
+                actor,
+                wanted=wanted,
+            )
+            return 0
+        launch_room = ops.max_launches_in_flight - in_flight
+        if launch_room <= 0:
+            _held_back(
+                pool,
+                ScaleDirection.UP,
+                f"{reason_base}; held back: {in_flight} launch(es) in flight (max_launches_in_flight "
+                f"{ops.max_launches_in_flight})",
+                actor,
+                wanted=wanted,
+            )
+            return 0
+        room = min(room, launch_room)
         if ops.last_scale_up_at and now < ops.last_scale_up_at + timedelta(seconds=ops.scale_up_cooldown):
             until = ops.last_scale_up_at + timedelta(seconds=ops.scale_up_cooldown)
             _held_back(
@@ -341,7 +390,7 @@ def scale_up(*, pool_id, actor: Actor, now) -> int:
         count = min(wanted, room, ops.max_nodes_per_scale_up)
         reason = f"{reason_base}: requesting {count} node(s)"
         if count < wanted:
-            reason += f" of {wanted} wanted (bounded by max_nodes / max_nodes_per_scale_up)"
+            reason += f" of {wanted} wanted (bounded by max_nodes / max_nodes_per_scale_up / max_launches_in_flight)"
         decision = _decide(
             pool,
             ScaleDirection.UP,
@@ -502,6 +551,7 @@ def _call_provider(ops: PoolOperations, decision: ScaleDecision, requests: list[
                 reason=f"provider accepted {len(requests)} machine(s)",
             )
             return
+        back_off(ops.pool_id, now=now)
         machines = ProviderMachine.objects.filter(decision=decision)
         BootstrapToken.objects.filter(pk__in=machines.values("bootstrap_token_id"), revoked_at__isnull=True).update(
             revoked_at=now
@@ -522,6 +572,18 @@ def _call_provider(ops: PoolOperations, decision: ScaleDecision, requests: list[
             provider_for(ops).delete(request.name, {})
         except ProviderError:
             logger.warning("could not ask the provider to delete %s after a failed create", request.name)
+
+
+def back_off(pool_id, *, now) -> None:
+    """One more consecutive failure of the pool's provisioning: scale-up waits
+    ``scale_up_cooldown × 2^(failures − 1)`` seconds, at most ``scale_up_backoff_max``
+    (cluster-autoscaler's node-group back-off, exponential and capped; reset by a machine that
+    becomes ready)."""
+    PoolOperations.objects.filter(pool_id=pool_id).update(consecutive_failures=F("consecutive_failures") + 1)
+    ops = PoolOperations.objects.get(pool_id=pool_id)
+    base = max(1, ops.scale_up_cooldown)
+    seconds = min(ops.scale_up_backoff_max, base * 2 ** min(ops.consecutive_failures - 1, 30))
+    PoolOperations.objects.filter(pk=ops.pk).update(backoff_until=now + timedelta(seconds=seconds))
 
 
 def _finish_decision(
@@ -577,9 +639,18 @@ def scale_down(*, pool_id, actor: Actor, now) -> int:
         pool = ops.pool
         machines = list(
             ProviderMachine.objects.filter(pool=pool, state=MachineState.READY, node__isnull=False)
-            .select_related("node")
+            .select_related("node", "decision")
             .order_by("requested_at")
         )
+        # Surge nodes belong to their upgrade until it ends: scale-down leaves them alone meanwhile
+        # (removing one mid-upgrade dropped the Ready ratio and paused the roll). Once it ended, they
+        # go first, idle or not (their work moves under the budgets), so the pool returns to its size.
+        running = {
+            str(pk)
+            for pk in Upgrade.objects.filter(pool=pool, state__in=ACTIVE_UPGRADE_STATES).values_list("pk", flat=True)
+        }
+        machines = [m for m in machines if _surge_of(m) not in running]
+        surplus = [m for m in machines if _surge_of(m) and m.node.lifecycle == Lifecycle.READY]
         underused = {}
         for machine in machines:
             node = machine.node
@@ -591,12 +662,15 @@ def scale_down(*, pool_id, actor: Actor, now) -> int:
         last_change = max(filter(None, [ops.last_scale_down_at, ops.last_scale_up_at]), default=None)
         if last_change and now < last_change + timedelta(seconds=ops.scale_down_cooldown):
             return 0
-        removing = ProviderMachine.objects.filter(pool=pool, state=MachineState.DRAINING).count()
+        removing = ProviderMachine.objects.filter(
+            pool=pool, state__in=[MachineState.DRAINING, MachineState.DELETING]
+        ).count()
         members = capacity.member_nodes(pool).count() - removing
-        due = [
+        due = surplus + [
             m
             for m in machines
-            if str(m.node_id) in underused
+            if m not in surplus
+            and str(m.node_id) in underused
             and now - _parse(underused[str(m.node_id)]) >= timedelta(seconds=ops.scale_down_after)
         ]
         if not due:
@@ -606,7 +680,7 @@ def scale_down(*, pool_id, actor: Actor, now) -> int:
         # that just became ready must not be drained before the queue pass places work on it, or
         # a loaded control plane churns machines up and down for the same demand.
         waiting = list(LeaseRequest.objects.filter(pool=pool, state=LeaseRequestState.PENDING))
-        if waiting and _bins_needed(pool, ops, waiting)[0]:
+        if not surplus and waiting and _bins_needed(pool, ops, waiting)[0]:
             _held_back(
                 pool, ScaleDirection.DOWN,
                 f"{len(due)} idle node(s); held back: {len(waiting)} lease request(s) pending", actor,
@@ -639,7 +713,9 @@ def scale_down(*, pool_id, actor: Actor, now) -> int:
                         reason=DisruptionReason.SCALE_DOWN,
                         owner=outofservice.AUTOSCALER,
                         policy=ops.drain_policy,
-                        why=f"scale-down: below {ops.scale_down_utilization:.0%} for {ops.scale_down_after}s",
+                        why=f"scale-down: surge node of upgrade {_surge_of(machine)}, which ended"
+                        if machine in surplus
+                        else f"scale-down: below {ops.scale_down_utilization:.0%} for {ops.scale_down_after}s",
                         timeout=ops.drain_timeout,
                         now=now,
                     )
@@ -658,8 +734,12 @@ def scale_down(*, pool_id, actor: Actor, now) -> int:
                 ScaleDirection.DOWN,
                 ScaleOutcome.REQUESTED,
                 1,
-                f"node {node} below {ops.scale_down_utilization:.0%} utilization for {ops.scale_down_after}s "
-                "and its leases can be placed elsewhere: cordon, drain, delete",
+                (
+                    f"surge node {node} of upgrade {_surge_of(machine)}, which ended"
+                    if machine in surplus
+                    else f"node {node} below {ops.scale_down_utilization:.0%} utilization for {ops.scale_down_after}s"
+                )
+                + " and its leases can be placed elsewhere: cordon, drain, delete",
                 actor,
                 node_id=str(node.pk),
                 machine=machine.name,
@@ -676,6 +756,11 @@ def scale_down(*, pool_id, actor: Actor, now) -> int:
             candidates=candidates,
         )
     return 0
+
+
+def _surge_of(machine: ProviderMachine) -> str | None:
+    """The upgrade id a surge machine was asked for (``ScaleDecision.data.upgrade_id``), or None."""
+    return ((machine.decision.data or {}) if machine.decision_id else {}).get("upgrade_id")
 
 
 def _parse(value: str):

@@ -78,6 +78,7 @@ class MachineState(models.TextChoices):
     ENROLLED = "enrolled", "enrolled (node exists, not ready yet)"
     READY = "ready", "ready"
     DRAINING = "draining", "being removed (cordoned and draining)"
+    DELETING = "deleting", "claimed for removal; the provider is being asked to delete it"
     DELETED = "deleted", "deleted by the provider"
     FAILED = "failed", "failed (provider error or boot timeout); cleaned up"
 

@@ -80,6 +80,13 @@ class PoolOperations(models.Model):
     # Pool disruption budgets (operations.disruption): [{"nodes": "10%", "reasons": [...],
     # "schedule": cron, "duration": "8h", "timezone": "UTC"}]; validated when written.
     disruption_budgets = models.JSONField(default=default_disruption_budgets, blank=True)
+    # Safe provisioning: launches in flight (requested or enrolled, not ready) at most this many; after
+    # consecutive failures (provider errors, machines not ready within boot_timeout, refused at
+    # admission) scale-up backs off exponentially: scale_up_cooldown × 2^(failures − 1), capped.
+    max_launches_in_flight = models.PositiveIntegerField(default=10)
+    scale_up_backoff_max = models.PositiveIntegerField(default=3600, help_text="Seconds: the back-off's cap.")
+    consecutive_failures = models.PositiveIntegerField(default=0)
+    backoff_until = models.DateTimeField(null=True, blank=True)
     last_scale_up_at = models.DateTimeField(null=True, blank=True)
     last_scale_down_at = models.DateTimeField(null=True, blank=True)
     # {node_id: ISO time it was first seen below the utilization threshold}.
@@ -270,6 +277,9 @@ class ProviderMachine(models.Model):
     ready_at = models.DateTimeField(null=True, blank=True)
     deleted_at = models.DateTimeField(null=True, blank=True)
     error = models.TextField(blank=True)
+    # A removal claimed (state deleting): the state it ends in (deleted or failed) and why.
+    removing_to = models.CharField(max_length=16, choices=MachineState.choices, blank=True)
+    removal_reason = models.TextField(blank=True)
 
     class Meta:
         ordering = ["-requested_at"]

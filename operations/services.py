@@ -36,6 +36,8 @@ INTS = (
     "scale_down_after",
     "scale_down_cooldown",
     "boot_timeout",
+    "max_launches_in_flight",
+    "scale_up_backoff_max",
 )
 FIELDS = {
     *INTS,

@@ -566,3 +566,110 @@ def test_two_passes_following_a_drained_machine_at_once_delete_it_once(operator_
     assert ProviderMachine.objects.get(name="m-0").state == "deleted"
     events = NodeEvent.objects.filter(subject_type="machine", to_state="deleted")
     assert events.count() == 1
+
+
+def test_surge_nodes_belong_to_their_upgrade_until_it_ends_then_go_first(operator_api, receiver):
+    from operations.choices import UpgradeState
+    from operations.models import Upgrade
+
+    pool = idle_machines(operator_api, receiver, min_nodes=0, scale_down_after=600)
+    upgrade = Upgrade.objects.create(pool=pool, target={"version": "2.0.0"})
+    Upgrade.objects.filter(pk=upgrade.pk).update(state=UpgradeState.ROLLING)
+    surge = ProviderMachine.objects.get(name="m-1")
+    surge.decision = ScaleDecision.objects.create(
+        pool=pool, direction="up", outcome="succeeded", count=1, reason="surge", data={"upgrade_id": str(upgrade.pk)}
+    )
+    surge.save()
+    now = timezone.now()
+    PoolOperations.objects.filter(pool=pool).update(disruption_budgets=[{"nodes": "100%"}])
+    # Idle for long, but the upgrade still runs: nothing is removed.
+    for minutes in (0, 20, 40):
+        assert autoscaler.scale_down(pool_id=pool.pk, actor=ACTOR, now=now + timedelta(minutes=minutes)) == 0
+    assert ProviderMachine.objects.get(name="m-1").state == "ready"
+
+    Upgrade.objects.filter(pk=upgrade.pk).update(state=UpgradeState.COMPLETED)
+    # Ended: the surge node goes first, without waiting scale_down_after (the other idle node stays).
+    assert autoscaler.scale_down(pool_id=pool.pk, actor=ACTOR, now=now + timedelta(minutes=41)) == 1
+    assert ProviderMachine.objects.get(name="m-1").state == "draining"
+    assert "surge node" in ScaleDecision.objects.filter(direction="down", outcome="requested").get().reason
+
+
+def test_a_pool_that_keeps_failing_backs_off_exponentially_up_to_a_cap_and_a_ready_machine_resets_it(
+    operator_api, client_api
+):
+    failing = Receiver("hook-secret", status=503)
+    try:
+        pool = PoolFactory(name="general")
+        make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})
+        configure(operator_api, pool, provider="webhook", provider_url=failing.url, provider_secret="hook-secret",
+                  scale_up_cooldown=60, scale_up_backoff_max=300)  # fmt: skip
+        client_api.post("/api/v1/node-leases", {"workload_id": "busy", "pool": "general", "resources": {"cpu": "3"}},
+                        format="json")  # fmt: skip
+        queue(client_api, "job-1")
+        now = timezone.now()
+        autoscaler.scale_up(pool_id=pool.pk, actor=ACTOR, now=now)  # the provider answers 503
+        ops = PoolOperations.objects.get(pool=pool)
+        assert ops.consecutive_failures == 1
+        assert abs((ops.backoff_until - now).total_seconds() - 60) < 5
+        assert autoscaler.scale_up(pool_id=pool.pk, actor=ACTOR, now=now + timedelta(seconds=30)) == 0
+        held = ScaleDecision.objects.filter(outcome="blocked").first()
+        assert "backing off after 1 consecutive failure(s)" in held.reason
+    finally:
+        failing.close()
+    # 60, 120, 240, then the cap: 300.
+    waits = []
+    for _ in range(4):
+        autoscaler.back_off(pool.pk, now=now)
+        waits.append(round((PoolOperations.objects.get(pool=pool).backoff_until - now).total_seconds()))
+    assert waits == [120, 240, 300, 300]
+
+
+def test_launches_in_flight_stay_under_the_cap(operator_api, client_api, receiver):
+    pool = PoolFactory(name="general")
+    make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})
+    configure(operator_api, pool, provider="webhook", provider_url=receiver.url, provider_secret="hook-secret",
+              max_nodes=10, max_launches_in_flight=2)  # fmt: skip
+    client_api.post("/api/v1/node-leases", {"workload_id": "busy", "pool": "general", "resources": {"cpu": "3"}},
+                    format="json")  # fmt: skip
+    for n in range(5):
+        queue(client_api, f"job-{n}")
+    assert autoscaler.scale_up(pool_id=pool.pk, actor=ACTOR, now=timezone.now()) == 2
+    assert autoscaler.scale_up(pool_id=pool.pk, actor=ACTOR, now=timezone.now()) == 0
+    assert (
+        "2 launch(es) in flight (max_launches_in_flight 2)"
+        in ScaleDecision.objects.filter(outcome="blocked").first().reason
+    )
+    assert ProviderMachine.objects.filter(pool=pool).count() == 2
+
+
+def test_no_transaction_is_open_during_the_providers_delete_and_a_failed_delete_is_retried(
+    operator_api, receiver, monkeypatch
+):
+    """The removal is claimed (state deleting) and committed before the provider is called, so no
+    row lock is held during the call; a delete that fails leaves the machine deleting, and the
+    next pass deletes it again and records the removal once."""
+    from django.db import connection
+
+    pool, node = _drained_machine(operator_api, receiver)
+    baseline = len(connection.savepoint_ids)  # the test's own transaction
+    seen, fail = [], [True]
+
+    class Provider:
+        def delete(self, name, data):
+            seen.append((ProviderMachine.objects.get(name=name).state, len(connection.savepoint_ids) - baseline))
+            if fail[0]:
+                raise providers.ProviderError("HTTP 503")
+
+    monkeypatch.setattr(autoscaler, "provider_for", lambda ops: Provider())
+    autoscaler.follow_machines(pool_id=pool.pk, actor=ACTOR, now=timezone.now())
+    assert seen == [("deleting", 0)]
+    assert ProviderMachine.objects.get(name="m-0").state == "deleting"
+    assert node.reload().lifecycle == "maintenance"
+
+    fail[0] = False
+    autoscaler.follow_machines(pool_id=pool.pk, actor=ACTOR, now=timezone.now())
+    autoscaler.follow_machines(pool_id=pool.pk, actor=ACTOR, now=timezone.now())
+    assert len(seen) == 2
+    assert ProviderMachine.objects.get(name="m-0").state == "deleted"
+    assert node.reload().lifecycle == "retired"
+    assert NodeEvent.objects.filter(subject_type="machine", to_state="deleted").count() == 1

@@ -186,3 +186,26 @@ def test_a_machine_failed_by_its_boot_timeout_counts_as_a_failed_scale_attempt(m
     autoscaler.follow_machines(pool_id=pool.pk, actor=Actor.system("system:autoscaler"), now=timezone.now())
     assert ProviderMachine.objects.get(name="m-1").state == "failed"
     assert metrics.samples()["nodepool_scale_attempts_failed_total"] == {("general",): 1}
+
+
+def test_a_drain_forced_at_its_deadline_names_the_budget_it_overrode():
+    from django.utils import timezone
+
+    from fleet.events import Actor
+    from fleet.models import NodeEvent
+    from maintenance import drains
+
+    _, nodes = ready_pool("general", 1)
+    node = nodes[0][0]
+    make_lease(node, "db-1", group="db")
+    DisruptionBudget.objects.create(group="db", max_unavailable=0)
+    now = timezone.now()
+    deadline = now + timedelta(seconds=30)
+    drain = drains.start_drain(node_id=node.pk, expected_version=node.version, policy="checkpoint",
+                               deadline=deadline, reason="bios", actor=Actor.system("t"), now=now)  # fmt: skip
+
+    drains.sweep_drains(actor=Actor.system("t"), now=now + timedelta(seconds=31))
+
+    forced = NodeEvent.objects.get(type="drain", to_state="forced", data__drain_id=str(drain.pk))
+    assert forced.data["overrode_budgets"] == [{"group": "db", "allowed": 0, "evicted": 1}]
+    assert "overrode the disruption budget of group 'db'" in forced.reason
