@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import admin, messages
+from django.utils.html import format_html, format_html_join
 
 from fleet.events import Actor
 from maintenance.admin import ReasonForm, Spec, run_with_form
 from nodepool.api.problems import Problem
 
-from . import services, upgrades
+from . import disruption, services, upgrades
 from .models import PoolOperations, Preemption, ProviderMachine, ScaleDecision, Upgrade, UpgradeNode
 
 
@@ -99,7 +100,7 @@ class PoolOperationsAdminForm(forms.ModelForm):
             "spot", "fallback_pool", "drain_policy", "drain_timeout", "provider", "provider_url", "provider_secret",
             "min_nodes", "max_nodes", "node_template", "scale_up_delay", "scale_up_cooldown",
             "max_nodes_per_scale_up", "scale_down_utilization", "scale_down_after", "scale_down_cooldown",
-            "boot_timeout",
+            "boot_timeout", "max_launches_in_flight", "scale_up_backoff_max", "disruption_budgets",
         ]  # fmt: skip
 
     def __init__(self, *args, **kwargs):
@@ -150,14 +151,54 @@ def _wire_template(template) -> dict:
     return template
 
 
+def _window(budget: dict) -> str:
+    """When a budget applies: always, or its schedule with the current or next window."""
+    if not budget.get("schedule"):
+        return "always"
+    when = f"{budget['schedule']} for {budget['duration']} ({budget.get('timezone', 'UTC')})"
+    if budget["active"]:
+        return f"{when}, active until {budget['window_end']}"
+    return f"{when}, next from {budget['window_start']}"
+
+
 @admin.register(PoolOperations)
 class PoolOperationsAdmin(admin.ModelAdmin):
     form = PoolOperationsAdminForm
     list_display = ["pool", "spot", "fallback_pool", "provider", "min_nodes", "max_nodes", "version"]
-    readonly_fields = ["pool", "target", "last_scale_up_at", "last_scale_down_at", "underused_since", "version"]
+    readonly_fields = [
+        "pool", "target", "disruptions", "consecutive_failures", "backoff_until", "last_scale_up_at",
+        "last_scale_down_at", "underused_since", "version",
+    ]  # fmt: skip
 
     def has_add_permission(self, request) -> bool:
         return False  # every pool has its settings row (operations.upgrades.pool_operations)
+
+    @admin.display(description="Disruptions now")
+    def disruptions(self, obj: PoolOperations) -> str:
+        """The budgets with their windows, the disruptions allowed per reason, and the blocked nodes
+        (operations.disruption.pool_status, what nodepoolctl describe pool shows)."""
+        status = disruption.pool_status(obj.pool)
+        budgets = format_html_join(
+            "",
+            "<li>#{}: nodes {} (= {}), {}, {}</li>",
+            (
+                (b["index"], b["nodes"], b["limit"], ", ".join(b.get("reasons") or []) or "all reasons", _window(b))
+                for b in status["budgets"]
+            ),
+        )
+        allowed = ", ".join(f"{reason}: {n}" for reason, n in status["allowed_disruptions"].items())
+        blocked = format_html_join(
+            "", "<li>{} ({}): {}</li>", ((b["node"], b["reason"], b["detail"]) for b in status["blocked"])
+        )
+        return format_html(
+            "<p>{} node(s), {} disrupting</p><p>Budgets:</p><ul>{}</ul><p>Allowed now: {}</p>"
+            "<p>Blocked disruptions:</p><ul>{}</ul>",
+            status["members"],
+            status["disrupting"],
+            budgets or "none",
+            allowed,
+            blocked or format_html("<li>{}</li>", "none"),
+        )
 
     def save_model(self, request, obj, form, change):
         try:

@@ -105,3 +105,28 @@ def test_upgrade_actions_ask_for_a_reason_and_act_at_the_version_the_form_showed
                         follow=True)  # fmt: skip
     assert "done" in done.content.decode()
     assert Upgrade.objects.get(pk=upgrade.pk).state == "paused"
+
+
+def test_the_pool_page_shows_budgets_windows_and_blocked_disruptions_and_checks_a_new_budget(console):
+    from django.utils import timezone
+
+    from operations.disruption import record_blocked
+    from tests.factories import make_schedulable_node
+
+    pool = make_pool(name="general")
+    node, _ = make_schedulable_node(pool, hostname="cpu-1")
+    ops = pool_operations(pool)
+    url = f"/admin/operations/pooloperations/{ops.pk}/change/"
+    window = '[{"nodes": "10%"}, {"nodes": "0", "reasons": ["upgrade"], "schedule": "0 9 * * 1-5", "duration": "8h"}]'
+    ok = console.post(url, {**form_data(console, url), "disruption_budgets": window})
+    assert ok.status_code == 302, ok.context["adminform"].form.errors
+    record_blocked(node=node, reason="upgrade", owner="system:upgrade", now=timezone.now(),
+                   blocker={"kind": "window", "detail": "blackout window: pool budget #1"})  # fmt: skip
+
+    page = console.get(url).content.decode()
+    assert "0 9 * * 1-5 for 8h (UTC)" in page and "scale_down: 1" in page
+    assert "cpu-1 (upgrade): blackout window: pool budget #1" in page
+
+    bad = console.post(url, {**form_data(console, url), "disruption_budgets": '[{"nodes": "150%"}]'})
+    assert bad.status_code == 200 and bad.context["adminform"].form.errors
+    assert len(PoolOperations.objects.get(pk=ops.pk).disruption_budgets) == 2

@@ -450,7 +450,7 @@ def test_one_machine_the_provider_fails_to_delete_does_not_stop_the_pass(operato
     monkeypatch.setattr(autoscaler, "provider_for", lambda ops: Provider())
     autoscaler.follow_machines(pool_id=pool.pk, actor=ACTOR, now=timezone.now())
     assert deleted == ["m-1"]
-    assert ProviderMachine.objects.get(name="m-0").state == "draining"
+    assert ProviderMachine.objects.get(name="m-0").state == "deleting"  # claimed; the next pass asks again
     assert ProviderMachine.objects.get(name="m-1").state == "deleted"
 
 
@@ -479,8 +479,8 @@ def test_a_pass_that_read_a_machine_before_another_deleted_it_does_not_delete_it
 
 
 def test_a_machine_the_provider_fails_to_delete_is_left_to_the_next_pass(operator_api, receiver, monkeypatch):
-    """The claim is given back when the provider fails: the machine stays ``draining`` (its node
-    not retired) and the next pass deletes it."""
+    """The claim stays when the provider fails: the machine stays ``deleting`` (its node not
+    retired) and the next pass deletes it."""
     from operations.providers import ProviderError
 
     pool, node = _drained_machine(operator_api, receiver)
@@ -495,7 +495,7 @@ def test_a_machine_the_provider_fails_to_delete_is_left_to_the_next_pass(operato
     monkeypatch.setattr(autoscaler, "provider_for", lambda ops: Provider())
     autoscaler.follow_machines(pool_id=pool.pk, actor=ACTOR, now=timezone.now())
     machine = ProviderMachine.objects.get(name="m-0")
-    assert (machine.state, machine.deleted_at) == ("draining", None)
+    assert machine.state == "deleting"
     assert node.reload().lifecycle == "maintenance"
     autoscaler.follow_machines(pool_id=pool.pk, actor=ACTOR, now=timezone.now())
     assert calls == ["m-0", "m-0"]
@@ -572,7 +572,7 @@ def test_surge_nodes_belong_to_their_upgrade_until_it_ends_then_go_first(operato
     from operations.choices import UpgradeState
     from operations.models import Upgrade
 
-    pool = idle_machines(operator_api, receiver, min_nodes=0, scale_down_after=600)
+    pool = idle_machines(operator_api, receiver, min_nodes=0, scale_down_after=10**6)  # m-0 is never due
     upgrade = Upgrade.objects.create(pool=pool, target={"version": "2.0.0"})
     Upgrade.objects.filter(pk=upgrade.pk).update(state=UpgradeState.ROLLING)
     surge = ProviderMachine.objects.get(name="m-1")
@@ -588,7 +588,7 @@ def test_surge_nodes_belong_to_their_upgrade_until_it_ends_then_go_first(operato
     assert ProviderMachine.objects.get(name="m-1").state == "ready"
 
     Upgrade.objects.filter(pk=upgrade.pk).update(state=UpgradeState.COMPLETED)
-    # Ended: the surge node goes first, without waiting scale_down_after (the other idle node stays).
+    # Ended: the surge node goes, without waiting scale_down_after (the other idle node stays).
     assert autoscaler.scale_down(pool_id=pool.pk, actor=ACTOR, now=now + timedelta(minutes=41)) == 1
     assert ProviderMachine.objects.get(name="m-1").state == "draining"
     assert "surge node" in ScaleDecision.objects.filter(direction="down", outcome="requested").get().reason
