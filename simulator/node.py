@@ -186,6 +186,9 @@ class VirtualNode:
             "agent_version": self.agent_version,
             "labels": self.spec.labels,
             "capability": self.spec.capability(impossible=self.impossible),
+            # As the agent does: the devices are known from enrollment on, so admission verifies them.
+            "boot_id": self.boot_id,
+            **({"devices": self.enrollment_devices()} if self.devices else {}),
         }
         response = await self._post(client, "/node-enrollments", body, auth=False)
         if response.status_code != 201:
@@ -259,6 +262,10 @@ class VirtualNode:
             }
             for d in self.devices
         ]
+
+    def enrollment_devices(self) -> list[dict]:
+        """The device inventory of the enrollment body (health without XID events)."""
+        return [{**d, "health": dict(self.device_health[d["id"]])} for d in self.devices]
 
     def _health_fingerprint(self) -> tuple:
         return tuple(sorted((i, tuple(sorted(h.items()))) for i, h in self.device_health.items()))

@@ -162,3 +162,28 @@ def test_a_provider_machine_from_a_gpu_template_reports_its_gpus(monkeypatch, tm
 
 class _Pid:
     pid = 4242
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_gpu_node_enrolls_with_its_devices_so_admission_verifies_them():
+    from fleet.models import Device, Node, NodeResource
+
+    cp = ControlPlane({"gpu": {}}, heartbeat_interval=10)
+    sim = cp.make_simulator(pools=[PoolSpec("gpu", cp.tokens["gpu"], gpu=True)], renewals=False)
+    try:
+        with FleetThread(sim) as fleet:
+            (name,) = fleet.enroll(1)
+            node = cp.node_by_hostname(name)
+            enrolled = sorted(Device.objects.filter(node=node).values_list("device_id", flat=True))
+            fleet.beat_all()
+            cp.admit(node.pk)
+            for _ in range(20):  # the benchmark's answer, if the pool asks for one
+                fleet.beat_all()
+                if Node.objects.get(pk=node.pk).lifecycle == "ready":
+                    break
+            count = len(sim.node(name).devices)
+    finally:
+        cp.close()
+    assert enrolled == sorted(d["id"] for d in sim.node(name).devices)
+    assert Device.objects.filter(node=node, verified_at__isnull=False).count() == count
+    assert NodeResource.objects.get(node=node, name="nvidia.com/gpu").allocatable == count
