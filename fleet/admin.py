@@ -422,11 +422,12 @@ class NodeAdmin(admin.ModelAdmin):
 
     @admin.display(description="readiness (reported by the node)")
     def reported_readiness(self, node: Node) -> str:
-        """The node's own word and when it said it — never a verdict (see schedulable)."""
-        if node.last_heartbeat_at is None:
+        """The node's own word and when it said it (its last status report, not its last renewal)
+        — never a verdict (see schedulable)."""
+        if node.last_status_report_at is None:
             return "never reported"
         said = "ready" if node.ready else f"not ready ({node.ready_reason})" if node.ready_reason else "not ready"
-        return f"{said}, reported {node.last_heartbeat_at:%Y-%m-%d %H:%M:%S} UTC"
+        return f"{said}, reported {node.last_status_report_at:%Y-%m-%d %H:%M:%S} UTC"
 
     def get_actions(self, request):
         # Every node action is an operator's (admit, cordon, drain, quarantine…): owners get none,

@@ -156,6 +156,8 @@ def _summary(request, node: Node) -> dict:
             ("addresses", ", ".join(node.addresses or []) or "—"),
             ("lifecycle reason", node.lifecycle_reason or "—"),
             ("last heartbeat", f"{age(node.last_heartbeat_at)} ({node.last_heartbeat_at or '—'})"),
+            # Renewals keep liveness fresh; readiness, health and usage are as old as the last report.
+            ("last status report", f"{age(node.last_status_report_at)} ({node.last_status_report_at or '—'})"),
             ("agent", f"{node.agent_version or '—'}, incarnation {node.incarnation}, sequence {node.sequence}"),
             ("artifacts blocked", "yes" if node.artifacts_blocked else "no"),
             ("version", node.version),

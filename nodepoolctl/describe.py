@@ -54,6 +54,13 @@ def _table(headers: list[str], rows: list[list[str]], empty: str = "<none>"):
 DESCRIBE_EVENTS = 20  # the node's latest events shown by describe
 
 
+def _status_report(node: dict) -> str:
+    """When the last status report arrived and its age (what readiness, health and usage are as old
+    as; renewals keep only liveness fresh): ``2026-12-02T10:00:00Z (12s ago)`` or ``never``."""
+    at = node.get("last_status_report_at")
+    return f"{at} ({age(at)} ago)" if at else "never"
+
+
 def describe_node(node: dict, leases: list[dict], events: list[dict]) -> Group:
     """The node as sections, events last (oldest first, as kubectl lists them).
 
@@ -75,14 +82,15 @@ def describe_node(node: dict, leases: list[dict], events: list[dict]) -> Group:
         ("Lifecycle", _with(node.get("lifecycle"), node.get("lifecycle_reason"))),
         ("Cordoned", "yes" if node.get("cordoned") else "no"),
         ("Liveness", _with(node.get("liveness"), heartbeat)),
-        ("Ready", _shown(ready(node), node.get("ready"), node.get("ready_reason"), node.get("last_heartbeat_at"))),
+        ("Status report", _status_report(node)),
+        ("Ready", _shown(ready(node), node.get("ready"), node.get("ready_reason"), node.get("last_status_report_at"))),
         (
             "Health",
             _shown(
                 health(node),
                 node.get("health"),
                 ", ".join(node.get("health_reasons") or []),
-                (node.get("reported_health") or {}).get("reported_at") or node.get("last_heartbeat_at"),
+                (node.get("reported_health") or {}).get("reported_at") or node.get("last_status_report_at"),
             ),
         ),
         ("Schedulable", "yes" if node.get("schedulable") else "no: " + "; ".join(r["message"] for r in reasons)),

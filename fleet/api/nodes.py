@@ -6,6 +6,7 @@ the ``has_valid_credential`` annotation), so a page of nodes costs a constant nu
 
 from __future__ import annotations
 
+from django.utils import timezone
 from rest_framework import serializers
 
 from nodepool.api.permissions import is_operator
@@ -78,6 +79,7 @@ class NodeSerializer(serializers.ModelSerializer):
     readiness = serializers.SerializerMethodField()
     health_state = serializers.SerializerMethodField()
     reported_health = serializers.SerializerMethodField()
+    status_report_age_seconds = serializers.SerializerMethodField()
 
     class Meta:
         model = Node
@@ -87,6 +89,7 @@ class NodeSerializer(serializers.ModelSerializer):
             "addresses", "labels", "node_labels", "taints", "taints_added_at",
             "lifecycle", "lifecycle_reason", "lifecycle_changed_at", "cordoned", "holds",
             "liveness", "liveness_changed_at", "last_heartbeat_at",
+            "last_status_report_at", "status_report_age_seconds",
             "readiness", "health_state", "reported_readiness", "reported_health",
             "ready", "ready_reason", "health", "health_reasons", "conditions",
             "incarnation", "sequence", "restart_count", "agent_version", "clock_skew_seconds", "usage",
@@ -125,7 +128,14 @@ class NodeSerializer(serializers.ModelSerializer):
     def get_reported_readiness(self, node: Node) -> dict:
         """What the node last said about its own readiness, and when: the node's word, not a verdict
         (``schedulable`` is the control plane's)."""
-        return {"ready": node.ready, "reason": node.ready_reason, "reported_at": node.last_heartbeat_at}
+        return {"ready": node.ready, "reason": node.ready_reason, "reported_at": node.last_status_report_at}
+
+    def get_status_report_age_seconds(self, node: Node) -> float | None:
+        """Seconds since the last status report arrived (server time; None: never reported). Its
+        renewals keep ``last_heartbeat_at`` fresh; this says how old what we know of it is."""
+        if node.last_status_report_at is None:
+            return None
+        return round(max(0.0, (timezone.now() - node.last_status_report_at).total_seconds()), 1)
 
     def get_devices(self, node: Node) -> dict:
         """``{type: {"total", "allocatable", "free", "models": {model: count}}}`` of the node's live

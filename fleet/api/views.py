@@ -174,6 +174,7 @@ class NodeViewSet(ETagMixin, viewsets.ReadOnlyModelViewSet):
 
     serializer_class = NodeSerializer
     permission_classes = [IsOperatorOrReadOnlyOwner]
+    etag_ignores = ("status_report_age_seconds",)  # the clock's, not the node's: it moves at every read
     filterset_class = NodeFilterSet
 
     def get_queryset(self):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from datetime import timedelta
 
@@ -149,6 +150,17 @@ def test_describe_pool_shows_budgets_windows_and_blocked_disruptions(ctl, fleet)
     assert "0 9 * * 1-5 for 8h" in text and "scale_down" in text
     blocked = text[text.index("Blocked disruptions:") :]
     assert "cpu-1" in blocked and "blackout window: pool budget #1" in blocked
+
+
+def test_describe_node_shows_the_status_report_age_apart_from_the_renewal(ctl, fleet):
+    now = timezone.now()
+    Node.objects.filter(pk=fleet["cpu-1"].pk).update(
+        last_heartbeat_at=now, last_status_report_at=now - timedelta(minutes=5)
+    )
+    text = ctl("describe", "node", "cpu-1")[1]
+    line = next(line for line in text.splitlines() if line.startswith("Status report:"))
+    assert "(5m ago)" in line
+    assert re.search(r"^Status report:\s+never$", ctl("describe", "node", "cpu-2")[1], flags=re.MULTILINE)
 
 
 def test_cordon_and_uncordon_are_holds_aware(ctl, fleet, operator):
