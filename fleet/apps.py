@@ -13,3 +13,14 @@ class FleetConfig(AppConfig):
         )
 
         register_collector("fleet", collectors.collect)
+        # Per-process series follow the pools and their request classes (nodepool.metrics): gone
+        # with the object, from zero when one of the same name is created again.
+        from django.db.models.signals import post_delete
+
+        from nodepool.metrics import register_object_label
+
+        from .models import Pool
+
+        register_object_label("pool", collectors.existing_pools)
+        register_object_label("request_class", collectors.existing_request_classes, parent="pool")
+        post_delete.connect(collectors.forget_pool_series, sender=Pool, dispatch_uid="fleet.forget_pool_series")

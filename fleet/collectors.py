@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from django.db.models import Count
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from nodepool.metrics import bounded_resources, gauge, resource_unit
+from nodepool.metrics import bounded_resources, forget_object, gauge, resource_unit
 
 from . import fleet_state
 from .models import LivenessSweepState, Pool
@@ -194,3 +194,24 @@ def device_metrics() -> Iterator[Metric]:
         ["pool", "type", "model", "health", "allocatable"],
         ((p, t, m, h, str(a).lower(), n) for p, t, m, h, a, n in device_metric_rows()),
     )
+
+
+def existing_pools() -> dict:
+    """``{pool name: created_at}`` of every pool (per-process series of other names are not exported)."""
+    return dict(Pool.objects.values_list("name", "created_at"))
+
+
+def existing_request_classes() -> dict:
+    """``{(pool name, request class name): pool created_at}`` of every request class declared now."""
+    return {
+        (name, c.get("name")): created
+        for name, created, classes in Pool.objects.values_list("name", "created_at", "request_classes")
+        for c in classes or []
+        if isinstance(c, dict) and c.get("name")
+    }
+
+
+def forget_pool_series(sender, instance: Pool, **kwargs) -> None:
+    """``post_delete`` of a pool (whatever deletes it): remember its per-process series' values, so
+    that a pool created later under the same name starts from zero (nodepool.metrics.forget_object)."""
+    forget_object("pool", instance.name)

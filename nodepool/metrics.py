@@ -28,6 +28,7 @@ cpu in cores), ``_total`` for counters. docs/observability.md explains each one.
 
 from __future__ import annotations
 
+import copy
 import hmac
 import logging
 import os
@@ -163,6 +164,7 @@ class FleetStateCollector:
     def invalidate(self) -> None:
         with self._lock:
             self._at = float("-inf")
+        _OBJECTS.clear()
 
     def _run(self) -> list[Metric]:
         families: list[Metric] = []
@@ -197,15 +199,143 @@ def multiprocess_dir() -> str:
     return os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
 
 
-def exposition() -> bytes:
-    """The whole ``/metrics`` body: per-process metrics (summed over processes) + fleet state."""
+# --- series follow the objects ---------------------------------------------------------------------
+# A per-process counter keeps its value for a pool that no longer exists: ``remove()`` reaches only
+# the current process, and a dead process's multiprocess file persists. So /metrics keeps a series
+# whose label names an object only while that object exists, whichever process counted it, and a
+# re-created object of the same name starts from zero (the values at its predecessor's deletion,
+# stored by :func:`forget_object`, are subtracted).
+Owners = Callable[[], dict]
+_owners: dict[str, tuple[str | None, Owners]] = {}
+
+
+def register_object_label(label: str, existing: Owners, *, parent: str | None = None) -> None:
+    """Export series labelled ``label`` only for objects that exist (called in ``AppConfig.ready()``).
+
+    ``existing()`` returns ``{value: created_at}`` of the objects that exist now (one small query,
+    run at each scrape); with ``parent`` (another object label, e.g. ``request_class`` within
+    ``pool``) its keys are ``(parent value, value)`` pairs. A sample whose label value is not among
+    them is left out of /metrics; one whose object was created after a :class:`MetricBaseline` of
+    the same value starts from that baseline (per-process metrics only).
+    """
+    _owners[label] = (parent, existing)
+
+
+def _sample_key(name: str, labels: dict) -> str:
+    return name + "|" + ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+def _per_process_families() -> list[Metric]:
     if multiprocess_dir():
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
-        per_process = generate_latest(registry)
-    else:
-        per_process = generate_latest(REGISTRY)
-    return per_process + generate_latest(_fleet_registry)
+        return list(registry.collect())
+    return list(REGISTRY.collect())
+
+
+def forget_object(label: str, value: str, *, now=None) -> None:
+    """Record the per-process series of object ``label=value`` as it is deleted (call inside the
+    deleting transaction): its series vanish from /metrics at once (the object no longer exists),
+    and an object created later under the same name starts from zero."""
+    from django.utils import timezone
+
+    from .models import MetricBaseline
+
+    samples = {
+        _sample_key(sample.name, sample.labels): sample.value
+        for family in _per_process_families()
+        for sample in family.samples
+        if sample.labels.get(label) == value and not sample.name.endswith("_created")
+    }
+    MetricBaseline.objects.update_or_create(
+        label=label, value=value, defaults={"taken_at": now or timezone.now(), "samples": samples}
+    )
+    _OBJECTS.clear()
+
+
+class _ObjectFilter:
+    """Filters families (and offsets per-process ones) against the objects that exist, per scrape."""
+
+    def __init__(self):
+        from .models import MetricBaseline
+
+        self.objects = {label: (parent, existing()) for label, (parent, existing) in _owners.items()}
+        self.offsets: dict[str, float] = {}
+        for baseline in MetricBaseline.objects.filter(label__in=list(self.objects)):
+            parent, objects = self.objects[baseline.label]
+            created = objects.get(baseline.value) if parent is None else None
+            if created is not None and created > baseline.taken_at:
+                self.offsets.update(baseline.samples)
+
+    def keep(self, labels: dict) -> bool:
+        for label, (parent, objects) in self.objects.items():
+            if label in labels:
+                key = labels[label] if parent is None else (labels.get(parent, ""), labels[label])
+                if key not in objects:
+                    return False
+        return True
+
+    def apply(self, families: list[Metric]) -> list[Metric]:
+        out = []
+        for family in families:
+            family = copy.copy(family)
+            kept = []
+            for sample in family.samples:
+                if not self.keep(sample.labels):
+                    continue
+                offset = self.offsets.get(_sample_key(sample.name, sample.labels))
+                if offset:
+                    # Below its baseline the series was reset since (the multiprocess directory is
+                    # emptied when the service starts): counting from zero is already right.
+                    value = sample.value - offset if sample.value >= offset else sample.value
+                    sample = sample._replace(value=value)
+                kept.append(sample)
+            family.samples = kept
+            out.append(family)
+        return out
+
+
+_OBJECTS: list = []  # [(monotonic time, _ObjectFilter)]: the objects as read at most a cache window ago
+
+
+def _object_filter() -> _ObjectFilter:
+    """The objects that exist, read at most ``METRICS_CACHE_SECONDS`` ago in this process (as the
+    fleet state: a burst of scrapes costs one round of queries; Prometheus scrapes every 15 s, so
+    the next scrape after a deletion no longer shows its series). A deletion in this process
+    empties it at once (:func:`forget_object`)."""
+    ttl = float(getattr(settings, "NODEPOOL", {}).get("METRICS_CACHE_SECONDS", 5.0))
+    if _OBJECTS and time.monotonic() - _OBJECTS[0][0] < ttl:
+        return _OBJECTS[0][1]
+    objects = _ObjectFilter()
+    _OBJECTS[:] = [(time.monotonic(), objects)]
+    return objects
+
+
+class _Families:
+    def __init__(self, families: list[Metric]):
+        self.families = families
+
+    def collect(self) -> list[Metric]:
+        return self.families
+
+
+def _latest(families: list[Metric]) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(families))
+    return generate_latest(registry)
+
+
+def exposition() -> bytes:
+    """The whole ``/metrics`` body: per-process metrics (summed over processes), each series whose
+    label names an object kept only while that object exists (:func:`register_object_label`), +
+    fleet state (read from the database: only objects that exist, already)."""
+    families = _per_process_families()
+    if _owners:
+        try:
+            families = _object_filter().apply(families)
+        except Exception:  # the filter reads the database: it must never take /metrics down
+            logger.exception("metrics: the object filter failed; series of deleted objects may show")
+    return _latest(families) + generate_latest(_fleet_registry)
 
 
 def _authorized(request) -> bool:

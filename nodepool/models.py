@@ -1,0 +1,26 @@
+"""Models of the plumbing app: only what the metrics need to keep series true to the objects."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class MetricBaseline(models.Model):
+    """The per-process series of an object-valued label at the moment its object was deleted
+    (nodepool.metrics.forget_object): when an object of the same name is created later, its
+    series start from zero by subtracting these values at scrape time.
+
+    ``samples`` maps ``"<sample name>|<label>=<value>,..."`` (labels sorted) to the value summed
+    over every process when the object was deleted.
+    """
+
+    label = models.CharField(max_length=64)
+    value = models.CharField(max_length=200)
+    taken_at = models.DateTimeField()
+    samples = models.JSONField(default=dict)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["label", "value"], name="metric_baseline_unique_object")]
+
+    def __str__(self) -> str:
+        return f"{self.label}={self.value} at {self.taken_at:%Y-%m-%d %H:%M:%S}"
