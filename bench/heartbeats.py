@@ -291,6 +291,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="CI: 2,000 nodes, 2 s runs, one round, no flood")
+    parser.add_argument("--no-flood", dest="flood", action="store_false",
+                        help="renewal, status-report and baseline rounds only (A/B runs of the hot path)")
     parser.add_argument("--no-proxy", dest="proxy", action="store_false",
                         help="flood only straight to gunicorn, not also through nginx (deploy/nginx)")  # fmt: skip
     args = parser.parse_args()
@@ -332,7 +334,7 @@ def main() -> None:
                     results[mode].append(result)
                     print(f"round {round_ + 1} {mode:13s} {result['rps']:8.1f} req/s  p50 {result['p50_ms']:6.2f} ms  "
                           f"p99 {result['p99_ms']:6.2f} ms  {result['counters']}", flush=True)  # fmt: skip
-            if not args.quick:
+            if not args.quick and args.flood:
                 # The other nodes renew as agents do: each every OTHERS_PERIOD s (between the flood
                 # guard, 7.5 s, and the stale deadline, 30 s), paced, as many of them as make half
                 # the renewal rate just measured. The unflooded reference run is the same load.

@@ -38,6 +38,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.core.cache import cache
 from django.db import connection, transaction
+from django.db.models import Min
 from django.utils import timezone
 
 from nodepool import metrics
@@ -325,13 +326,32 @@ def _in_fresh_window(releases: dict, pool: Pool, candidate, *, now: datetime, lo
 
 
 def _sweep_pool(
-    *, pool: Pool, timings: Timings, now: datetime, since: datetime | None, state, actor, fleet_silence=None
+    *,
+    pool: Pool,
+    timings: Timings,
+    now: datetime,
+    since: datetime | None,
+    state,
+    actor,
+    fleet_silence=None,
+    due: dict | None = None,
 ) -> dict:
-    """Run the transitions of one pool; returns ``{"moved": {"a->b": n}, "lost": [ids], "held": n}``."""
+    """Run the transitions of one pool; returns ``{"moved": {"a->b": n}, "lost": [ids], "held": n}``.
+
+    ``due`` (from :func:`_due_by_pool`) maps each liveness of the pool's due nodes to the oldest
+    last heartbeat among them: a transition none of them can make is not attempted (in the steady
+    state only ``alive → stale`` is, one statement per pool). None attempts every transition.
+    """
 
     def allowed(after: float) -> bool:
         # Outage guard: a threshold counts only once it has passed since the recovery too.
         return since is None or (now - since).total_seconds() >= after
+
+    def possible(states, cutoff: datetime | None) -> bool:
+        if due is None:
+            return True
+        oldest = [due[s] for s in states if s in due]
+        return bool(oldest) and (cutoff is None or any(o is not None and o <= cutoff for o in oldest))
 
     result: dict = {"moved": {}, "lost": [], "held": 0, "guards": {}, "fresh": 0}
 
@@ -342,7 +362,7 @@ def _sweep_pool(
 
     lost_cutoff = now - timedelta(seconds=timings.lost_after)
     unreachable_cutoff = now - timedelta(seconds=timings.unreachable_after)
-    if allowed(timings.lost_after):
+    if allowed(timings.lost_after) and possible(_SILENT_STATES, lost_cutoff):
         candidates = list(
             Node.objects.filter(
                 pool=pool,
@@ -404,6 +424,8 @@ def _sweep_pool(
     if allowed(timings.unreachable_after):
         reason = f"no heartbeat for {timings.unreachable_after:.0f}s (grace)"
         for from_state in (Liveness.ALIVE, Liveness.STALE):
+            if not possible([from_state], unreachable_cutoff):
+                continue
             moved = _move(
                 pool_id=pool.pk,
                 from_state=from_state,
@@ -417,7 +439,7 @@ def _sweep_pool(
                 reason=reason,
             )
             record(from_state, Liveness.UNREACHABLE, moved)
-    if allowed(timings.stale_after):
+    if allowed(timings.stale_after) and possible([Liveness.ALIVE], None):
         # An alive node's deadline was set by its last heartbeat (two told intervals), so no cutoff.
         # A stale node keeps its passed deadline: ``stale`` lasts one grace at most, and not writing
         # the indexed column keeps a mass transition from rewriting every index of every row (the
@@ -437,6 +459,24 @@ def _sweep_pool(
         )
         record(Liveness.ALIVE, Liveness.STALE, moved)
     return result
+
+
+def _due_by_pool(now: datetime) -> dict[int, dict[str, datetime | None]]:
+    """``{pool pk: {liveness: oldest last heartbeat}}`` of the nodes whose deadline passed (one
+    aggregate query over the deadline index ``node_liveness_due``): which pools to sweep, and which
+    of their transitions can move anyone (:func:`_sweep_pool`). A node changed after this read is
+    judged by the compare-and-swap of each move anyway; one that becomes due meanwhile waits a run."""
+    rows = (
+        Node.objects.filter(next_liveness_check_at__lte=now)
+        .exclude(lifecycle=Lifecycle.RETIRED)
+        .values_list("pool_id", "liveness")
+        .annotate(oldest=Min("last_heartbeat_at"))
+        .order_by()
+    )
+    due: dict = {}
+    for pool_id, liveness, oldest in rows:
+        due.setdefault(pool_id, {})[liveness] = oldest
+    return due
 
 
 def _open_releases(releases: dict, *, now: datetime, engaged: dict) -> dict:
@@ -492,11 +532,8 @@ def sweep_liveness(*, now: datetime | None = None, actor: Actor | None = None) -
         state = LivenessSweepState.objects.select_for_update().get(pk=1)
         previous = state.last_run_at
         gap = max(0.0, (now - previous).total_seconds()) if previous else 0.0
-        due_pools = list(
-            Pool.objects.filter(
-                pk__in=Node.objects.filter(next_liveness_check_at__lte=now).values("pool_id").distinct()
-            ).order_by("name")
-        )
+        due = _due_by_pool(now)
+        due_pools = list(Pool.objects.filter(pk__in=list(due)).order_by("name"))
         fleet_size = heartbeat_population(fresh=True)
         pool_timings = {pool.pk: timings_for(pool, fleet_size) for pool in due_pools}
         summary["gap_seconds"], summary["gap"] = round(gap, 3), ""
@@ -533,7 +570,7 @@ def sweep_liveness(*, now: datetime | None = None, actor: Actor | None = None) -
             with transaction.atomic():
                 result = _sweep_pool(
                     pool=pool, timings=timings, now=now, since=since, state=state, actor=actor,
-                    fleet_silence=fleet_silence,
+                    fleet_silence=fleet_silence, due=due[pool.pk],
                 )  # fmt: skip
                 if result["lost"]:
                     signals.nodes_lost.send(

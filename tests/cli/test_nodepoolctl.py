@@ -159,8 +159,8 @@ def test_describe_node_shows_the_status_report_age_apart_from_the_renewal(ctl, f
     )
     text = ctl("describe", "node", "cpu-1")[1]
     line = next(line for line in text.splitlines() if line.startswith("Status report:"))
-    assert "(5m ago)" in line
-    assert re.search(r"^Status report:\s+never$", ctl("describe", "node", "cpu-2")[1], flags=re.MULTILINE)
+    assert "(5m" in line and "ago)" in line
+    assert re.search(r"^Status report:\s+never\s*$", ctl("describe", "node", "cpu-2")[1], flags=re.MULTILINE)
 
 
 def test_cordon_and_uncordon_are_holds_aware(ctl, fleet, operator):
