@@ -291,8 +291,12 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="CI: 2,000 nodes, 2 s runs, one round, no flood")
-    parser.add_argument("--no-flood", dest="flood", action="store_false",
-                        help="renewal, status-report and baseline rounds only (A/B runs of the hot path)")
+    parser.add_argument(
+        "--no-flood",
+        dest="flood",
+        action="store_false",
+        help="renewal, status-report and baseline rounds only (A/B runs of the hot path)",
+    )
     parser.add_argument("--no-proxy", dest="proxy", action="store_false",
                         help="flood only straight to gunicorn, not also through nginx (deploy/nginx)")  # fmt: skip
     args = parser.parse_args()
