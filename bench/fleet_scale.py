@@ -6,9 +6,14 @@
 
 Seeds ``--nodes`` ready nodes with credentials in a pool of ``--interval`` / ``--grace`` seconds,
 starts gunicorn with ``NODEPOOL_MAX_HEARTBEATS_PER_SECOND=--ceiling``, and drives it with wrk: a
-LuaJIT script gives each node a random phase in the interval and renews it when due, at the
-interval the server prescribes (``next_renewal_in`` of the answers), rotating credentials; wrk's
-``delay()`` waits between renewals, so the generator uses little CPU. Status reports are not
+LuaJIT script gives each node a random first phase, then schedules each node by its own answer
+(the receipt plus that answer's ``next_renewal_in``; a 429's ``Retry-After``), matched to its
+request by ``X-Request-ID``, from a min-heap of due times; wrk's ``delay()`` waits between
+renewals, so the generator uses little CPU. **Restart**: at ``--restart-after`` (a third of the
+run by default) the control plane has been away for one interval and every node renews at that
+one instant; the largest one-second bucket of renewals sent over the two intervals after it is
+reported against the mean there (and from one interval after it, where the server's slots
+promise at most about twice the mean). Status reports are not
 sent (the seeded nodes hold theirs; this measures liveness). At half time, 1 % of the nodes stop
 renewing. The liveness sweep runs every 5 s in this process, as beat would run it.
 
@@ -48,37 +53,81 @@ int gettimeofday(timeval *tv, void *tz);
 local tv = ffi.new("timeval")
 local function now() ffi.C.gettimeofday(tv, nil); return tonumber(tv.tv_sec) + tonumber(tv.tv_usec) / 1e6 end
 
-local mine, idx = {}, 0
+local mine, by_key = {}, {}
 local interval = tonumber(os.getenv("BENCH_INTERVAL"))
 local nthreads = tonumber(os.getenv("BENCH_THREADS"))
-local start = now()
+local start = tonumber(os.getenv("BENCH_T0"))
 local stop_at = start + tonumber(os.getenv("BENCH_STOP_AFTER"))
+local restart_at = start + tonumber(os.getenv("BENCH_RESTART_AFTER"))
+local blackout_at = restart_at - interval
+local blacked_out = false
 local base = tonumber(os.getenv("BENCH_SEQ_BASE"))
+-- A binary min-heap of the nodes waiting for their turn, by due time: each node is due at its
+-- own time, the last answer's receipt plus its own next_renewal_in (nothing global).
+local heap = {}
+local function push(n)
+  table.insert(heap, n)
+  local i = #heap
+  while i > 1 do
+    local p = math.floor(i / 2)
+    if heap[p].due <= heap[i].due then break end
+    heap[p], heap[i] = heap[i], heap[p]
+    i = p
+  end
+end
+local function pop()
+  local top = heap[1]
+  if top == nil then return nil end
+  local last = table.remove(heap)
+  if #heap > 0 then
+    heap[1] = last
+    local i = 1
+    while true do
+      local l, r, m = 2 * i, 2 * i + 1, i
+      if l <= #heap and heap[l].due < heap[m].due then m = l end
+      if r <= #heap and heap[r].due < heap[m].due then m = r end
+      if m == i then break end
+      heap[m], heap[i] = heap[i], heap[m]
+      i = m
+    end
+  end
+  return top
+end
 function init(args)
   local i = 0
   math.randomseed(tid + 1)
   for line in io.lines(os.getenv("BENCH_NODES")) do
     local id, secret, stops = line:match("(%S+) (%S+) (%S+)")
     if i % nthreads == tid then
-      local due = start + math.random() * interval
-      table.insert(mine, {id = id, secret = secret, seq = base, stops = stops == "1", due = due})
+      -- the first renewal at a random phase (agents start at different times); later ones as told
+      local n = {key = "n" .. i, id = id, secret = secret, seq = base, stops = stops == "1",
+                 due = start + math.random() * interval}
+      table.insert(mine, n)
+      by_key[n.key] = n
+      push(n)
     end
     i = i + 1
   end
-  table.sort(mine, function(a, b) return a.due < b.due end)
 end
-local function next_node()
-  -- the earliest due node (the list is a ring in due order: every node keeps the same interval)
-  for _ = 1, #mine do
-    idx = idx % #mine + 1
-    local n = mine[idx]
-    if not (n.stops and n.due >= stop_at) then return n end
-    n.due = n.due + interval  -- stopped: skip it for good
+local function blackout()
+  -- The control plane goes away for one interval, then comes back at restart_at: every node that
+  -- was waiting (all of them: their renewals failed meanwhile) renews at that one instant.
+  blacked_out = true
+  heap = {}
+  for _, n in ipairs(mine) do
+    if not n.inflight then n.due = restart_at; push(n) end
   end
-  return nil
 end
 local pending = nil
+local function next_node()
+  while true do
+    local n = pop()
+    if n == nil then return nil end
+    if not (n.stops and n.due >= stop_at) then return n end  -- a stopped node leaves the heap
+  end
+end
 function delay()
+  if not blacked_out and now() >= blackout_at then blackout() end
   pending = pending or next_node()
   if pending == nil then return 1000 end
   local wait = (pending.due - now()) * 1000
@@ -89,18 +138,31 @@ function request()
   if verification_call() then return wrk.format("GET", "/") end
   local n = pending or next_node()
   pending = nil
+  if n == nil then return wrk.format("GET", "/healthz") end
   n.seq = n.seq + 1
-  n.due = n.due + interval
+  n.inflight = true
+  local second = math.floor(now())
+  counters["at_" .. second] = (counters["at_" .. second] or 0) + 1
   return wrk.format("POST", "/api/v1/nodes/" .. n.id .. "/renewals",
-    {["Content-Type"] = "application/json", ["Authorization"] = "Node " .. n.secret},
+    {["Content-Type"] = "application/json", ["Authorization"] = "Node " .. n.secret, ["X-Request-ID"] = n.key},
     string.format('{"incarnation":1,"sequence":%d}', n.seq))
 end
 function response(status, headers, body)
   local key = tostring(status)
+  local n = by_key[headers["X-Request-ID"] or headers["x-request-id"] or ""]
+  local wait = interval
   if status == 200 then
     local told = body:match('"next_renewal_in":([%d%.]+)')
-    if told then interval = tonumber(told) / 1.05 end  -- the server's interval (its jitter averages 5 %)
+    if told then wait = tonumber(told) end  -- this node's own delay, as the server prescribed it
     if body:find('"applied":true', 1, true) then key = "applied" else key = "not_applied" end
+  elseif status == 429 then
+    wait = tonumber(headers["Retry-After"] or headers["retry-after"] or "1") or 1
+  end
+  if n ~= nil then
+    n.inflight = false
+    n.due = now() + wait
+    if n.due >= blackout_at and n.due < restart_at then n.due = restart_at end  -- away until then
+    push(n)
   end
   counters[key] = (counters[key] or 0) + 1
 end
@@ -161,6 +223,8 @@ def run_size(args, count: int) -> dict:
         script = handle.name
     sweeps: list[dict] = []
     stop = threading.Event()
+    # The restart: the control plane is away for one interval, then every node renews at once.
+    restart_after = args.restart_after if args.restart_after is not None else args.duration / 3
 
     def sweeper():
         while not stop.wait(5.0):
@@ -173,8 +237,10 @@ def run_size(args, count: int) -> dict:
             from django.utils import timezone
 
             run_start = timezone.now()
+            t0 = time.time()
             env = {**os.environ, "BENCH_NODES": nodes_file, "BENCH_INTERVAL": str(args.interval),
                    "BENCH_THREADS": str(args.threads), "BENCH_STOP_AFTER": str(args.duration / 2),
+                   "BENCH_RESTART_AFTER": str(restart_after), "BENCH_T0": str(t0),
                    "BENCH_SEQ_BASE": str(int(time.time() * 1000))}  # fmt: skip
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             cpu_start = _machine_cpu_seconds()
@@ -206,6 +272,10 @@ def run_size(args, count: int) -> dict:
     import json
 
     result = json.loads(line[len("WRKJSON ") :])
+    per_second = {int(k[3:]) - int(t0): v for k, v in result["counters"].items() if k.startswith("at_")}
+    result["counters"] = {k: v for k, v in result["counters"].items() if not k.startswith("at_")}
+    herd = herd_figures(per_second, restart=int(restart_after), interval=args.interval, nodes=count,
+                        end=int(args.duration))  # fmt: skip
     generator_cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     live_events = (
         NodeEvent.objects.filter(type="liveness", created_at__gte=run_start)
@@ -244,9 +314,38 @@ def run_size(args, count: int) -> dict:
         "generator_cpu_share": round(generator_cpu / (args.duration * cores), 3),
         "machine_cpu_busy_share": round(cpu_total / (args.duration * cores), 3) if cpu_total else None,
         "sweeps": len(sweeps),
+        "restart": herd,
     }
     figures["held"] = figures["false_transitions"] == 0 and figures["detected"] == figures["stopped"]
     return figures
+
+
+def herd_figures(per_second: dict[int, int], *, restart: int, interval: int, nodes: int, end: int) -> dict:
+    """The renewals sent per second after the restart at second ``restart`` of the run: the largest
+    one-second bucket of the two intervals after the restart instant (that instant itself, when
+    every node arrives at once by construction, left out) against the mean there, and the same
+    from one interval after the restart (what the server's slots promise: at most about 2x)."""
+
+    def window(first: int, last: int) -> dict:
+        seconds = [per_second.get(s, 0) for s in range(first, min(last, end))]
+        if not seconds:
+            return {}
+        mean = sum(seconds) / len(seconds)
+        return {
+            "from_s": first,
+            "to_s": min(last, end),
+            "largest_bucket": max(seconds),
+            "mean": round(mean, 1),
+            "largest_over_mean": round(max(seconds) / mean, 2) if mean else None,
+        }
+
+    return {
+        "at_s": restart,
+        "at_instant": per_second.get(restart, 0),
+        "nodes_due_per_second": round(nodes / interval, 1),
+        "two_intervals_after": window(restart + 1, restart + 2 * interval + 1),
+        "after_one_interval": window(restart + interval, restart + 3 * interval),
+    }
 
 
 def _machine_cpu_seconds() -> float:
@@ -273,6 +372,12 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--restart-after",
+        type=float,
+        default=None,
+        help="seconds into the run when every node renews at once (default: a third of the run)",
+    )
     parser.add_argument("--quick", action="store_true", help="CI: 500 nodes, 2 s interval, 24 s")
     args = parser.parse_args()
     if not shutil.which("wrk"):
@@ -292,7 +397,10 @@ def main() -> None:
             f"N={count}: {figures['renewals_per_second']:.0f} renewals/s (of {figures['expected_renewals_per_second']} "
             f"due), false transitions {figures['false_transitions']}, detected {figures['detected']}/"
             f"{figures['stopped']} (p50 {figures['detection_p50_s']} s, p99 {figures['detection_p99_s']} s), "
-            f"generator CPU {figures['generator_cpu_share']:.1%} of the machine, {figures['counters']}",
+            f"generator CPU {figures['generator_cpu_share']:.1%} of the machine, {figures['counters']}; "
+            f"restart at {figures['restart']['at_s']} s ({figures['restart']['at_instant']} at once): largest "
+            f"one-second bucket over the two intervals after it {figures['restart']['two_intervals_after']}, "
+            f"from one interval after it {figures['restart']['after_one_interval']}",
             flush=True,
         )
         if not figures["held"]:
