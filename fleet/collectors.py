@@ -25,10 +25,10 @@ from .selectors import IN_SERVICE_LIFECYCLES
 
 
 def collect() -> Iterable[Metric]:
-    yield from device_metrics()
     pools = dict(Pool.objects.values_list("pk", "name"))
     state = fleet_state.current()
     figures = {**fleet_state.EMPTY, **(state.figures or {})}
+    yield device_metrics(pools, figures)
     by_state, per_pool = node_counts(figures)
 
     yield gauge(
@@ -183,16 +183,15 @@ def _sweep() -> Iterable[Metric]:
     yield engaged
 
 
-def device_metrics() -> Iterator[Metric]:
-    """``nodepool_devices{pool,type,model,health,allocatable}``: live devices (fleet.devices), the
-    model normalised to a known list or ``other``; never a device id."""
-    from .devices import device_metric_rows
-
-    yield gauge(
+def device_metrics(pools: dict, figures: dict) -> Metric:
+    """``nodepool_devices{pool,type,model,health,allocatable}``: live devices, counted by the
+    fleet-state task (fleet.devices.device_metric_rows), the model normalised to a known list or
+    ``other``; never a device id."""
+    return gauge(
         "nodepool_devices",
         "Live devices by pool, type, normalised model, health and whether they are allocatable.",
         ["pool", "type", "model", "health", "allocatable"],
-        ((p, t, m, h, str(a).lower(), n) for p, t, m, h, a, n in device_metric_rows()),
+        ((pools[p], t, m, h, str(a).lower(), n) for p, t, m, h, a, n in figures["devices"] if p in pools),
     )
 
 

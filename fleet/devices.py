@@ -745,8 +745,9 @@ def normalise_model(model: str) -> str:
 
 
 def device_metric_rows():
-    """``[(pool name, type, model, health, allocatable, count)]`` with bounded labels (types
-    outside the known device types and unknown models become ``other``). One grouped query."""
+    """``[(pool pk, type, model, health, allocatable, count)]`` with bounded labels (types
+    outside the known device types and unknown models become ``other``). One grouped query over
+    every device: run by the fleet-state beat task (:mod:`fleet.fleet_state`), never by a scrape."""
     from django.db.models import BooleanField, Count, ExpressionWrapper, Q
 
     known_types = {"nvidia.com/gpu", "nvidia.com/mig", "amd.com/gpu", "intel.com/gpu", "habana.ai/gaudi"}
@@ -755,7 +756,7 @@ def device_metric_rows():
         Device.objects.filter(retired_at__isnull=True)
         .exclude(node__lifecycle=Lifecycle.RETIRED)
         .annotate(unverified=ExpressionWrapper(Q(verified_at__isnull=True), output_field=BooleanField()))
-        .values_list("node__pool__name", "type", "model", "health", "unverified", "held", "hard_tainted")
+        .values_list("node__pool", "type", "model", "health", "unverified", "held", "hard_tainted")
         .annotate(n=Count("pk"))
         .order_by()
     )
@@ -763,7 +764,7 @@ def device_metric_rows():
         allocatable = not unverified and not held and not hard and health not in ("unhealthy", "missing")
         key = (pool, kind if kind in known_types else "other", normalise_model(model), health, allocatable)
         rows[key] = rows.get(key, 0) + n
-    return [(*key, n) for key, n in rows.items()]
+    return [[*key, n] for key, n in rows.items()]
 
 
 def device_summary(node_ids) -> dict:

@@ -16,7 +16,8 @@ SQLite default all read the same figures. ``/metrics`` exports the row's age
     {"nodes": [[pool, lifecycle, liveness, health, n, schedulable, ready, clock_skewed, restarts, reports_ready]],
      "capacity": [[pool, resource, allocatable, allocated]],   # in-service nodes
      "used": [[pool, resource, reported usage]],               # in-service nodes
-     "capability_drift": [[pool, n]], "usage_inconsistent": [[pool, n]]}
+     "capability_drift": [[pool, n]], "usage_inconsistent": [[pool, n]],
+     "devices": [[pool, type, model, health, allocatable, n]]}  # live devices, bounded labels
 
 Retired nodes are never counted. Each query is one GROUP BY over the whole fleet.
 """
@@ -36,6 +37,7 @@ from django.utils import timezone
 from nodepool.metrics import bounded_resources
 
 from .choices import Lifecycle, Liveness
+from .devices import device_metric_rows
 from .models import FleetState, Node, NodeResource, Pool
 from .selectors import IN_SERVICE_LIFECYCLES, schedulable_q, valid_credential_exists
 
@@ -46,7 +48,7 @@ USAGE_SLACK = 1.10
 DRIFT_RESOURCES = ("cpu", "memory")  # the resources benchmarks measure (fleet.admission.compare_benchmark)
 DEFAULT_INTERVAL = 15.0
 
-EMPTY: dict = {"nodes": [], "capacity": [], "used": [], "capability_drift": [], "usage_inconsistent": []}
+EMPTY: dict = {"nodes": [], "capacity": [], "used": [], "capability_drift": [], "usage_inconsistent": [], "devices": []}
 
 
 def interval() -> float:
@@ -81,7 +83,7 @@ def refresh(*, now=None) -> FleetState:
 
 
 def compute(*, now=None) -> dict:
-    """Every figure of :data:`EMPTY`'s shape, from the database as it is now (five queries)."""
+    """Every figure of :data:`EMPTY`'s shape, from the database as it is now (six queries)."""
     now = now or timezone.now()
     capacity = _capacity()
     label = bounded_resources(row[1] for row in capacity)
@@ -91,6 +93,7 @@ def compute(*, now=None) -> dict:
         "used": _reported_usage({label(row[1]) for row in capacity} - {"other"}),
         "capability_drift": _drift(),
         "usage_inconsistent": _usage_inconsistent(),
+        "devices": device_metric_rows(),
     }
 
 
