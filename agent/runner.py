@@ -581,7 +581,7 @@ class Agent:
     def watch_preemption(self) -> None:
         """Poll the preemption probe (every ``preemption_poll`` s) and send the notice once.
 
-        A notice the server refuses (409 ``pool_not_spot``, 422 ``invalid_deadline``: the reclaim
+        A notice the server refuses (409 ``pool_not_spot``, 422 ``deadline_out_of_range``: the reclaim
         time already passed) is logged and not sent again; an unreachable server is retried at the
         next poll with the same deadline.
         """

@@ -38,6 +38,7 @@ from .capability import CapabilityError, implausible_values
 from .choices import BenchmarkStatus, CheckStatus, Lifecycle, NodeEventType, PoolKind
 from .devices import sync_counts as sync_device_counts
 from .devices import verify_node_devices
+from .errors import BENCHMARK_ALREADY_COMPLETED, BENCHMARK_EXPIRED, BENCHMARK_NOT_FOUND
 from .events import Actor, record_event
 from .instructions import Instruction, post_instructions
 from .models import AdmissionCheck, Benchmark, Node, Pool
@@ -417,16 +418,16 @@ def benchmark_complete(*, node: Node, nonce: str, figures: dict[str, Any], actor
     with transaction.atomic():
         bench = Benchmark.objects.filter(node=node, nonce=nonce).first()
         if bench is None:
-            raise NotFound("No such benchmark for this node.", "benchmark_not_found")
+            raise NotFound("No such benchmark for this node.", BENCHMARK_NOT_FOUND)
         if bench.status == BenchmarkStatus.COMPLETED:
-            raise Conflict("This benchmark was already completed.", "benchmark_already_completed")
+            raise Conflict("This benchmark was already completed.", BENCHMARK_ALREADY_COMPLETED)
         if bench.status == BenchmarkStatus.TIMED_OUT or bench.deadline <= now:
-            raise Gone("This benchmark's deadline has passed.", "benchmark_expired")
+            raise Gone("This benchmark's deadline has passed.", BENCHMARK_EXPIRED)
         won = Benchmark.objects.filter(pk=bench.pk, status=BenchmarkStatus.REQUESTED).update(
             status=BenchmarkStatus.COMPLETED, completed_at=now, result=figures
         )
         if not won:
-            raise Conflict("This benchmark was completed or timed out meanwhile.", "benchmark_already_completed")
+            raise Conflict("This benchmark was completed or timed out meanwhile.", BENCHMARK_ALREADY_COMPLETED)
         measured = {"cpu": figures["cpu_millicores"], "memory": figures["memory_bytes"]}
         Node.objects.filter(pk=node.pk).update(
             measured={

@@ -9,6 +9,7 @@ class FleetConfig(AppConfig):
 
         from . import (
             collectors,
+            errors,  # noqa: F401  (declares the app's problem codes: the registry is complete)
             metrics,  # noqa: F401  (the heartbeat counter exists, at 0, from process start)
         )
 

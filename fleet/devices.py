@@ -53,6 +53,7 @@ from nodepool.api.versioning import check_version
 
 from . import signals
 from .choices import DeviceHealth, Lifecycle, NodeEventType
+from .errors import DEVICE_NOT_FOUND, DEVICE_NOT_HELD, INVALID_TAINT, NODE_NOT_FOUND, TAINT_NOT_FOUND
 from .events import Actor, event_row, record_event
 from .models import Device, Node, NodeEvent, NodeResource
 from .xid import classify_xid
@@ -589,14 +590,14 @@ def _locked_device(node_id, device_id: str, expected_version=None) -> Device:
     this action then bumps: a device action is a change of the node."""
     node = Node.objects.select_for_update(no_key=True).filter(pk=node_id).first()
     if node is None:
-        raise NotFound("No such node.", "node_not_found")
+        raise NotFound("No such node.", NODE_NOT_FOUND)
     if expected_version is not None:
         check_version(node.version, expected_version)
     row = (
         Device.objects.select_for_update().filter(node_id=node_id, device_id=device_id, retired_at__isnull=True).first()
     )
     if row is None:
-        raise NotFound("No such live device on this node.", "device_not_found")
+        raise NotFound("No such live device on this node.", DEVICE_NOT_FOUND)
     Node.objects.filter(pk=node_id).update(version=F("version") + 1)
     node.version += 1
     row.node = node
@@ -640,12 +641,12 @@ def device_taint(
 
     now = now or timezone.now()
     if not label_key_ok(key):
-        raise Problem("key: not a valid taint key", "invalid_taint", errors=[{"field": "key", "code": "invalid_taint"}])
+        raise Problem("key: not a valid taint key", INVALID_TAINT, errors=[{"field": "key", "code": "invalid_taint"}])
     if effect not in TAINT_EFFECTS:
-        raise Problem(f"effect: must be one of {', '.join(TAINT_EFFECTS)}", "invalid_taint",
+        raise Problem(f"effect: must be one of {', '.join(TAINT_EFFECTS)}", INVALID_TAINT,
                       errors=[{"field": "effect", "code": "invalid_taint"}])  # fmt: skip
     if not isinstance(reason, str) or not reason.strip():
-        raise Problem("reason: required", "invalid_taint", errors=[{"field": "reason", "code": "required"}])
+        raise Problem("reason: required", INVALID_TAINT, errors=[{"field": "reason", "code": "required"}])
     with transaction.atomic():
         row = _locked_device(node_id, device_id, expected_version)
         _set_taint(row, key, effect, value, reason, now, "operator")
@@ -668,7 +669,7 @@ def device_untaint(*, node_id, device_id: str, key: str, reason: str, actor: Act
     with transaction.atomic():
         row = _locked_device(node_id, device_id, expected_version)
         if not _drop_taints(row, (key,)):
-            raise Conflict(f"The device has no taint {key!r}.", "taint_not_found")
+            raise Conflict(f"The device has no taint {key!r}.", TAINT_NOT_FOUND)
         row.hard_tainted = _is_hard(row.taints)
         if not _has_auto_taint(row) and row.health == DeviceHealth.UNHEALTHY:
             row.health = DeviceHealth.HEALTHY
@@ -684,7 +685,7 @@ def device_release(*, node_id, device_id: str, reason: str, actor: Actor, expect
     with transaction.atomic():
         row = _locked_device(node_id, device_id, expected_version)
         if not row.held:
-            raise Conflict("The device is not held.", "device_not_held")
+            raise Conflict("The device is not held.", DEVICE_NOT_HELD)
         row.held, row.recent_faults = False, []
         row.save(update_fields=["held", "recent_faults"])
         record_event(row.node, NodeEventType.DEVICE, actor, to_state="released",

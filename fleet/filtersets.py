@@ -12,6 +12,7 @@ from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 
+from nodepool.api.errors import INVALID_FILTER, TIMEZONE_REQUIRED
 from nodepool.api.filters import StrictFilterSet
 from nodepool.api.problems import Problem
 
@@ -32,7 +33,7 @@ def _label_filter(queryset, column: str, values: list[str]):
         try:
             queryset = filter_by_selector(queryset, column, raw, alias_prefix=str(index))
         except SelectorError as exc:
-            raise Problem(f"label selector {raw[:200]!r}: {exc}", "invalid_filter") from exc
+            raise Problem(f"label selector {raw[:200]!r}: {exc}", INVALID_FILTER) from exc
     return queryset
 
 
@@ -96,10 +97,10 @@ class EventFilterSet(StrictFilterSet):
             raw = self.data.get(name) or ""
             # The form would read a time without an offset in the server's zone: refuse it instead.
             if raw and not re.search(r"(Z|[+-]\d\d:?\d\d)$", raw.strip()):
-                raise Problem(f"{name}: give a time zone offset (e.g. 2026-01-01T00:00:00Z)", "timezone_required")
+                raise Problem(f"{name}: give a time zone offset (e.g. 2026-01-01T00:00:00Z)", TIMEZONE_REQUIRED)
         since, until = self.form.cleaned_data.get("since"), self.form.cleaned_data.get("until")
         if since and until and since >= until:
-            raise Problem("since must be before until", "invalid_filter")
+            raise Problem("since must be before until", INVALID_FILTER)
         return super().filter_queryset(queryset)
 
 

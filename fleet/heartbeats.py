@@ -40,6 +40,7 @@ from nodepool.api.problems import Conflict, Gone
 
 from . import health, liveness, signals
 from .choices import BenchmarkStatus, Lifecycle, Liveness, NodeEventType
+from .errors import CONCURRENT_HEARTBEAT, NODE_RETIRED
 from .events import Actor, event_row
 from .models import Benchmark, Node, NodeCredential, NodeEvent
 
@@ -239,7 +240,7 @@ def apply_heartbeat(
     timings = pool_timings(node.pool_id) if node.pool_id else liveness.timings_for(node.pool, 0)
     for _attempt in range(MAX_ATTEMPTS):
         if node.lifecycle == Lifecycle.RETIRED:
-            raise Gone("This node is retired; it can no longer send heartbeats.", "node_retired")
+            raise Gone("This node is retired; it can no longer send heartbeats.", NODE_RETIRED)
         code = ordering_code(
             stored_incarnation=node.incarnation,
             stored_sequence=node.sequence,
@@ -264,7 +265,7 @@ def apply_heartbeat(
             return outcome
         # Someone changed the row since we read it (a racing heartbeat, the sweep, a retirement).
         node = Node.objects.select_related("pool").get(pk=node.pk)
-    raise Conflict("The node changed during this heartbeat; send it again.", "concurrent_heartbeat")
+    raise Conflict("The node changed during this heartbeat; send it again.", CONCURRENT_HEARTBEAT)
 
 
 def _check_spacing(*, node: Node, report: HeartbeatReport, received_at: datetime, timings: liveness.Timings) -> None:

@@ -38,6 +38,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from nodepool.api.errors import AUTHENTICATION_FAILED, FORBIDDEN
 from nodepool.api.problems import Gone, Problem
 from nodepool.db import prepared_cursor
 
@@ -45,6 +46,7 @@ from . import clock, liveness, signals
 from . import secrets as node_secrets
 from .choices import ActorType, Lifecycle, Liveness, NodeEventType
 from .credentials import is_superseded, revoke_lineage_on_reuse
+from .errors import CONCURRENT_RENEWAL, NODE_RETIRED, TOO_MANY_REQUESTS
 from .events import Actor, event_row
 from .heartbeats import (
     APPLIED,
@@ -59,7 +61,6 @@ from .models import Node, NodeCredential, NodeEvent, Pool
 
 MAX_BODY_BYTES = 256
 STATUS_REPORT_REQUIRED = "status_report_required"
-TOO_MANY_REQUESTS = "too_many_requests"
 TIMINGS_CACHE_SECONDS = 30.0
 MAX_ATTEMPTS = 3
 # Node id -> pool id, per process. Bounded: cleared when full (a miss costs one read).
@@ -88,16 +89,16 @@ class CredentialRefused(Problem):
     """401 ``authentication_failed`` (``reason`` says which: malformed, invalid, revoked, expired)."""
 
     status_code = 401
-    default_code = "authentication_failed"
+    default_code = AUTHENTICATION_FAILED
     auth_header = "Node"
 
     def __init__(self, detail: str, reason: str):
-        super().__init__(detail, "authentication_failed", reason=reason)
+        super().__init__(detail, AUTHENTICATION_FAILED, reason=reason)
 
 
 class ForeignCredential(Problem):
     status_code = 403
-    default_code = "forbidden"
+    default_code = FORBIDDEN
 
 
 @dataclass(frozen=True)
@@ -335,7 +336,7 @@ def renew(*, node_id: uuid.UUID, secret: str, incarnation: int, sequence: int, r
         )  # fmt: skip
         if refusal is not None:
             return refusal
-    raise Problem("The node changed during this renewal; send it again.", "concurrent_renewal", status_code=409)
+    raise Problem("The node changed during this renewal; send it again.", CONCURRENT_RENEWAL, status_code=409)
 
 
 def _diagnose(
@@ -381,7 +382,7 @@ def _diagnose(
     if str(node.pk) != str(node_id):
         raise ForeignCredential("A node credential may act only on its own node.")
     if node.lifecycle == Lifecycle.RETIRED:
-        raise Gone("This node is retired; it can no longer send renewals.", "node_retired")
+        raise Gone("This node is retired; it can no longer send renewals.", NODE_RETIRED)
     _remember_pool(node.pk, node.pool_id)
     timings = pool_timings(node.pool_id)
     code = ordering_code(

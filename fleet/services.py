@@ -20,6 +20,7 @@ from django.utils import timezone
 from django_fsm import can_proceed
 
 from nodepool import failsafe
+from nodepool.api.errors import TRANSITION_NOT_ALLOWED
 from nodepool.api.problems import Conflict, Forbidden, Gone, NotFound, Problem, TooManyRequests
 from nodepool.api.versioning import check_version
 
@@ -31,6 +32,26 @@ from .capability import CapabilityError
 from .choices import ActorType, AdmissionMode, Lifecycle, NodeEventType, PoolKind
 from .credentials import is_superseded, issue_credential, revoke_all_credentials
 from .devices import parse_devices
+from .errors import (
+    BOOTSTRAP_TOKEN_EXHAUSTED,
+    BOOTSTRAP_TOKEN_EXPIRED,
+    BOOTSTRAP_TOKEN_INVALID,
+    BOOTSTRAP_TOKEN_NOT_FOUND,
+    BOOTSTRAP_TOKEN_REVOKED,
+    BOOTSTRAP_TOKEN_WRONG_POOL,
+    CREDENTIAL_SUPERSEDED,
+    INVALID_EXPIRY,
+    INVALID_MAX_USES,
+    INVALID_POOL_POLICY,
+    NODE_NOT_FOUND,
+    NODE_QUARANTINED,
+    NODE_RETIRED,
+    OWNER_REQUIRED,
+    POOL_EXISTS,
+    POOL_HAS_NODES,
+    POOL_NOT_FOUND,
+    ROTATION_THROTTLED,
+)
 from .events import Actor, event_row, record_event
 from .instructions import Instruction, post_instructions
 from .models import BootstrapToken, Node, NodeCredential, NodeEvent, NodeResource, Pool
@@ -47,9 +68,7 @@ def _validate_pool(pool: Pool) -> None:
     try:
         check_pool({f.attname: getattr(pool, f.attname) for f in Pool._meta.concrete_fields})
     except CapabilityError as exc:
-        raise Problem(
-            exc.message, "invalid_pool_policy", errors=[{"field": exc.field, "message": exc.message}]
-        ) from exc
+        raise Problem(exc.message, INVALID_POOL_POLICY, errors=[{"field": exc.field, "message": exc.message}]) from exc
 
 
 def pool_create(*, values: dict[str, Any]) -> Pool:
@@ -57,7 +76,7 @@ def pool_create(*, values: dict[str, Any]) -> Pool:
     pool = Pool(**values)
     _validate_pool(pool)
     if Pool.objects.filter(name=pool.name).exists():
-        raise Conflict(f"A pool named {pool.name!r} exists.", "pool_exists")
+        raise Conflict(f"A pool named {pool.name!r} exists.", POOL_EXISTS)
     pool.save()
     return pool
 
@@ -74,7 +93,7 @@ def pool_update(*, pool_id: int, expected_version: int, changes: dict[str, Any],
         # it wait here while this waits for its node below (a deadlock).
         pool = Pool.objects.select_for_update(no_key=True).filter(pk=pool_id).first()
         if pool is None:
-            raise NotFound("No such pool.", "pool_not_found")
+            raise NotFound("No such pool.", POOL_NOT_FOUND)
         check_version(pool.version, expected_version)
         old_reservations, old_labels, old_taints = pool.reservations, pool.labels, pool.taints
         for name, value in changes.items():
@@ -138,10 +157,10 @@ def pool_delete(*, pool_id: int, expected_version: int) -> None:
     with transaction.atomic():
         pool = Pool.objects.select_for_update().filter(pk=pool_id).first()
         if pool is None:
-            raise NotFound("No such pool.", "pool_not_found")
+            raise NotFound("No such pool.", POOL_NOT_FOUND)
         check_version(pool.version, expected_version)
         if pool.nodes.exists():
-            raise Conflict("The pool still has nodes; retire and remove them first.", "pool_has_nodes")
+            raise Conflict("The pool still has nodes; retire and remove them first.", POOL_HAS_NODES)
         pool.delete()
 
 
@@ -200,11 +219,11 @@ def bootstrap_token_validate(*, pool: Pool, expires_at: datetime, max_uses: int,
     """The rules of a new bootstrap token (shared with the admin form); raises :class:`Problem` (400)."""
     now = now or timezone.now()
     if expires_at <= now or expires_at - now > MAX_BOOTSTRAP_TTL:
-        raise Problem("expires_at must be in the future and at most a year ahead.", "invalid_expiry")
+        raise Problem("expires_at must be in the future and at most a year ahead.", INVALID_EXPIRY)
     if max_uses < 1 or max_uses > 100_000:
-        raise Problem("max_uses must be between 1 and 100000.", "invalid_max_uses")
+        raise Problem("max_uses must be between 1 and 100000.", INVALID_MAX_USES)
     if pool.kind == PoolKind.MARKETPLACE and owner is None:
-        raise Problem("A marketplace pool's bootstrap token must name its owner.", "owner_required")
+        raise Problem("A marketplace pool's bootstrap token must name its owner.", OWNER_REQUIRED)
 
 
 def bootstrap_token_create(
@@ -244,7 +263,7 @@ def bootstrap_token_revoke(*, token_id: int, now: datetime | None = None) -> Boo
     BootstrapToken.objects.filter(pk=token_id, revoked_at__isnull=True).update(revoked_at=now)
     token = BootstrapToken.objects.filter(pk=token_id).first()
     if token is None:
-        raise NotFound("No such bootstrap token.", "bootstrap_token_not_found")
+        raise NotFound("No such bootstrap token.", BOOTSTRAP_TOKEN_NOT_FOUND)
     return token
 
 
@@ -269,11 +288,11 @@ def bootstrap_token_use(
     prefix = node_secrets.split_prefix(secret, BOOTSTRAP_KIND) if isinstance(secret, str) else None
     token = BootstrapToken.objects.select_related("pool").filter(prefix=prefix).first() if prefix else None
     if token is None or not node_secrets.matches(secret, token.secret_hash):
-        raise _bootstrap_refused("Unknown bootstrap token.", "bootstrap_token_invalid")
+        raise _bootstrap_refused("Unknown bootstrap token.", BOOTSTRAP_TOKEN_INVALID)
     if expected_pool is not None and expected_pool != token.pool.name:
         raise _bootstrap_refused(
             f"This bootstrap token enrolls into pool {token.pool.name!r}, not {expected_pool!r}.",
-            "bootstrap_token_wrong_pool",
+            BOOTSTRAP_TOKEN_WRONG_POOL,
         )
     # Expiry at control-plane time: a forward clock jump not yet detected must not expire it.
     valid_at = now if token.expires_at > now else clock.control_plane_now(now)
@@ -284,10 +303,10 @@ def bootstrap_token_use(
         return token
     token.refresh_from_db()
     if token.revoked_at is not None:
-        raise _bootstrap_refused("This bootstrap token was revoked.", "bootstrap_token_revoked")
+        raise _bootstrap_refused("This bootstrap token was revoked.", BOOTSTRAP_TOKEN_REVOKED)
     if token.expires_at <= valid_at:
-        raise _bootstrap_refused("This bootstrap token expired.", "bootstrap_token_expired")
-    raise _bootstrap_refused("This bootstrap token has no uses left.", "bootstrap_token_exhausted")
+        raise _bootstrap_refused("This bootstrap token expired.", BOOTSTRAP_TOKEN_EXPIRED)
+    raise _bootstrap_refused("This bootstrap token has no uses left.", BOOTSTRAP_TOKEN_EXHAUSTED)
 
 
 # --- enrollment ------------------------------------------------------------------------------------
@@ -404,7 +423,7 @@ def _locked_node(node_id) -> Node:
     # on a node of the pool would wait for this one, and pool_update (pool, then its nodes) deadlock.
     node = Node.objects.select_for_update(no_key=True, of=("self",)).select_related("pool").filter(pk=node_id).first()
     if node is None:
-        raise NotFound("No such node.", "node_not_found")
+        raise NotFound("No such node.", NODE_NOT_FOUND)
     return node
 
 
@@ -419,7 +438,7 @@ def node_admit(*, node_id, expected_version: int, actor: Actor, reason: str = ""
         if not can_proceed(node.start_admission):
             raise Conflict(
                 f"A {node.lifecycle} node cannot be admitted; only pending nodes can.",
-                "transition_not_allowed",
+                TRANSITION_NOT_ALLOWED,
                 lifecycle=node.lifecycle,
             )
         _start_admission(node, actor, reason=reason or "admitted by an operator", now=timezone.now())
@@ -448,7 +467,7 @@ def node_credential_rotate(
     """
     now = now or timezone.now()
     if node.lifecycle == Lifecycle.RETIRED:
-        raise Gone("This node is retired.", "node_retired")
+        raise Gone("This node is retired.", NODE_RETIRED)
     overlap = timedelta(seconds=settings.NODEPOOL["CREDENTIAL_ROTATION_OVERLAP"])
     with transaction.atomic():
         # The row lock serialises rotations made with the same credential: of two at once, the
@@ -457,7 +476,7 @@ def node_credential_rotate(
         if is_superseded(old):
             raise Conflict(
                 "This credential was already rotated; only the newest credential of a node may rotate.",
-                "credential_superseded",
+                CREDENTIAL_SUPERSEDED,
             )
         _check_rotation_rate(node, now)
         new, secret = issue_credential(
@@ -490,7 +509,7 @@ def _check_rotation_rate(node: Node, now) -> None:
         wait = max(1, math.ceil((recent[0] + window - now).total_seconds()))
         raise TooManyRequests(
             f"This node rotated its credential {limit} times within an hour; try again in {wait} s.",
-            "rotation_throttled",
+            ROTATION_THROTTLED,
             retry_after=wait,
         )
 
@@ -520,9 +539,9 @@ def node_credential_issue(
         node = _locked_node(node_id)
         check_version(node.version, expected_version)
         if node.lifecycle == Lifecycle.RETIRED:
-            raise Gone("This node is retired.", "node_retired")
+            raise Gone("This node is retired.", NODE_RETIRED)
         if node.lifecycle == Lifecycle.QUARANTINED:
-            raise Conflict("A quarantined node gets no credential; release it first.", "node_quarantined")
+            raise Conflict("A quarantined node gets no credential; release it first.", NODE_QUARANTINED)
         credential, secret = issue_credential(
             node=node, issuer=f"operator:{actor.name}", agent_version=node.agent_version, ttl_seconds=ttl_seconds
         )

@@ -8,7 +8,10 @@ class LeasesConfig(AppConfig):
     def ready(self):
         from fleet import signals as fleet_signals
 
-        from . import signals  # registers the queue kick on node saves
+        from . import (
+            errors,  # noqa: F401  (declares the app's problem codes: the registry is complete)
+            signals,  # registers the queue kick on node saves
+        )
 
         # What fleet publishes and leases acts on (fleet never imports leases).
         fleet_signals.status_report_applied.connect(

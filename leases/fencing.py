@@ -17,13 +17,16 @@ from django.utils import timezone
 
 from fleet import clock
 from fleet.choices import Lifecycle, NodeEventType
+from fleet.errors import NODE_RETIRED
 from fleet.events import Actor, record_event
 from fleet.instructions import Instruction, post_instructions
 from fleet.models import Node
+from nodepool.api.errors import CONCURRENT_MODIFICATION
 from nodepool.api.problems import Conflict, Gone, NotFound
 from nodepool.api.strict import refuse_unknown_members
 
 from .choices import LIVE_LEASE_STATES, TERMINAL_LEASE_STATES, CheckpointState, LeaseState, WorkloadState
+from .errors import LEASE_EXPIRED, LEASE_NOT_FOUND, LEASE_SUPERSEDED, STALE_FENCING_TOKEN, STALE_INCARNATION
 from .models import FencingSequence, Lease, LeaseCheckpoint
 from .spec import bad
 
@@ -55,13 +58,13 @@ def check_fence(lease: Lease, *, fencing_token: int, node_incarnation: int, now)
     """
     node = lease.node
     if node.lifecycle == Lifecycle.RETIRED:
-        raise Gone("The lease's node is retired.", "node_retired")
+        raise Gone("The lease's node is retired.", NODE_RETIRED)
     latest = FencingSequence.objects.filter(pk=lease.workload_id).values_list("last_token", flat=True).first() or 0
     newer = Lease.objects.filter(workload_id=lease.workload_id, fencing_token__gt=lease.fencing_token).exists()
     if newer:
         raise Conflict(
             f"Lease {lease.pk} was superseded by a newer lease of {lease.workload_id!r}.",
-            "lease_superseded",
+            LEASE_SUPERSEDED,
             current_token=latest,
         )
     if lease.state in TERMINAL_LEASE_STATES:
@@ -70,18 +73,18 @@ def check_fence(lease: Lease, *, fencing_token: int, node_incarnation: int, now)
     if lease.expires_at <= now and not clock.still_valid(lease.expires_at, now):
         # Judged at control-plane time: a forward clock jump the sweep has not noticed yet does
         # not expire a lease (fleet.clock).
-        raise Gone(f"Lease {lease.pk} expired at {lease.expires_at.isoformat()}.", "lease_expired")
+        raise Gone(f"Lease {lease.pk} expired at {lease.expires_at.isoformat()}.", LEASE_EXPIRED)
     if fencing_token != lease.fencing_token:
         raise Conflict(
             f"Fencing token {fencing_token} is not this lease's ({lease.fencing_token}).",
-            "stale_fencing_token",
+            STALE_FENCING_TOKEN,
             current_token=lease.fencing_token,
         )
     if node_incarnation != lease.node_incarnation or node_incarnation < node.incarnation:
         raise Conflict(
             f"Node incarnation {node_incarnation} is stale (lease holds {lease.node_incarnation}, "
             f"node is at {node.incarnation}).",
-            "stale_incarnation",
+            STALE_INCARNATION,
             current_incarnation=node.incarnation,
         )
 
@@ -94,7 +97,7 @@ def _lease_for_write(lease_id, *, user=None, node=None) -> Lease:
         queryset = _services()._visible(queryset, user)
     lease = queryset.filter(pk=lease_id).first()
     if lease is None:
-        raise NotFound("No such lease.", "lease_not_found")
+        raise NotFound("No such lease.", LEASE_NOT_FOUND)
     return lease
 
 
@@ -144,7 +147,7 @@ def lease_renew(*, lease_id, data: Any, user, actor: Actor, now=None) -> Lease:
             node_incarnation=incarnation,
             now=now,
         )
-        raise Conflict("The lease changed while renewing; read it again.", "concurrent_modification")
+        raise Conflict("The lease changed while renewing; read it again.", CONCURRENT_MODIFICATION)
     if lease.command:
         # The new expiry re-derives the lease's secret: the node fetches it with a status report.
         post_instructions([lease.node_id], Instruction.SECRET)
@@ -177,7 +180,7 @@ def lease_release(*, lease_id, data: Any, user, actor: Actor, now=None) -> Lease
             node_incarnation=incarnation,
             now=now,
         )
-        raise Conflict("The lease changed while releasing; read it again.", "concurrent_modification")
+        raise Conflict("The lease changed while releasing; read it again.", CONCURRENT_MODIFICATION)
     return ended
 
 
@@ -210,7 +213,7 @@ def lease_report_event(*, lease_id, data: Any, node: Node, actor: Actor, now=Non
             fence=fence,
         )
         if ended is None:
-            raise Conflict("The lease changed while reporting; read it again.", "concurrent_modification")
+            raise Conflict("The lease changed while reporting; read it again.", CONCURRENT_MODIFICATION)
         return ended
     with transaction.atomic():
         claim = Lease.objects.filter(pk=lease.pk, state__in=LIVE_LEASE_STATES, **fence)
@@ -230,10 +233,10 @@ def lease_report_event(*, lease_id, data: Any, node: Node, actor: Actor, now=Non
                     data={"lease_id": str(lease.pk), "fencing_token": token},
                 )
             elif not claim.update(missed_reports=0, **changes):
-                raise Conflict("The lease changed while reporting; read it again.", "concurrent_modification")
+                raise Conflict("The lease changed while reporting; read it again.", CONCURRENT_MODIFICATION)
         else:
             if not claim.update(checkpoint_requested_at=None, **changes):
-                raise Conflict("The lease changed while reporting; read it again.", "concurrent_modification")
+                raise Conflict("The lease changed while reporting; read it again.", CONCURRENT_MODIFICATION)
             if state == WorkloadState.CHECKPOINTED:
                 _checkpoint_taken(lease, actor=actor, message=message, now=now)
     return Lease.objects.select_related("pool", "shape", "client").get(pk=lease.pk)

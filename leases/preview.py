@@ -25,6 +25,7 @@ from fleet.choices import SchedulingPolicy
 from fleet.models import Pool
 
 from . import placement
+from .errors import INVALID_COUNT
 from .models import Shape
 from .spec import PlacementSpec, bad, parse_spec
 
@@ -180,7 +181,7 @@ def placement_preview(*, data: Any, now=None) -> dict[str, Any]:
     body = dict(data)
     count = body.pop("count", 1)
     if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_COUNT:
-        raise bad("count", f"must be an integer from 1 to {MAX_COUNT}", "invalid_count")
+        raise bad("count", f"must be an integer from 1 to {MAX_COUNT}", INVALID_COUNT)
     body.setdefault("workload_id", PREVIEW_WORKLOAD)
     pool_name = body.get("pool")
     if pool_name is None:

@@ -25,12 +25,14 @@ from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from fleet.choices import Lifecycle, Liveness, NodeEventType
+from fleet.errors import UNKNOWN_POOL
 from fleet.events import Actor, record_event
 from fleet.instructions import Instruction, post_instructions
 from fleet.models import Node, NodeResource, Pool
 from fleet.selectors import SCHEDULABLE_HEALTH
 from humanunits import quantity
 from nodepool import failsafe
+from nodepool.api.errors import CONCURRENT_MODIFICATION
 from nodepool.api.permissions import is_operator
 from nodepool.api.problems import Conflict, NotFound, Problem, Unprocessable
 from nodepool.db import fetch_rows, insert_row, prepared_cursor
@@ -40,6 +42,15 @@ from . import device_requests, evidence, impossible, placement, requeue
 from . import devices as lease_devices
 from . import metrics as lease_metrics
 from .choices import LIVE_LEASE_STATES, CheckpointState, LeaseRequestState, LeaseState, WorkloadState
+from .errors import (
+    EMPTY_REQUEST,
+    IDEMPOTENCY_KEY_REUSED,
+    LEASE_REQUEST_NOT_FOUND,
+    LEASE_REQUEST_NOT_PENDING,
+    UNKNOWN_SHAPE,
+    UNSCHEDULABLE,
+    WORKLOAD_HAS_LIVE_LEASE,
+)
 from .models import FencingSequence, Lease, LeaseCheckpoint, LeaseRequest, Shape
 from .signals import lease_ended
 from .spec import (
@@ -69,7 +80,7 @@ def resolve_pool(name: str) -> Pool:
     """
     pools = fetch_rows(Pool, "name", name, limit=1)
     if not pools:
-        raise bad("pool", f"no pool named {name!r}", "unknown_pool")
+        raise bad("pool", f"no pool named {name!r}", UNKNOWN_POOL)
     return pools[0]
 
 
@@ -84,7 +95,7 @@ def resolve_shape(spec: PlacementSpec) -> tuple[PlacementSpec, Shape | None]:
     shape = shapes.order_by("-version").first()
     if shape is None:
         version = f" v{spec.shape_version}" if spec.shape_version else ""
-        raise bad("shape", f"no shape named {spec.shape!r}{version}", "unknown_shape")
+        raise bad("shape", f"no shape named {spec.shape!r}{version}", UNKNOWN_SHAPE)
     features = {**(shape.features or {}), **spec.features}
     explicit = tuple(r for r in spec.devices if not r.implicit) or device_requests_from_wire(shape.devices or None)
     resources = with_device_counts(dict(shape.resources), explicit)
@@ -407,7 +418,7 @@ def _replay(client, idempotency_key: str, request_hash: str) -> tuple[Any, int] 
         return None
     if previous.request_hash != request_hash:
         raise Unprocessable(
-            "This Idempotency-Key was already used with a different request body.", "idempotency_key_reused"
+            "This Idempotency-Key was already used with a different request body.", IDEMPOTENCY_KEY_REUSED
         )
     return previous, 200
 
@@ -465,7 +476,7 @@ def _create(*, data, client, actor, idempotency_key: str, request_hash: str, now
         if replay:
             return replay
         _refuse_second_live_lease(spec.workload_id, client)
-        raise Conflict("A concurrent request for this workload won; retry.", "concurrent_modification") from None
+        raise Conflict("A concurrent request for this workload won; retry.", CONCURRENT_MODIFICATION) from None
     if lease is not None:
         return lease, 201
     # Checked here rather than up front: the partial unique index already refuses a second live
@@ -476,7 +487,7 @@ def _create(*, data, client, actor, idempotency_key: str, request_hash: str, now
     if not spec.queue:
         raise Conflict(
             explanation["message"],
-            "unschedulable",
+            UNSCHEDULABLE,
             reasons=explanation["reasons"],
             nodes_considered=explanation["nodes_considered"],
             fragmented=explanation["fragmented"],
@@ -521,12 +532,12 @@ def _refuse_second_live_lease(workload_id: str, user) -> None:
     if is_operator(user) or live.client_id == getattr(user, "pk", None):
         raise Conflict(
             f"Workload {workload_id!r} already holds live lease {live.pk}; release it first.",
-            "workload_has_live_lease",
+            WORKLOAD_HAS_LIVE_LEASE,
             lease_id=str(live.pk),
         )
     raise Conflict(
         f"Workload id {workload_id!r} is in use; choose another.",
-        "workload_has_live_lease",
+        WORKLOAD_HAS_LIVE_LEASE,
     )
 
 
@@ -659,7 +670,7 @@ def shape_create(
     explicit = device_requests_from_wire(devices)
     canonical = with_device_counts(canonical, explicit)
     if not canonical:
-        raise bad("resources", "a shape needs at least one resource", "empty_request")
+        raise bad("resources", "a shape needs at least one resource", EMPTY_REQUEST)
     if features is not None and not isinstance(features, dict):
         raise bad("features", "must be an object")
     for _ in range(3):  # two operators publishing at once: the unique (name, version) decides
@@ -676,17 +687,17 @@ def shape_create(
                 )
         except IntegrityError:
             continue
-    raise Conflict("Another version of this shape was published at the same time; retry.", "concurrent_modification")
+    raise Conflict("Another version of this shape was published at the same time; retry.", CONCURRENT_MODIFICATION)
 
 
 def lease_request_cancel(*, request_id, user, actor: Actor) -> LeaseRequest:
     request = _visible(LeaseRequest.objects.all(), user).filter(pk=request_id).first()
     if request is None:
-        raise NotFound("No such lease request.", "lease_request_not_found")
+        raise NotFound("No such lease request.", LEASE_REQUEST_NOT_FOUND)
     if not LeaseRequest.objects.filter(pk=request.pk, state=LeaseRequestState.PENDING).update(
         state=LeaseRequestState.CANCELLED, version=F("version") + 1
     ):
-        raise Conflict(f"The lease request is {request.state}, not pending.", "lease_request_not_pending")
+        raise Conflict(f"The lease request is {request.state}, not pending.", LEASE_REQUEST_NOT_PENDING)
     request.refresh_from_db()
     return request
 

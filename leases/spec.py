@@ -13,11 +13,21 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleet.errors import INVALID_QUANTITY, UNKNOWN_POOL
 from nodepool.api.problems import Problem
 from nodepool.quantity import BYTE_RESOURCES, CPU, QuantityError, parse_resources
 
 from .choices import SpreadMode
 from .device_requests import DeviceRequest, DeviceRequestError, combined, parse_device_requests
+from .errors import (
+    EMPTY_REQUEST,
+    INVALID_AFFINITY,
+    INVALID_REQUEST,
+    INVALID_SELECTOR,
+    INVALID_SPREAD,
+    INVALID_TOLERATION,
+    UNKNOWN_RESOURCE,
+)
 
 # Resources without a domain prefix that nodepool knows; anything else must be an extended
 # resource written ``<domain>/<name>`` (Kubernetes' rule for extended resources).
@@ -39,7 +49,7 @@ MAX_TTL = 7 * 24 * 3600
 MAX_TERMS = 32
 
 
-def bad(field_name: str, message: str, code: str = "invalid_request") -> Problem:
+def bad(field_name: str, message: str, code: str = INVALID_REQUEST) -> Problem:
     """A 400 naming ``field_name`` (also in ``errors`` like DRF validation errors)."""
     return Problem(f"{field_name}: {message}", code, errors=[{"field": field_name, "code": code, "message": message}])
 
@@ -138,13 +148,13 @@ def _str_map(value: Any, field_name: str) -> dict[str, str]:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise bad(field_name, "must be an object of label key to string value", "invalid_selector")
+        raise bad(field_name, "must be an object of label key to string value", INVALID_SELECTOR)
     out = {}
     for key, val in value.items():
         if not LABEL_KEY.match(str(key)):
-            raise bad(f"{field_name}.{key}", "not a valid label key", "invalid_selector")
+            raise bad(f"{field_name}.{key}", "not a valid label key", INVALID_SELECTOR)
         if not isinstance(val, str) or len(val) > 63:
-            raise bad(f"{field_name}.{key}", "must be a string of at most 63 characters", "invalid_selector")
+            raise bad(f"{field_name}.{key}", "must be a string of at most 63 characters", INVALID_SELECTOR)
         out[key] = val
     return out
 
@@ -152,25 +162,25 @@ def _str_map(value: Any, field_name: str) -> dict[str, str]:
 def parse_requirement(term: Any, field_name: str) -> Requirement:
     """Validate one ``{"key", "operator", "values"}`` term (Kubernetes NodeSelectorRequirement)."""
     if not isinstance(term, dict):
-        raise bad(field_name, "must be an object with key, operator and values", "invalid_affinity")
+        raise bad(field_name, "must be an object with key, operator and values", INVALID_AFFINITY)
     unknown = set(term) - {"key", "operator", "values"}
     if unknown:
-        raise bad(field_name, f"unknown member(s) {sorted(unknown)}", "invalid_affinity")
+        raise bad(field_name, f"unknown member(s) {sorted(unknown)}", INVALID_AFFINITY)
     key, operator, values = term.get("key"), term.get("operator"), term.get("values", [])
     if not isinstance(key, str) or not LABEL_KEY.match(key):
-        raise bad(f"{field_name}.key", "not a valid label key", "invalid_affinity")
+        raise bad(f"{field_name}.key", "not a valid label key", INVALID_AFFINITY)
     if operator not in OPERATORS:
-        raise bad(f"{field_name}.operator", f"must be one of {', '.join(OPERATORS)}", "invalid_affinity")
+        raise bad(f"{field_name}.operator", f"must be one of {', '.join(OPERATORS)}", INVALID_AFFINITY)
     if values is None:
         values = []
     if not isinstance(values, list) or not all(isinstance(v, str) for v in values) or len(values) > 64:
-        raise bad(f"{field_name}.values", "must be a list of strings", "invalid_affinity")
+        raise bad(f"{field_name}.values", "must be a list of strings", INVALID_AFFINITY)
     if operator in ("In", "NotIn") and not values:
-        raise bad(f"{field_name}.values", f"{operator} needs at least one value", "invalid_affinity")
+        raise bad(f"{field_name}.values", f"{operator} needs at least one value", INVALID_AFFINITY)
     if operator in ("Exists", "DoesNotExist") and values:
-        raise bad(f"{field_name}.values", f"{operator} takes no values", "invalid_affinity")
+        raise bad(f"{field_name}.values", f"{operator} takes no values", INVALID_AFFINITY)
     if operator in ("Gt", "Lt") and (len(values) != 1 or not re.fullmatch(r"-?\d{1,18}", values[0])):
-        raise bad(f"{field_name}.values", f"{operator} needs exactly one integer value", "invalid_affinity")
+        raise bad(f"{field_name}.values", f"{operator} needs exactly one integer value", INVALID_AFFINITY)
     return Requirement(key, operator, tuple(values))
 
 
@@ -178,21 +188,21 @@ def _affinity(value: Any) -> tuple[tuple[Requirement, ...], tuple[tuple[int, Req
     if value is None:
         return (), ()
     if not isinstance(value, dict) or set(value) - {"required", "preferred"}:
-        raise bad("affinity", "must be an object with 'required' and/or 'preferred'", "invalid_affinity")
+        raise bad("affinity", "must be an object with 'required' and/or 'preferred'", INVALID_AFFINITY)
     required_raw, preferred_raw = value.get("required") or [], value.get("preferred") or []
     if not isinstance(required_raw, list) or len(required_raw) > MAX_TERMS:
-        raise bad("affinity.required", f"must be a list of at most {MAX_TERMS} terms", "invalid_affinity")
+        raise bad("affinity.required", f"must be a list of at most {MAX_TERMS} terms", INVALID_AFFINITY)
     if not isinstance(preferred_raw, list) or len(preferred_raw) > MAX_TERMS:
-        raise bad("affinity.preferred", f"must be a list of at most {MAX_TERMS} terms", "invalid_affinity")
+        raise bad("affinity.preferred", f"must be a list of at most {MAX_TERMS} terms", INVALID_AFFINITY)
     required = tuple(parse_requirement(t, f"affinity.required[{i}]") for i, t in enumerate(required_raw))
     preferred = []
     for i, item in enumerate(preferred_raw):
         name = f"affinity.preferred[{i}]"
         if not isinstance(item, dict) or "term" not in item:
-            raise bad(name, "must be {'weight': 1..100, 'term': {...}}", "invalid_affinity")
+            raise bad(name, "must be {'weight': 1..100, 'term': {...}}", INVALID_AFFINITY)
         weight = item.get("weight")
         if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 100:
-            raise bad(f"{name}.weight", "must be an integer from 1 to 100 (Kubernetes' range)", "invalid_affinity")
+            raise bad(f"{name}.weight", "must be an integer from 1 to 100 (Kubernetes' range)", INVALID_AFFINITY)
         preferred.append((weight, parse_requirement(item["term"], f"{name}.term")))
     return required, tuple(preferred)
 
@@ -201,29 +211,29 @@ def _tolerations(value: Any) -> tuple[Toleration, ...]:
     if value is None:
         return ()
     if not isinstance(value, list) or len(value) > MAX_TERMS:
-        raise bad("tolerations", f"must be a list of at most {MAX_TERMS} tolerations", "invalid_toleration")
+        raise bad("tolerations", f"must be a list of at most {MAX_TERMS} tolerations", INVALID_TOLERATION)
     out = []
     for i, item in enumerate(value):
         name = f"tolerations[{i}]"
         if not isinstance(item, dict) or set(item) - {"key", "operator", "value", "effect", "toleration_seconds"}:
-            raise bad(name, "must be {key, operator, value, effect}", "invalid_toleration")
+            raise bad(name, "must be {key, operator, value, effect}", INVALID_TOLERATION)
         key, operator = item.get("key") or "", item.get("operator") or "Equal"
         val, effect = item.get("value") or "", item.get("effect") or ""
         if not isinstance(key, str) or (key and not LABEL_KEY.match(key)):
-            raise bad(f"{name}.key", "not a valid taint key", "invalid_toleration")
+            raise bad(f"{name}.key", "not a valid taint key", INVALID_TOLERATION)
         if operator not in TOLERATION_OPERATORS:
-            raise bad(f"{name}.operator", "must be Equal or Exists", "invalid_toleration")
+            raise bad(f"{name}.operator", "must be Equal or Exists", INVALID_TOLERATION)
         if not isinstance(val, str):
-            raise bad(f"{name}.value", "must be a string", "invalid_toleration")
+            raise bad(f"{name}.value", "must be a string", INVALID_TOLERATION)
         if operator == "Exists" and val:
-            raise bad(f"{name}.value", "must be empty when operator is Exists", "invalid_toleration")
+            raise bad(f"{name}.value", "must be empty when operator is Exists", INVALID_TOLERATION)
         if not key and operator != "Exists":
-            raise bad(f"{name}.operator", "an empty key needs operator Exists", "invalid_toleration")
+            raise bad(f"{name}.operator", "an empty key needs operator Exists", INVALID_TOLERATION)
         if effect and effect not in TAINT_EFFECTS:
-            raise bad(f"{name}.effect", f"must be one of {', '.join(TAINT_EFFECTS)}", "invalid_toleration")
+            raise bad(f"{name}.effect", f"must be one of {', '.join(TAINT_EFFECTS)}", INVALID_TOLERATION)
         seconds = item.get("toleration_seconds")
         if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int) or seconds < 0):
-            raise bad(f"{name}.toleration_seconds", "must be a non-negative integer (seconds)", "invalid_toleration")
+            raise bad(f"{name}.toleration_seconds", "must be a non-negative integer (seconds)", INVALID_TOLERATION)
         out.append(Toleration(key, operator, val, effect, seconds))
     return tuple(out)
 
@@ -232,14 +242,14 @@ def _spread(value: Any) -> tuple[str, str, str]:
     if value is None:
         return "", "", SpreadMode.SPREAD
     if not isinstance(value, dict) or set(value) - {"group", "topology_key", "mode"}:
-        raise bad("spread", "must be {group, topology_key, mode}", "invalid_spread")
+        raise bad("spread", "must be {group, topology_key, mode}", INVALID_SPREAD)
     group, key, mode = value.get("group"), value.get("topology_key") or "host", value.get("mode") or "spread"
     if not isinstance(group, str) or not WORKLOAD_ID.match(group):
-        raise bad("spread.group", "must be a non-empty name", "invalid_spread")
+        raise bad("spread.group", "must be a non-empty name", INVALID_SPREAD)
     if not isinstance(key, str) or not (key in TOPOLOGY_KEYS or LABEL_KEY.match(key)):
-        raise bad("spread.topology_key", f"must be one of {', '.join(TOPOLOGY_KEYS)} or a label key", "invalid_spread")
+        raise bad("spread.topology_key", f"must be one of {', '.join(TOPOLOGY_KEYS)} or a label key", INVALID_SPREAD)
     if mode not in SpreadMode.values:
-        raise bad("spread.mode", f"must be one of {', '.join(SpreadMode.values)}", "invalid_spread")
+        raise bad("spread.mode", f"must be one of {', '.join(SpreadMode.values)}", INVALID_SPREAD)
     return group, key, mode
 
 
@@ -258,13 +268,13 @@ def resources_from_wire(raw: Any, field_name: str = "resources") -> dict[str, in
         resources = parse_resources(raw, field=field_name)
     except QuantityError as exc:
         name = str(exc).split(":", 1)[0]
-        raise bad(name, str(exc).split(": ", 1)[-1], "invalid_quantity") from exc
+        raise bad(name, str(exc).split(": ", 1)[-1], INVALID_QUANTITY) from exc
     for name in resources:
         if "/" not in name and name not in STANDARD_RESOURCES:
             raise bad(
                 f"{field_name}.{name}",
                 f"unknown resource; use one of {sorted(STANDARD_RESOURCES)} or a '<domain>/<name>' extended resource",
-                "unknown_resource",
+                UNKNOWN_RESOURCE,
             )
     return {name: amount for name, amount in resources.items() if amount > 0}
 
@@ -302,7 +312,7 @@ def parse_spec(data: Any) -> PlacementSpec:
         raise bad("workload_id", "required: 1-200 characters of letters, digits and ._:/@-")
     pool = data.get("pool")
     if not isinstance(pool, str) or not pool:
-        raise bad("pool", "required: the pool's name", "unknown_pool")
+        raise bad("pool", "required: the pool's name", UNKNOWN_POOL)
     shape = data.get("shape") or ""
     if not isinstance(shape, str):
         raise bad("shape", "must be a shape name")
@@ -311,7 +321,7 @@ def parse_spec(data: Any) -> PlacementSpec:
         raise bad("resources", "give either resources or a shape, not both")
     resources = resources_from_wire(raw_resources) if raw_resources is not None else {}
     if not shape and not resources and not data.get("devices"):
-        raise bad("resources", "ask for at least one resource (or name a shape)", "empty_request")
+        raise bad("resources", "ask for at least one resource (or name a shape)", EMPTY_REQUEST)
     features = data.get("features") or {}
     if not isinstance(features, dict) or not all(isinstance(v, str | int | bool) for v in features.values()):
         raise bad("features", "must be an object of feature name to a string, number or boolean")

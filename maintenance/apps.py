@@ -9,6 +9,7 @@ class MaintenanceConfig(AppConfig):
 
         from . import (
             collectors,
+            errors,  # noqa: F401  (declares the app's problem codes: the registry is complete)
             signals,  # noqa: F401  (pauses drain deadlines and holds across a clock gap)
         )
 

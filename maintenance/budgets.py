@@ -27,6 +27,7 @@ from leases.models import Lease
 from nodepool.api.problems import NotFound
 from nodepool.api.versioning import check_version
 
+from .errors import BUDGET_NOT_FOUND
 from .models import DisruptionBudget, Eviction
 
 
@@ -156,4 +157,4 @@ def _lock_budget(budget_id) -> DisruptionBudget:
     try:
         return DisruptionBudget.objects.select_for_update().get(pk=budget_id)
     except (DisruptionBudget.DoesNotExist, ValueError) as exc:
-        raise NotFound(f"No disruption budget {budget_id}.", "budget_not_found") from exc
+        raise NotFound(f"No disruption budget {budget_id}.", BUDGET_NOT_FOUND) from exc

@@ -53,6 +53,7 @@ from nodepool.api.versioning import check_version
 
 from .budgets import ration, statuses_for_groups
 from .choices import DrainState, EvictionKind, EvictionPolicy
+from .errors import DRAIN_ACTIVE, DRAIN_NOT_ACTIVE, DRAIN_NOT_FOUND
 from .holds import drain_owner, owner_for, place_hold, remove_holds_where
 from .models import Drain, Eviction
 from .progress import PROGRESS_LIST_LIMIT, build_progress, live_leases, unconfirmed_leases, validate_deadline
@@ -128,7 +129,7 @@ def _lock_drain(drain_id) -> tuple[Drain, Node]:
     """Lock the drain's node then the drain (always this order, as every drain path does)."""
     node_id = Drain.objects.filter(pk=drain_id).values_list("node_id", flat=True).first()
     if node_id is None:
-        raise NotFound(f"No drain {drain_id}.", "drain_not_found")
+        raise NotFound(f"No drain {drain_id}.", DRAIN_NOT_FOUND)
     node = lock_node(node_id)
     return Drain.objects.select_for_update().get(pk=drain_id), node
 
@@ -405,7 +406,7 @@ def cancel_drain(*, drain_id, expected_version: int, reason: str, actor: Actor, 
         drain, node = _lock_drain(drain_id)
         check_version(drain.version, expected_version)
         if drain.state != DrainState.ACTIVE:
-            raise Conflict(f"The drain is {drain.state}, not active.", "drain_not_active", state=drain.state)
+            raise Conflict(f"The drain is {drain.state}, not active.", DRAIN_NOT_ACTIVE, state=drain.state)
         from_state = apply_transition(node, "cancel_drain", action="cancel-drain", reason=reason, now=now)
         save_transition(node)
         Drain.objects.filter(pk=drain.pk).update(
@@ -457,7 +458,7 @@ def repair_stuck_drain(*, node_id, expected_version: int, reason: str, actor: Ac
         if active is not None:
             raise Conflict(
                 f"The node's drain {active.pk} is active: cancel it instead (POST /api/v1/drains/{active.pk}/cancel).",
-                "drain_active",
+                DRAIN_ACTIVE,
                 drain_id=str(active.pk),
             )
         from_state = apply_transition(node, "cancel_drain", action="repair-drain", reason=reason, now=now)
@@ -495,7 +496,7 @@ def change_drain_deadline(
         drain, node = _lock_drain(drain_id)
         check_version(drain.version, expected_version)
         if drain.state != DrainState.ACTIVE:
-            raise Conflict(f"The drain is {drain.state}, not active.", "drain_not_active", state=drain.state)
+            raise Conflict(f"The drain is {drain.state}, not active.", DRAIN_NOT_ACTIVE, state=drain.state)
         previous = drain.deadline
         Drain.objects.filter(pk=drain.pk).update(deadline=deadline, version=F("version") + 1)
         record_event(

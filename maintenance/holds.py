@@ -31,11 +31,15 @@ from django.db.models import Q
 from django.utils import timezone
 
 from fleet.choices import ActorType, Lifecycle, NodeEventType
+from fleet.errors import NODE_NOT_FOUND
 from fleet.events import Actor, record_event
 from fleet.models import Node, NodeHold
+from nodepool.api.errors import TRANSITION_NOT_ALLOWED
 from nodepool.api.permissions import is_operator
 from nodepool.api.problems import Conflict, Forbidden, NotFound, Unprocessable
 from nodepool.api.versioning import check_version
+
+from .errors import FORCE_REQUIRES_OPERATOR, HOLD_NOT_FOUND, HOLD_OWNED_BY_OTHER, INVALID_HOLD
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +73,7 @@ def _lock(node) -> Node:
     try:
         return Node.objects.select_for_update(no_key=True).get(pk=node_id)
     except (Node.DoesNotExist, ValueError) as exc:
-        raise NotFound(f"No node {node_id}.", "node_not_found") from exc
+        raise NotFound(f"No node {node_id}.", NODE_NOT_FOUND) from exc
 
 
 def _sync(node: Node, *, bump: bool = True) -> None:
@@ -141,9 +145,9 @@ def place_hold(
     now = now or timezone.now()
     actor = actor or Actor.system(owner)
     if not owner or len(owner) > OWNER_MAX:
-        raise Unprocessable(f"A hold owner is 1-{OWNER_MAX} characters.", "invalid_hold")
+        raise Unprocessable(f"A hold owner is 1-{OWNER_MAX} characters.", INVALID_HOLD)
     if expires_at is not None and expires_at <= now:
-        raise Unprocessable("A hold's expires_at must be in the future.", "invalid_hold")
+        raise Unprocessable("A hold's expires_at must be in the future.", INVALID_HOLD)
     with transaction.atomic():
         locked = _lock(node)
         if expected_version is not None:
@@ -151,7 +155,7 @@ def place_hold(
         if locked.lifecycle == Lifecycle.RETIRED:
             raise Conflict(
                 "A retired node cannot be cordoned.",
-                "transition_not_allowed",
+                TRANSITION_NOT_ALLOWED,
                 lifecycle=locked.lifecycle,
                 action="cordon",
                 allowed_actions=[],
@@ -212,12 +216,12 @@ def remove_hold(
         if (owner != mine or owner is None) and not force:
             raise Forbidden(
                 f"The hold of {owner} is not yours ({mine}); an operator may remove it with force.",
-                "hold_owned_by_other",
+                HOLD_OWNED_BY_OTHER,
             )
         if force and not is_operator(actor.user):
-            raise Forbidden("Only operators may remove another actor's hold (force).", "force_requires_operator")
+            raise Forbidden("Only operators may remove another actor's hold (force).", FORCE_REQUIRES_OPERATOR)
     elif owner is None and not force:
-        raise Unprocessable("Name the hold owner to remove.", "invalid_hold")
+        raise Unprocessable("Name the hold owner to remove.", INVALID_HOLD)
     with transaction.atomic():
         locked = _lock(node)
         if expected_version is not None:
@@ -233,7 +237,7 @@ def remove_hold(
             raise Conflict(
                 f"{owner or 'Nobody'} holds no cordon on this node"
                 + (f"; held by {', '.join(present)}." if present else "; it is not cordoned."),
-                "hold_not_found",
+                HOLD_NOT_FOUND,
                 owner=owner,
                 holds=present,
             )

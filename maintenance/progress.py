@@ -12,6 +12,7 @@ from django.db.models import Q
 from django.utils import timezone
 from django_fsm import can_proceed
 
+from fleet.errors import NODE_NOT_FOUND
 from fleet.models import Node
 from leases import services as lease_services
 from leases.choices import LIVE_LEASE_STATES
@@ -22,6 +23,7 @@ from nodepool.api.versioning import check_version
 from . import conf
 from .budgets import ration
 from .choices import EvictionPolicy, WaitingOn
+from .errors import DEADLINE_IN_PAST, DEADLINE_TOO_FAR
 from .models import Drain
 from .services import transition_refused
 
@@ -31,10 +33,10 @@ PROGRESS_LIST_LIMIT = 100
 def validate_deadline(deadline: datetime, *, now) -> None:
     """Raises Unprocessable (422 ``deadline_in_past`` / ``deadline_too_far``)."""
     if deadline <= now:
-        raise Unprocessable("The drain deadline must be in the future.", "deadline_in_past")
+        raise Unprocessable("The drain deadline must be in the future.", DEADLINE_IN_PAST)
     limit = conf.get("DRAIN_MAX_DURATION")
     if deadline > now + timedelta(seconds=limit):
-        raise Unprocessable(f"The drain deadline may be at most {limit} seconds away.", "deadline_too_far")
+        raise Unprocessable(f"The drain deadline may be at most {limit} seconds away.", DEADLINE_TOO_FAR)
 
 
 def live_leases(node: Node, *, lock: bool = False) -> list[Lease]:
@@ -167,7 +169,7 @@ def plan_drain(*, node_id, policy: str, deadline: datetime, expected_version: in
     try:
         node = Node.objects.get(pk=node_id)
     except (Node.DoesNotExist, ValueError) as exc:
-        raise NotFound(f"No node {node_id}.", "node_not_found") from exc
+        raise NotFound(f"No node {node_id}.", NODE_NOT_FOUND) from exc
     if expected_version is not None:
         check_version(node.version, expected_version)
     if not can_proceed(node.drain):

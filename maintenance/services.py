@@ -23,16 +23,19 @@ from django_fsm import can_proceed
 
 from fleet import credentials as fleet_credentials
 from fleet.choices import Lifecycle, NodeEventType
+from fleet.errors import NODE_NOT_FOUND
 from fleet.events import Actor, record_event
 from fleet.instructions import Instruction, post_instructions
 from fleet.models import Node
 from leases import services as lease_services
 from leases.choices import LIVE_LEASE_STATES
 from leases.models import Lease
+from nodepool.api.errors import TRANSITION_NOT_ALLOWED
 from nodepool.api.problems import Conflict, NotFound
 from nodepool.api.versioning import check_version
 
 from .choices import DrainState, QuarantineRule
+from .errors import NODE_HAS_LIVE_LEASES
 from .holds import DRAIN_PREFIX, owner_for, place_hold, remove_hold, remove_holds_where
 from .models import Drain, Quarantine
 from .selectors import allowed_actions, public_evidence
@@ -48,7 +51,7 @@ def lock_node(node_id) -> Node:
     try:
         return Node.objects.select_for_update(no_key=True).get(pk=node_id)
     except (Node.DoesNotExist, ValueError) as exc:
-        raise NotFound(f"No node {node_id}.", "node_not_found") from exc
+        raise NotFound(f"No node {node_id}.", NODE_NOT_FOUND) from exc
 
 
 def transition_refused(node: Node, action: str) -> Conflict:
@@ -57,7 +60,7 @@ def transition_refused(node: Node, action: str) -> Conflict:
     return Conflict(
         f"Cannot {action} a node that is {node.lifecycle}; allowed from {node.lifecycle}: "
         f"{', '.join(allowed) or 'nothing (terminal)'}.",
-        "transition_not_allowed",
+        TRANSITION_NOT_ALLOWED,
         lifecycle=node.lifecycle,
         action=action,
         allowed_actions=allowed,
@@ -391,7 +394,7 @@ def retire_node(*, node_id, expected_version: int, reason: str, actor: Actor, fo
         if live and not force:
             raise Conflict(
                 f"The node still holds {live} live lease(s); drain it first, or retire with force to revoke them.",
-                "node_has_live_leases",
+                NODE_HAS_LIVE_LEASES,
                 live_leases=live,
             )
         from_state = apply_transition(node, "retire", action="retire", reason=reason, now=now)

@@ -13,6 +13,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from fleet.choices import Lifecycle, NodeEventType
+from fleet.errors import NODE_NOT_FOUND
 from fleet.events import Actor, record_event
 from maintenance import services as maintenance_services
 from maintenance.models import Quarantine
@@ -20,6 +21,14 @@ from nodepool.api.problems import Conflict, NotFound, Problem
 from nodepool.api.versioning import check_version
 
 from .choices import APPEAL_OUTCOMES, AppealState
+from .errors import (
+    APPEAL_ALREADY_OPEN,
+    APPEAL_NOT_FOUND,
+    APPEAL_NOT_OPEN,
+    INVALID_FIELD,
+    INVALID_OUTCOME,
+    NODE_NOT_QUARANTINED,
+)
 from .models import Appeal
 
 MAX_TEXT = 4000
@@ -27,9 +36,9 @@ MAX_TEXT = 4000
 
 def _text(value, field: str) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise Problem(f"{field}: required, a non-empty string.", "invalid_field", field=field)
+        raise Problem(f"{field}: required, a non-empty string.", INVALID_FIELD, field=field)
     if len(value) > MAX_TEXT:
-        raise Problem(f"{field}: at most {MAX_TEXT} characters.", "invalid_field", field=field)
+        raise Problem(f"{field}: at most {MAX_TEXT} characters.", INVALID_FIELD, field=field)
     return value.strip()
 
 
@@ -50,13 +59,13 @@ def appeal_create(*, owner, node_id, statement, actor: Actor) -> Appeal:
             from fleet.models import Node
 
             if not Node.objects.filter(pk=node_id, owner=owner).exists():
-                raise NotFound("No such node.", "node_not_found")
-            raise Conflict("The node is not quarantined; there is nothing to appeal.", "node_not_quarantined")
+                raise NotFound("No such node.", NODE_NOT_FOUND)
+            raise Conflict("The node is not quarantined; there is nothing to appeal.", NODE_NOT_QUARANTINED)
         try:
             with transaction.atomic():
                 appeal = Appeal.objects.create(quarantine=quarantine, node=quarantine.node, owner=owner, statement=text)
         except IntegrityError as exc:
-            raise Conflict("An appeal of this quarantine is open already.", "appeal_already_open") from exc
+            raise Conflict("An appeal of this quarantine is open already.", APPEAL_ALREADY_OPEN) from exc
         _event(appeal, actor, from_state="", reason=text)
     return appeal
 
@@ -68,7 +77,7 @@ def appeal_resolve(*, appeal_id, outcome: str, resolution, expected_version: int
     ``invalid_outcome`` / ``invalid_field``; and as maintenance.services.release_node for an overturn.
     """
     if outcome not in APPEAL_OUTCOMES:
-        raise Problem(f"outcome must be one of {', '.join(APPEAL_OUTCOMES)}.", "invalid_outcome")
+        raise Problem(f"outcome must be one of {', '.join(APPEAL_OUTCOMES)}.", INVALID_OUTCOME)
     text = _text(resolution, "resolution")
     now = now or timezone.now()
     with transaction.atomic():
@@ -82,10 +91,10 @@ def appeal_resolve(*, appeal_id, outcome: str, resolution, expected_version: int
             .first()
         )
         if appeal is None:
-            raise NotFound("No such appeal.", "appeal_not_found")
+            raise NotFound("No such appeal.", APPEAL_NOT_FOUND)
         check_version(appeal.version, expected_version)
         if appeal.state != AppealState.OPEN:
-            raise Conflict(f"The appeal is {appeal.state} already.", "appeal_not_open")
+            raise Conflict(f"The appeal is {appeal.state} already.", APPEAL_NOT_OPEN)
         Appeal.objects.filter(pk=appeal.pk, version=appeal.version).update(
             state=outcome, resolution=text, resolved_by=actor.name[:150], resolved_at=now, version=F("version") + 1
         )
@@ -113,11 +122,11 @@ def appeal_withdraw(*, appeal_id, owner, actor: Actor, now=None) -> Appeal:
     with transaction.atomic():
         appeal = Appeal.objects.select_for_update().filter(pk=appeal_id, owner=owner).first()
         if appeal is None:
-            raise NotFound("No such appeal.", "appeal_not_found")
+            raise NotFound("No such appeal.", APPEAL_NOT_FOUND)
         if not Appeal.objects.filter(pk=appeal.pk, state=AppealState.OPEN).update(
             state=AppealState.WITHDRAWN, resolved_at=now, resolved_by=actor.name[:150], version=F("version") + 1
         ):
-            raise Conflict(f"The appeal is {appeal.state} already.", "appeal_not_open")
+            raise Conflict(f"The appeal is {appeal.state} already.", APPEAL_NOT_OPEN)
         appeal.refresh_from_db()
         _event(appeal, actor, from_state=AppealState.OPEN, reason="withdrawn by the owner")
     return appeal

@@ -17,7 +17,13 @@ class MarketplaceConfig(AppConfig):
         from nodepool import retention
         from nodepool.metrics import register_collector
 
-        from . import availability, collectors, receivers, selectors
+        from . import (
+            availability,
+            collectors,
+            errors,  # noqa: F401  (declares the app's problem codes: the registry is complete)
+            receivers,
+            selectors,
+        )
 
         lease_ended.connect(receivers.open_usage_record, dispatch_uid="marketplace.open_usage_record")
         # Retention (nodepool.retention) keeps unsettled usage's leases and their events.

@@ -33,6 +33,7 @@ from django_fsm import can_proceed
 from fleet.choices import NodeEventType
 from fleet.events import Actor, record_event
 from fleet.models import Pool
+from nodepool.api.errors import TRANSITION_NOT_ALLOWED
 from nodepool.api.problems import Conflict, Forbidden, NotFound, Problem
 from nodepool.api.versioning import check_version
 
@@ -47,6 +48,7 @@ from .choices import (
     StatementState,
     UsageState,
 )
+from .errors import INVALID_CURRENCY, INVALID_DECIMAL, INVALID_FIELD, INVALID_OUTCOME, STATEMENT_NOT_FOUND
 from .models import LineAppeal, Payout, PayoutHold, PoolPeriod, PoolSettlement, Statement, StatementLine
 from .periods import pool_period_kind
 
@@ -60,7 +62,7 @@ REVIEW_FINDINGS = frozenset({"device_fault", "impossible_usage", "absent_usage"}
 def _text(value, name: str) -> str:
     if not isinstance(value, str) or not value.strip() or len(value) > MAX_TEXT:
         raise Problem(
-            f"{name}: required, a non-empty string of at most {MAX_TEXT} characters.", "invalid_field", field=name
+            f"{name}: required, a non-empty string of at most {MAX_TEXT} characters.", INVALID_FIELD, field=name
         )
     return value.strip()
 
@@ -262,14 +264,14 @@ def payout_request(*, statement_id, currency, actor: Actor, now=None) -> Payout:
     ``invalid_currency``. A failed payout is requested again instead (same row).
     """
     if not isinstance(currency, str) or len(currency) != 3 or not currency.isalpha() or not currency.isupper():
-        raise Problem("currency: an ISO 4217 code such as EUR.", "invalid_currency", field="currency")
+        raise Problem("currency: an ISO 4217 code such as EUR.", INVALID_CURRENCY, field="currency")
     now = now or timezone.now()
     with transaction.atomic():
         # The guard against two requests at once: the statement row is locked while this checks
         # and writes, so the second waits and then finds the payout (the unique constraint backs it).
         statement = Statement.objects.select_for_update().filter(pk=statement_id).first()
         if statement is None:
-            raise NotFound("No such statement.", "statement_not_found")
+            raise NotFound("No such statement.", STATEMENT_NOT_FOUND)
         if statement.state != StatementState.FINAL:
             raise Conflict("Only a final statement is paid.", "statement_not_final")
         missing = unreconciled_periods(statement)
@@ -281,7 +283,7 @@ def payout_request(*, statement_id, currency, actor: Actor, now=None) -> Payout:
             )
         _refuse_if_held(statement.pk)
         if currency not in statement.totals:
-            raise Problem(f"The statement has no total in {currency}.", "invalid_currency", field="currency")
+            raise Problem(f"The statement has no total in {currency}.", INVALID_CURRENCY, field="currency")
         amount, excluded = payable_amount(statement, currency)
         existing = Payout.objects.select_for_update().filter(statement=statement, currency=currency).first()
         if existing is not None:
@@ -347,7 +349,7 @@ def _locked_payout(payout_id, expected_version: int) -> Payout:
 def _move(payout: Payout, verb: str, code_hint: str) -> str:
     method = getattr(payout, verb)
     if not can_proceed(method):
-        raise Conflict(f"A {payout.state} payout cannot be {code_hint}.", "transition_not_allowed", state=payout.state)
+        raise Conflict(f"A {payout.state} payout cannot be {code_hint}.", TRANSITION_NOT_ALLOWED, state=payout.state)
     from_state = payout.state
     method()
     return from_state
@@ -496,10 +498,10 @@ def line_appeal_resolve(
     ``transition_not_allowed``; Problem 400 ``invalid_outcome``, ``invalid_field``, ``invalid_decimal``.
     """
     if outcome not in (LineAppealState.CORRECTED, LineAppealState.REJECTED):
-        raise Problem("outcome must be corrected or rejected.", "invalid_outcome")
+        raise Problem("outcome must be corrected or rejected.", INVALID_OUTCOME)
     text = _text(resolution, "resolution")
     if outcome == LineAppealState.CORRECTED and (amount is None or amount == 0):
-        raise Problem("amount: a non-zero decimal string for a correction.", "invalid_decimal", field="amount")
+        raise Problem("amount: a non-zero decimal string for a correction.", INVALID_DECIMAL, field="amount")
     now = now or timezone.now()
     with transaction.atomic():
         appeal = LineAppeal.objects.select_for_update().select_related("line__statement").filter(pk=appeal_id).first()
@@ -508,7 +510,7 @@ def line_appeal_resolve(
         check_version(appeal.version, expected_version)
         verb = appeal.correct if outcome == LineAppealState.CORRECTED else appeal.reject
         if not can_proceed(verb):
-            raise Conflict(f"The appeal is {appeal.state} already.", "transition_not_allowed", state=appeal.state)
+            raise Conflict(f"The appeal is {appeal.state} already.", TRANSITION_NOT_ALLOWED, state=appeal.state)
         verb()
         line = appeal.line
         # A payout made while the appeal was open held the line back: what it held back is due
@@ -552,7 +554,7 @@ def line_appeal_withdraw(*, appeal_id, owner, actor: Actor) -> LineAppeal:
         if appeal is None:
             raise NotFound("No such line appeal.", "line_appeal_not_found")
         if not can_proceed(appeal.withdraw):
-            raise Conflict(f"The appeal is {appeal.state} already.", "transition_not_allowed", state=appeal.state)
+            raise Conflict(f"The appeal is {appeal.state} already.", TRANSITION_NOT_ALLOWED, state=appeal.state)
         appeal.withdraw()
         appeal.version += 1
         line = appeal.line

@@ -46,11 +46,13 @@ from fleet.choices import NodeEventType
 from fleet.events import Actor, record_event
 from fleet.models import Pool
 from leases.models import Lease
+from nodepool.api.errors import TRANSITION_NOT_ALLOWED
 from nodepool.api.problems import Conflict, NotFound, Problem
 from nodepool.api.versioning import check_version
 
 from . import statements
 from .choices import OPEN_STATES, PAYABLE_STATES, LineKind, MismatchKind, PoolPeriodState, StatementPeriod, UsageState
+from .errors import INVALID_FIELD, PERIOD_NOT_OVER
 from .models import MismatchItem, NodeAvailability, PoolPeriod, PoolPrice, PoolSettlement, StatementLine, UsageRecord
 from .pricing import CENT, HOUR, QUANTITY, intervals_of, unit_of
 
@@ -72,9 +74,9 @@ def _clip(lo: datetime, hi: datetime, start: datetime, end: datetime) -> tuple[d
 
 def _text(value) -> str:
     if not isinstance(value, str) or not value.strip():
-        raise Problem("reason: required, a non-empty string.", "invalid_field", field="reason")
+        raise Problem("reason: required, a non-empty string.", INVALID_FIELD, field="reason")
     if len(value) > MAX_TEXT:
-        raise Problem(f"reason: at most {MAX_TEXT} characters.", "invalid_field", field="reason")
+        raise Problem(f"reason: at most {MAX_TEXT} characters.", INVALID_FIELD, field="reason")
     return value.strip()
 
 
@@ -313,7 +315,7 @@ def reconcile_period(*, period_id, actor: Actor, now: datetime | None = None) ->
         if period.period_end > now:
             raise Conflict(
                 f"The period ends at {period.period_end.isoformat()}; it cannot be reconciled before.",
-                "period_not_over",
+                PERIOD_NOT_OVER,
             )
         figures = compute(period.pool, period.period_start, period.period_end)
         if figures.waiting:
@@ -337,7 +339,7 @@ def reconcile_period(*, period_id, actor: Actor, now: datetime | None = None) ->
         from_state = period.state
         transition = period.mismatch if unresolved else period.reconcile
         if not can_proceed(transition):
-            raise Conflict(f"A {period.state} period cannot be reconciled.", "transition_not_allowed")
+            raise Conflict(f"A {period.state} period cannot be reconciled.", TRANSITION_NOT_ALLOWED)
         transition()
         period.offered = {r: _q(q) for r, q in sorted(figures.offered.items())}
         period.usage = _nested(figures.usage)

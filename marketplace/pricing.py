@@ -19,6 +19,7 @@ from django.utils.dateparse import parse_datetime
 
 from nodepool.api.problems import Conflict
 
+from .errors import CURRENCY_MISMATCH, PRICE_VERSION_EXISTS
 from .models import PoolPrice
 
 UNITS = {"cpu": Decimal(1000), "memory": Decimal(2**30), "ephemeral-storage": Decimal(2**30)}
@@ -52,7 +53,7 @@ def set_price(
     other = PoolPrice.objects.filter(pool=pool).exclude(currency=currency).values_list("currency", flat=True).first()
     if other:
         raise Conflict(
-            f"Pool {pool.name} is priced in {other}; every price of a pool shares one currency.", "currency_mismatch"
+            f"Pool {pool.name} is priced in {other}; every price of a pool shares one currency.", CURRENCY_MISMATCH
         )
     try:
         with transaction.atomic():
@@ -67,7 +68,7 @@ def set_price(
             )
     except IntegrityError as exc:
         raise Conflict(
-            "A price for this resource takes effect at exactly this time already.", "price_version_exists"
+            "A price for this resource takes effect at exactly this time already.", PRICE_VERSION_EXISTS
         ) from exc
 
 

@@ -36,9 +36,11 @@ from leases.choices import EvidenceClose
 from leases.models import EvidenceInterval, Lease
 from maintenance.models import Quarantine
 from maintenance.rules import impossible_usage
+from nodepool.api.errors import VERSION_MISMATCH
 from nodepool.api.problems import Conflict, NotFound, PreconditionFailed
 
 from .choices import OPEN_STATES, PAYABLE_STATES, DisputeDecision, GapReason, UsageState
+from .errors import USAGE_NOT_DISPUTED, USAGE_RECORD_NOT_FOUND
 from .models import PoolSettlement, UsageRecord
 
 logger = logging.getLogger(__name__)
@@ -373,14 +375,14 @@ def resolve_usage(
     with transaction.atomic():
         record = UsageRecord.objects.select_for_update().filter(pk=record_id).first()
         if record is None:
-            raise NotFound("No such usage record.", "usage_record_not_found")
+            raise NotFound("No such usage record.", USAGE_RECORD_NOT_FOUND)
         if record.version != expected_version:
             raise PreconditionFailed(
-                f"The usage record is at version {record.version}.", "version_mismatch", current_version=record.version
+                f"The usage record is at version {record.version}.", VERSION_MISMATCH, current_version=record.version
             )
         if record.state not in (UsageState.DISPUTED, UsageState.HELD):
             raise Conflict(
-                f"The usage record is {record.state}; only disputed or held records are resolved.", "usage_not_disputed"
+                f"The usage record is {record.state}; only disputed or held records are resolved.", USAGE_NOT_DISPUTED
             )
         before = record.state
         evidenced = sum(

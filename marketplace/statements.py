@@ -27,6 +27,7 @@ from nodepool.api.versioning import check_version
 
 from . import pricing
 from .choices import PAYABLE_STATES, StatementPeriod, StatementState, UsageState
+from .errors import PERIOD_NOT_OVER, STATEMENT_FINAL, STATEMENT_HAS_UNRECONCILED_LINES, STATEMENT_NOT_FOUND
 from .models import OwnerSettings, Statement, StatementLine, UsageRecord
 
 
@@ -161,13 +162,13 @@ def finalize_statement(*, statement_id, expected_version: int, actor: Actor, now
     with transaction.atomic():
         statement = Statement.objects.select_for_update().filter(pk=statement_id).first()
         if statement is None:
-            raise NotFound("No such statement.", "statement_not_found")
+            raise NotFound("No such statement.", STATEMENT_NOT_FOUND)
         check_version(statement.version, expected_version)
         if statement.state == StatementState.FINAL:
-            raise Conflict("The statement is final already.", "statement_final")
+            raise Conflict("The statement is final already.", STATEMENT_FINAL)
         if statement.period_end > now:
             raise Conflict(
-                f"The period ends at {statement.period_end.isoformat()}; it cannot be final before.", "period_not_over"
+                f"The period ends at {statement.period_end.isoformat()}; it cannot be final before.", PERIOD_NOT_OVER
             )
         # Lock the records of its lines: a reconciler must not move one between the check and the freeze.
         record_ids = list(statement.lines.values_list("usage_record_id", flat=True))
@@ -176,7 +177,7 @@ def finalize_statement(*, statement_id, expected_version: int, actor: Actor, now
         if pending:
             raise Conflict(
                 f"{pending} line(s) are not reconciled yet (inside their settlement window).",
-                "statement_has_unreconciled_lines",
+                STATEMENT_HAS_UNRECONCILED_LINES,
                 pending=pending,
             )
         carry = [pk for pk, state in states.items() if state in (UsageState.HELD, UsageState.DISPUTED)]

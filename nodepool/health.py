@@ -29,6 +29,8 @@ from django.http import JsonResponse
 from django.views.decorators.http import require_GET
 from kombu import Connection
 
+from nodepool.api.errors import NOT_READY
+
 from .api.problems import problem_response
 
 logger = logging.getLogger(__name__)
@@ -136,7 +138,7 @@ def readyz(request):
         return JsonResponse({"status": "degraded", "checks": checks, "degraded": failing, "elapsed_ms": elapsed_ms})
     response = problem_response(
         503,
-        "not_ready",
+        NOT_READY,
         f"Not ready: {', '.join(failing)} did not answer.",
         checks=checks,
         failing=failing,

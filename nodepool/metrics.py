@@ -49,6 +49,8 @@ from prometheus_client import (
 )
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from nodepool.api.errors import METHOD_NOT_ALLOWED, METRICS_TOKEN_REQUIRED
+
 from .api.problems import problem_response
 
 logger = logging.getLogger(__name__)
@@ -351,10 +353,10 @@ def metrics_view(request):
     405 for anything but GET/HEAD.
     """
     if request.method not in ("GET", "HEAD"):
-        return problem_response(405, "method_not_allowed", "Use GET.")
+        return problem_response(405, METHOD_NOT_ALLOWED, "Use GET.")
     if not _authorized(request):
         response = problem_response(
-            401, "metrics_token_required", "Send Authorization: Bearer <NODEPOOL_METRICS_TOKEN> to read /metrics."
+            401, METRICS_TOKEN_REQUIRED, "Send Authorization: Bearer <NODEPOOL_METRICS_TOKEN> to read /metrics."
         )
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response

@@ -16,13 +16,24 @@ USER_AGENT = "nodepoolctl/0.1"
 MAX_PAGES = 200  # 500 per page: 100,000 objects at most in one listing
 
 
-class ApiError(Exception):
-    """An API call that did not succeed. ``status`` is the HTTP status (None: no answer)."""
+# Codes whose detail only names the fields: the field messages say what is wrong. The last three
+# are the names servers before round 3 answered for the same thing (docs/api-contract.md, changelog).
+VALIDATION_CODES = frozenset({"validation_error", "invalid_request", "invalid_field", "invalid_upgrade"})
 
-    def __init__(self, message: str, *, status: int | None = None, code: str = ""):
+
+class ApiError(Exception):
+    """An API call that did not succeed. ``status`` is the HTTP status (None: no answer); ``code``
+    the problem's code and ``deprecated_code`` the older name a server also sends for one release."""
+
+    def __init__(self, message: str, *, status: int | None = None, code: str = "", deprecated_code: str = ""):
         super().__init__(message)
         self.status = status
         self.code = code
+        self.deprecated_code = deprecated_code
+
+    def is_code(self, code: str) -> bool:
+        """Whether the problem is ``code``, by its current or its deprecated name."""
+        return code in (self.code, self.deprecated_code) and bool(code)
 
 
 def _problem(response: httpx.Response) -> ApiError:
@@ -32,15 +43,17 @@ def _problem(response: httpx.Response) -> ApiError:
         body = None
     if isinstance(body, dict):
         code = str(body.get("code") or "")
+        deprecated = str(body.get("deprecated_code") or "")
         detail = body.get("detail") or body.get("title") or ""
         messages = _field_messages(body.get("errors"))
-        if messages and code == "validation_error":
+        if messages and code in VALIDATION_CODES:
             # The detail only names the fields ("Invalid input in: deadline_in."): say what is wrong.
             detail = messages
         elif messages and messages not in str(detail):
             detail = f"{detail} ({messages})"
         text = " ".join(str(detail).split())
-        return ApiError(f"{response.status_code} {code}: {text}".strip(), status=response.status_code, code=code)
+        message = f"{response.status_code} {code}: {text}".strip()
+        return ApiError(message, status=response.status_code, code=code, deprecated_code=deprecated)
     text = " ".join(response.text.split())[:200]
     return ApiError(f"{response.status_code} {response.reason_phrase}: {text}", status=response.status_code)
 

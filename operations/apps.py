@@ -19,7 +19,13 @@ class OperationsConfig(AppConfig):
         from leases.signals import lease_ended
         from nodepool.metrics import register_collector
 
-        from . import capacity, preemption, targets, upgrades
+        from . import (
+            capacity,
+            errors,  # noqa: F401  (declares the app's problem codes: the registry is complete)
+            preemption,
+            targets,
+            upgrades,
+        )
         from .metrics import OperationsCollector
 
         admission.register_check(

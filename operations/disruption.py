@@ -62,6 +62,7 @@ from nodepool.api.problems import Problem
 
 from . import outofservice
 from .choices import BUDGETED_REASONS, DisruptionReason
+from .errors import INVALID_DISRUPTION_BUDGET
 from .models import DisruptionBlock, PoolOperations
 
 DEFAULT_BUDGETS = [{"nodes": "10%"}]
@@ -76,7 +77,7 @@ POOL_LEVEL = ("pool_budget", "window", "max_unavailable_nodes")
 # --- validation (when written) -------------------------------------------------------------------
 def _bad(path: str, message: str) -> Problem:
     return Problem(
-        f"{path}: {message}", "invalid_disruption_budget", field=path, errors=[{"field": path, "message": message}]
+        f"{path}: {message}", INVALID_DISRUPTION_BUDGET, field=path, errors=[{"field": path, "message": message}]
     )
 
 

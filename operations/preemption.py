@@ -21,6 +21,7 @@ from django.db.models.functions import TruncDate
 from django.utils import timezone
 
 from fleet.choices import Lifecycle, NodeEventType
+from fleet.errors import NODE_NOT_FOUND
 from fleet.events import Actor, record_event
 from fleet.models import Node, Pool
 from leases.choices import LeaseState
@@ -32,6 +33,7 @@ from nodepool.api.problems import Conflict, NotFound, Unprocessable
 
 from . import conf, outofservice
 from .choices import PreemptionState
+from .errors import INVALID_DEADLINE_RANGE, POOL_NOT_SPOT
 from .models import Preemption
 from .upgrades import pool_operations
 
@@ -49,17 +51,18 @@ def preemption_notice(*, node_id, deadline: datetime, source: str, actor: Actor,
 
     Returns ``(preemption, created)``. Raises: NotFound (404 ``node_not_found``), Conflict (409
     ``pool_not_spot``, ``transition_not_allowed`` for a node that cannot drain), Unprocessable (422
-    ``invalid_deadline``: not in the future, or more than 24 h ahead).
+    ``deadline_out_of_range``, deprecated_code ``invalid_deadline``: not in the future, or more
+    than 24 h ahead).
     """
     now = now or timezone.now()
     if deadline <= now or deadline - now > MAX_NOTICE:
-        raise Unprocessable("deadline must be in the future and at most 24 hours ahead.", "invalid_deadline")
+        raise Unprocessable("deadline must be in the future and at most 24 hours ahead.", INVALID_DEADLINE_RANGE)
     node = Node.objects.select_related("pool").filter(pk=node_id).first()
     if node is None:
-        raise NotFound(f"No node {node_id}.", "node_not_found")
+        raise NotFound(f"No node {node_id}.", NODE_NOT_FOUND)
     ops = pool_operations(node.pool)
     if not ops.spot:
-        raise Conflict(f"Pool {node.pool.name!r} is not a spot pool.", "pool_not_spot")
+        raise Conflict(f"Pool {node.pool.name!r} is not a spot pool.", POOL_NOT_SPOT)
     existing = Preemption.objects.filter(node=node, state=PreemptionState.DRAINING).first()
     if existing is not None:
         if deadline < existing.deadline:

@@ -33,10 +33,12 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from nodepool import egress
+from nodepool.api.errors import INVALID_BODY
 from nodepool.quantity import format_quantity
 
 from . import conf
 from .choices import ProviderKind
+from .errors import REPLAYED, SIGNATURE_EXPIRED, SIGNATURE_INVALID, SIGNATURE_MISSING
 
 TIMESTAMP_HEADER = "X-Nodepool-Timestamp"
 SIGNATURE_HEADER = "X-Nodepool-Signature"
@@ -107,28 +109,28 @@ def verify(secret: str, headers, body: bytes, *, now: float | None = None, remem
     timestamp, given = headers.get(TIMESTAMP_HEADER), headers.get(SIGNATURE_HEADER)
     delivery = headers.get(DELIVERY_HEADER)
     if not secret or not timestamp or not given or not delivery:
-        raise SignatureError("signature_missing", "The request is not signed.")
+        raise SignatureError(SIGNATURE_MISSING, "The request is not signed.")
     try:
         age = abs((now if now is not None else time.time()) - int(timestamp))
     except ValueError:
-        raise SignatureError("signature_invalid", "The timestamp is not an integer.") from None
+        raise SignatureError(SIGNATURE_INVALID, "The timestamp is not an integer.") from None
     if age > int(conf.get("WEBHOOK_TOLERANCE")):
-        raise SignatureError("signature_expired", "The signature's timestamp is too old or in the future.")
+        raise SignatureError(SIGNATURE_EXPIRED, "The signature's timestamp is too old or in the future.")
     if not hmac.compare_digest(signature(secret, timestamp, body), given):
-        raise SignatureError("signature_invalid", "The signature does not match.")
+        raise SignatureError(SIGNATURE_INVALID, "The signature does not match.")
     try:
         data = json.loads(body)
     except ValueError:
-        raise SignatureError("invalid_body", "The body is not JSON.") from None
+        raise SignatureError(INVALID_BODY, "The body is not JSON.") from None
     if not isinstance(data, dict) or data.get("delivery_id") != delivery:
-        raise SignatureError("invalid_body", "The body must be an object whose delivery_id matches the header.")
+        raise SignatureError(INVALID_BODY, "The body must be an object whose delivery_id matches the header.")
     if remember:
         SeenDelivery.objects.filter(seen_at__lt=timezone.now() - timedelta(days=1)).delete()
         try:
             with transaction.atomic():  # a savepoint: the refused insert must not break the caller's transaction
                 SeenDelivery.objects.create(delivery_id=str(delivery)[:64], seen_at=timezone.now())
         except IntegrityError:
-            raise SignatureError("replayed", "This delivery was already accepted.") from None
+            raise SignatureError(REPLAYED, "This delivery was already accepted.") from None
     return data
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from django.db import transaction
 
 from fleet.choices import NodeEventType
+from fleet.errors import UNKNOWN_POOL
 from fleet.events import Actor, record_event
 from fleet.models import Pool
 from leases.spec import resources_from_wire
@@ -22,6 +23,7 @@ from nodepool.api.versioning import check_version
 
 from .choices import ProviderKind
 from .disruption import parse_budgets
+from .errors import INVALID_POOL_OPERATIONS
 from .models import PoolOperations
 from .upgrades import pool_operations
 
@@ -53,7 +55,7 @@ FIELDS = {
 }
 
 
-def _bad(field: str, message: str, code: str = "invalid_pool_operations") -> Problem:
+def _bad(field: str, message: str, code: str = INVALID_POOL_OPERATIONS) -> Problem:
     return Problem(f"{field}: {message}", code, errors=[{"field": field, "message": message}])
 
 
@@ -95,7 +97,7 @@ def parse_changes(data: Any, pool: Pool) -> dict:
                 raise _bad(name, "must be a pool name (a string) or null")
             fallback = Pool.objects.filter(name=value).first()
             if fallback is None or fallback == pool:
-                raise _bad(name, "must name another existing pool", "unknown_pool")
+                raise _bad(name, "must name another existing pool", UNKNOWN_POOL)
             value = fallback
         elif name == "node_template":
             value = parse_template(value)

@@ -17,6 +17,8 @@ from fleet.admission import Outcome, failed, passed, skipped
 from fleet.models import Node, Pool
 from nodepool.api.problems import Problem
 
+from .errors import INVALID_TARGET
+
 CHECK_NAME = "upgrade_target"
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 ACTION = re.compile(r"^[a-z][a-z0-9_.-]{0,62}$")
@@ -25,7 +27,7 @@ TARGET_KEYS = {"version", "agent_versions", "image", "kernel", "labels", "artifa
 
 def _bad(field: str, message: str) -> Problem:
     return Problem(
-        f"target.{field}: {message}", "invalid_target", errors=[{"field": f"target.{field}", "message": message}]
+        f"target.{field}: {message}", INVALID_TARGET, errors=[{"field": f"target.{field}", "message": message}]
     )
 
 

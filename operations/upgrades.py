@@ -18,6 +18,7 @@ from django.utils import timezone
 from django_fsm import can_proceed
 
 from fleet.choices import Lifecycle, NodeEventType
+from fleet.errors import UNKNOWN_POOL
 from fleet.events import Actor, record_event
 from fleet.instructions import Instruction, post_instructions
 from fleet.models import Node, NodeHold, Pool
@@ -26,6 +27,7 @@ from maintenance import drains as maintenance_drains
 from maintenance import holds
 from maintenance.choices import DrainState
 from maintenance.models import Drain
+from nodepool.api.errors import TRANSITION_NOT_ALLOWED
 from nodepool.api.problems import Conflict, NotFound, Problem
 from nodepool.api.versioning import check_version
 
@@ -38,6 +40,16 @@ from .choices import (
     UpgradeNodeState,
     UpgradePhase,
     UpgradeState,
+)
+from .errors import (
+    CANARY_OVERRIDE_REQUIRED,
+    INVALID_MAX_UNAVAILABLE,
+    INVALID_OVERRIDE,
+    INVALID_UPGRADE,
+    NO_OTHER_CANARY_NODES,
+    POOL_EMPTY,
+    UPGRADE_IN_PROGRESS,
+    UPGRADE_NOT_FOUND,
 )
 from .models import PoolOperations, Upgrade, UpgradeNode
 from .outofservice import UPGRADE
@@ -68,7 +80,7 @@ def parse_max_unavailable(value: Any) -> str:
     if not match or int(match.group(1)) < 1 or (match.group(2) and int(match.group(1)) > 100):
         raise Problem(
             'max_unavailable_nodes must be a count of at least 1 ("2") or a percentage 1-100 ("10%").',
-            "invalid_max_unavailable",
+            INVALID_MAX_UNAVAILABLE,
         )
     return text
 
@@ -102,14 +114,14 @@ def event(upgrade: Upgrade, actor: Actor, reason: str, *, node=None, from_state=
 def _int(data: dict, name: str, default: int) -> int:
     value = data.get(name, default)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= LIMITS[name]:
-        raise Problem(f"{name} must be an integer from 0 to {LIMITS[name]}.", "invalid_upgrade")
+        raise Problem(f"{name} must be an integer from 0 to {LIMITS[name]}.", INVALID_UPGRADE)
     return value
 
 
 def parse_upgrade(data: Any) -> dict:
     """Validate an upgrade request body; returns model field values. Raises 400."""
     if not isinstance(data, dict):
-        raise Problem("The body must be a JSON object.", "invalid_upgrade")
+        raise Problem("The body must be a JSON object.", INVALID_UPGRADE)
     known = {
         "pool",
         "target",
@@ -125,25 +137,25 @@ def parse_upgrade(data: Any) -> dict:
     }
     unknown = sorted(set(data) - known)
     if unknown:
-        raise Problem(f"Unknown member {unknown[0]!r}.", "invalid_upgrade")
+        raise Problem(f"Unknown member {unknown[0]!r}.", INVALID_UPGRADE)
     if not isinstance(data.get("pool"), str):
-        raise Problem("pool is required: a pool name.", "invalid_upgrade")
+        raise Problem("pool is required: a pool name.", INVALID_UPGRADE)
     pool = Pool.objects.filter(name=data["pool"]).first()
     if pool is None:
-        raise Problem(f"No pool named {data['pool']!r}.", "unknown_pool")
+        raise Problem(f"No pool named {data['pool']!r}.", UNKNOWN_POOL)
     canary_pool = None
     if data.get("canary_pool") is not None:
         if not isinstance(data["canary_pool"], str):
-            raise Problem("canary_pool must be a pool name (a string) or null.", "invalid_upgrade")
+            raise Problem("canary_pool must be a pool name (a string) or null.", INVALID_UPGRADE)
         canary_pool = Pool.objects.filter(name=data["canary_pool"]).first()
         if canary_pool is None or canary_pool == pool:
-            raise Problem("canary_pool must name another existing pool.", "unknown_pool")
+            raise Problem("canary_pool must name another existing pool.", UNKNOWN_POOL)
     auto_rollback = data.get("auto_rollback", True)
     if not isinstance(auto_rollback, bool):
-        raise Problem("auto_rollback must be true or false.", "invalid_upgrade")
+        raise Problem("auto_rollback must be true or false.", INVALID_UPGRADE)
     reason = data.get("reason", "")
     if not isinstance(reason, str) or len(reason) > 2000:
-        raise Problem("reason must be a string of at most 2000 characters.", "invalid_upgrade")
+        raise Problem("reason must be a string of at most 2000 characters.", INVALID_UPGRADE)
     return {
         "pool": pool,
         "target": parse_target(data.get("target")),
@@ -178,7 +190,7 @@ def upgrade_create(*, data: Any, actor: Actor) -> Upgrade:
                 target=values["target"],
             )
     except IntegrityError:
-        raise Conflict("The pool already has an active upgrade.", "upgrade_in_progress") from None
+        raise Conflict("The pool already has an active upgrade.", UPGRADE_IN_PROGRESS) from None
     return upgrade
 
 
@@ -274,14 +286,14 @@ def lock_upgrade(upgrade_id) -> Upgrade:
         return Upgrade.objects.select_for_update(of=("self",)).select_related("pool").get(pk=upgrade_id)
     except (Upgrade.DoesNotExist, ValueError, Exception) as exc:
         if isinstance(exc, Upgrade.DoesNotExist | ValueError) or "valid UUID" in str(exc):
-            raise NotFound(f"No upgrade {upgrade_id}.", "upgrade_not_found") from exc
+            raise NotFound(f"No upgrade {upgrade_id}.", UPGRADE_NOT_FOUND) from exc
         raise
 
 
 def _refused(upgrade: Upgrade, action: str) -> Conflict:
     return Conflict(
         f"Cannot {action} an upgrade that is {upgrade.state}.",
-        "transition_not_allowed",
+        TRANSITION_NOT_ALLOWED,
         state=upgrade.state,
         action=action,
     )
@@ -330,7 +342,7 @@ def upgrade_start(*, upgrade_id, expected_version: int | None, actor: Actor, rea
     def change(upgrade: Upgrade) -> None:
         canary, roll = plan(upgrade)
         if not canary and not roll:
-            raise Conflict("The pool has no nodes to upgrade.", "pool_empty")
+            raise Conflict("The pool has no nodes to upgrade.", POOL_EMPTY)
         upgrade.previous_target = pool_operations(upgrade.pool).target or {}
         rows = [
             UpgradeNode(upgrade=upgrade, node=n, phase=UpgradePhase.CANARY, position=i, from_version=n.agent_version)
@@ -387,7 +399,7 @@ def upgrade_resume(
     on an upgrade its canary did not pause, or an override without a reason).
     """
     if override is not None and override not in CanaryOverride.values:
-        raise Problem(f"override must be one of {', '.join(CanaryOverride.values)}.", "invalid_override")
+        raise Problem(f"override must be one of {', '.join(CanaryOverride.values)}.", INVALID_OVERRIDE)
 
     def change(upgrade: Upgrade) -> None:
         data = {"failures_before": upgrade.failures}
@@ -398,16 +410,16 @@ def upgrade_resume(
                 raise Conflict(
                     "The canary failed: resuming needs an explicit override with a reason "
                     f"({', '.join(CanaryOverride.values)}).",
-                    "canary_override_required",
+                    CANARY_OVERRIDE_REQUIRED,
                     overrides=list(CanaryOverride.values),
                     status_reason=upgrade.status_reason,
                 )
             if not reason.strip():
-                raise Problem("An override needs a reason.", "invalid_override", field="reason")
+                raise Problem("An override needs a reason.", INVALID_OVERRIDE, field="reason")
             text = f"{CanaryOverride(override).label} ({override}): {reason}"
             data.update(override=override, **_apply_canary_override(upgrade, override))
         elif override is not None:
-            raise Problem("override applies only to an upgrade paused by its canary.", "invalid_override")
+            raise Problem("override applies only to an upgrade paused by its canary.", INVALID_OVERRIDE)
         _transition(upgrade, "resume", "resume", actor, text, **data)
         upgrade.failures = 0
         upgrade.pause_cause = ""
@@ -438,7 +450,7 @@ def _apply_canary_override(upgrade: Upgrade, override: str) -> dict:
         )[:wanted]
     )
     if not nexts:
-        raise Conflict("No waiting node is left to be the canary.", "no_other_canary_nodes")
+        raise Conflict("No waiting node is left to be the canary.", NO_OTHER_CANARY_NODES)
     failed.update(detail="canary moved to other nodes by an override")
     start = (
         UpgradeNode.objects.filter(upgrade=upgrade, phase=UpgradePhase.CANARY).order_by("-position").first().position

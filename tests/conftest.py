@@ -6,9 +6,14 @@ import pytest
 from django.contrib.auth.models import Group, User
 from rest_framework.test import APIClient
 
+from nodepool.api import errors
 from nodepool.api.permissions import CLIENTS, OPERATORS, OWNERS
 from nodepool.tokens import create_user_token
 from tests.celery_support import broker  # noqa: F401  (the real-worker fixture, for any test file)
+
+# A problem answered with an undeclared code (or another status than declared) fails the test that
+# reaches it (nodepool.api.errors); in production it is logged.
+errors.STRICT = True
 
 
 @pytest.fixture(autouse=True)

@@ -19,6 +19,7 @@ from nodepool.api.problems import NotFound
 from nodepool.api.versioning import ETagMixin, expected_version
 
 from .. import devices
+from ..errors import NODE_NOT_FOUND
 from ..events import Actor
 from ..models import Device
 from ..selectors import node_queryset_for
@@ -106,7 +107,7 @@ class NodeDeviceList(APIView):
     @extend_schema(responses={200: serializers.ListSerializer(child=copy.deepcopy(DeviceSchema))})
     def get(self, request, pk):
         if not node_queryset_for(request.user).filter(pk=pk).exists():
-            raise NotFound("No such node.", "node_not_found")
+            raise NotFound("No such node.", NODE_NOT_FOUND)
         rows = Device.objects.filter(node_id=pk).order_by("retired_at", "type", "index", "device_id")
         if request.query_params.get("retired") == "false":
             rows = rows.filter(retired_at__isnull=True)

@@ -24,6 +24,7 @@ from nodepool.api.permissions import is_client, is_operator, is_owner
 from nodepool.api.problems import NotFound
 
 from ..choices import OWNER_PRIVATE_EVENT_TYPES
+from ..errors import NODE_NOT_FOUND
 from ..filtersets import EventFilterSet
 from ..models import NodeEvent
 from ..selectors import node_queryset_for
@@ -272,5 +273,5 @@ class NodeEventTimeline(EventList):
             return NodeEvent.objects.none()
         node = node_queryset_for(self.request.user).filter(pk=self.kwargs["pk"]).values("pk").first()
         if node is None:
-            raise NotFound("No such node.", "node_not_found")
+            raise NotFound("No such node.", NODE_NOT_FOUND)
         return events_for(self.request.user).filter(node_id=node["pk"])

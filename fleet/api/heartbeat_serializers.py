@@ -22,6 +22,7 @@ from nodepool.quantity import RESOURCE_NAME, QuantityError, to_canonical
 
 from .. import heartbeats as hb
 from ..devices import parse_devices
+from ..errors import HEARTBEAT_LIMIT_EXCEEDED, INVALID_QUANTITY, METRICS_LIMIT_EXCEEDED
 from ..health import CONDITION_STATUSES
 
 CONDITION_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
@@ -47,14 +48,14 @@ class _Errors:
         if self.limits:
             raise Unprocessable(
                 "The heartbeat exceeds a documented limit; nothing was applied.",
-                "heartbeat_limit_exceeded",
+                HEARTBEAT_LIMIT_EXCEEDED,
                 errors=[{"field": f, "code": c, "message": m} for f, c, m in self.limits + self.shape],
             )
         quantities = [(f, c, m) for f, c, m in self.shape if c == "invalid_quantity"]
         if quantities:
             raise Problem(
                 f"{quantities[0][0]}: {quantities[0][2]}",
-                "invalid_quantity",
+                INVALID_QUANTITY,
                 errors=[{"field": f, "code": c, "message": m} for f, c, m in self.shape],
             )
         if self.shape:
@@ -157,7 +158,7 @@ def _usage(errors: _Errors, value) -> dict[str, int]:
         try:
             out[name] = amount if isinstance(amount, int) else to_canonical(name, amount)
         except QuantityError as exc:
-            errors.bad(f"usage.{name}", str(exc), "invalid_quantity")
+            errors.bad(f"usage.{name}", str(exc), INVALID_QUANTITY)
             continue
         if not 0 <= out[name] < 2**62:
             errors.bad(f"usage.{name}", "Must be between 0 and 2**62.")
@@ -273,6 +274,6 @@ def parse_metrics(data) -> tuple[datetime | None, dict]:
         errors.raise_if_any()
     except Unprocessable as exc:
         raise Unprocessable(
-            "The metrics exceed a documented limit; nothing was stored.", "metrics_limit_exceeded", **exc.extra
+            "The metrics exceed a documented limit; nothing was stored.", METRICS_LIMIT_EXCEEDED, **exc.extra
         ) from exc
     return observed_at, metrics

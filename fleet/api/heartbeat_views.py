@@ -22,6 +22,7 @@ from .. import heartbeats as hb
 from .. import metrics
 from ..authentication import IsNodeSelf, NodeCredentialAuthentication, node_from_request
 from ..choices import Lifecycle
+from ..errors import NODE_RETIRED
 from ..events import Actor
 from ..models import Node, NodeCredential, NodeMetrics, Pool
 from .heartbeat_serializers import parse_heartbeat, parse_metrics
@@ -212,7 +213,7 @@ class NodeMetricsView(APIView):
     def post(self, request, pk):
         node = node_from_request(request)
         if node.lifecycle == Lifecycle.RETIRED:
-            raise Gone("This node is retired.", "node_retired")
+            raise Gone("This node is retired.", NODE_RETIRED)
         observed_at, metrics = parse_metrics(request.data)
         now = timezone.now()
         NodeMetrics.objects.update_or_create(

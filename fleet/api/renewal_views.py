@@ -18,6 +18,14 @@ from django.http import HttpResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
+from nodepool.api.errors import (
+    AUTHENTICATION_FAILED,
+    MALFORMED_BODY,
+    METHOD_NOT_ALLOWED,
+    PAYLOAD_TOO_LARGE,
+    UNSUPPORTED_MEDIA_TYPE,
+    VALIDATION_ERROR,
+)
 from nodepool.api.parsers import loads_strict
 from nodepool.api.problems import Problem, problem_response
 
@@ -54,24 +62,24 @@ def renewal_view(request, pk):
     """Renew node ``pk``'s liveness. Body ``{"incarnation": int ≥ 1, "sequence": int ≥ 0}`` (≤ 256
     bytes); answer ``{"applied", "code", "next_renewal_in", "renewal_interval", "flags"}`` (docs/api-contract.md)."""
     if request.method != "POST":
-        response = _problem(request, 405, "method_not_allowed", f'Method "{request.method}" not allowed.')
+        response = _problem(request, 405, METHOD_NOT_ALLOWED, f'Method "{request.method}" not allowed.')
         response["Allow"] = "POST"
         return response
     declared = request.META.get("CONTENT_LENGTH") or "0"
     if int(declared) > rn.MAX_BODY_BYTES or len(request.body) > rn.MAX_BODY_BYTES:
         return _problem(
-            request, 413, "payload_too_large", f"A renewal is at most {rn.MAX_BODY_BYTES} bytes.",
+            request, 413, PAYLOAD_TOO_LARGE, f"A renewal is at most {rn.MAX_BODY_BYTES} bytes.",
             limit=rn.MAX_BODY_BYTES,
         )  # fmt: skip
     secret = node_secret(request.META.get("HTTP_AUTHORIZATION", ""))
     if secret is None:
         return _problem(
-            request, 401, "authentication_failed", "A node credential is required (Authorization: Node <secret>).",
+            request, 401, AUTHENTICATION_FAILED, "A node credential is required (Authorization: Node <secret>).",
             headers={"WWW-Authenticate": "Node"}, reason="credential_missing",
         )  # fmt: skip
     content_type = request.META.get("CONTENT_TYPE", "").split(";")[0].strip().lower()
     if content_type != "application/json":
-        return _problem(request, 415, "unsupported_media_type", "A renewal is application/json.")
+        return _problem(request, 415, UNSUPPORTED_MEDIA_TYPE, "A renewal is application/json.")
     try:
         # The strict parser of every other endpoint (nodepool.api.parsers): a duplicate key, a
         # number past 64 bits, a NUL or a byte-order mark is refused here too, not guessed at.
@@ -79,7 +87,7 @@ def renewal_view(request, pk):
     except Problem as exc:
         return _problem(request, 400, exc.get_codes(), str(exc.detail))
     except (ValueError, UnicodeDecodeError):
-        return _problem(request, 400, "malformed_body", "The body is not valid JSON.")
+        return _problem(request, 400, MALFORMED_BODY, "The body is not valid JSON.")
     errors = []
     if not isinstance(body, dict):
         errors.append({"field": "", "code": "invalid", "message": "Must be a JSON object."})
@@ -94,7 +102,7 @@ def renewal_view(request, pk):
         message = "A renewal carries only incarnation and sequence."
         errors.append({"field": name, "code": "unknown_field", "message": message})
     if errors:
-        return _problem(request, 400, "validation_error", "Invalid renewal.", errors=errors)
+        return _problem(request, 400, VALIDATION_ERROR, "Invalid renewal.", errors=errors)
     try:
         outcome = rn.renew(
             node_id=pk, secret=secret, incarnation=incarnation, sequence=sequence,

@@ -21,6 +21,7 @@ from nodepool.api.problems import Problem
 from nodepool.api.strict import StrictInput, StrictSerializer
 
 from ..capability import CapabilityError, parse_capability, parse_labels, parse_request_classes, parse_taints
+from ..errors import INVALID_QUANTITY, RESERVED_LABEL
 from ..labels import reserved_label_errors
 from ..models import BootstrapToken, Pool
 from ..policy import (
@@ -51,7 +52,7 @@ def _raise_capability(exc: CapabilityError, prefix: str):
     if exc.code == "invalid_quantity":
         raise Problem(
             f"{exc.field}: {exc.message}",
-            "invalid_quantity",
+            INVALID_QUANTITY,
             errors=[{"field": exc.field, "code": "invalid_quantity", "message": exc.message}],
         ) from exc
     if exc.field.startswith(prefix + "."):
@@ -225,7 +226,7 @@ class EnrollmentSerializer(StrictSerializer):
         errors = reserved_label_errors(attrs.get("labels") or {}, hostname=attrs.get("hostname", ""))
         if errors:
             keys = ", ".join(e["field"].removeprefix("labels.") for e in errors)
-            raise Problem(f"A node may not set these labels: {keys}.", "reserved_label", errors=errors)
+            raise Problem(f"A node may not set these labels: {keys}.", RESERVED_LABEL, errors=errors)
         return attrs
 
 

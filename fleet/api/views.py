@@ -24,6 +24,7 @@ from nodepool.api.versioning import ETagMixin, expected_version
 from .. import admission, liveness, renewals, services
 from ..authentication import IsNodeSelf, node_from_request
 from ..choices import Lifecycle
+from ..errors import NODE_NOT_FOUND, NODE_RETIRED
 from ..events import Actor
 from ..filtersets import BootstrapTokenFilterSet, NodeFilterSet
 from ..models import BootstrapToken, Node, Pool
@@ -240,7 +241,7 @@ class NodeCredentialRevokeView(ETagMixin, APIView):
 def _own_node(request):
     node = node_from_request(request)
     if node.lifecycle == Lifecycle.RETIRED:
-        raise Gone("This node is retired.", "node_retired")
+        raise Gone("This node is retired.", NODE_RETIRED)
     return node
 
 
@@ -288,5 +289,5 @@ class BenchmarkResultView(APIView):
 def _node(request, node_id, status_code=status.HTTP_200_OK) -> Response:
     node = node_queryset_for(request.user).filter(pk=node_id).first()
     if node is None:
-        raise NotFound("No such node.", "node_not_found")
+        raise NotFound("No such node.", NODE_NOT_FOUND)
     return Response(NodeSerializer(node, context={"request": request}).data, status=status_code)

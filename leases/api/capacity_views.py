@@ -6,6 +6,7 @@ from drf_spectacular.utils import extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from fleet.errors import POOL_NOT_FOUND
 from fleet.models import Pool
 from fleet.selectors import pool_capacity
 from nodepool.api.permissions import IsClientOrOperator, IsOperatorOrReadOnlyOwner
@@ -26,7 +27,7 @@ class PoolCapacity(APIView):
     def get(self, request, name: str):
         pool = Pool.objects.filter(name=name).first()
         if pool is None:
-            raise NotFound(f"No pool named {name!r}.", "pool_not_found")
+            raise NotFound(f"No pool named {name!r}.", POOL_NOT_FOUND)
         capacity = pool_capacity(pool)
         return Response(
             {

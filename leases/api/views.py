@@ -17,6 +17,7 @@ from nodepool.api.strict import refuse_unknown_members
 from nodepool.api.versioning import ETagMixin, expected_version, lock_for_action
 
 from .. import services
+from ..errors import LEASE_NOT_FOUND
 from ..filtersets import ConsistencyReportFilterSet, LeaseFilterSet, LeaseRequestFilterSet, ShapeFilterSet
 from ..models import ConsistencyReport, Lease, LeaseRequest, Shape
 from . import schema
@@ -156,7 +157,7 @@ class LeaseCheckpoint(ETagMixin, APIView):
         refuse_unknown_members(request.data, ())  # the version is its only member
         expected = expected_version(request)  # 428 without, 412 when stale
         if not Lease.objects.filter(pk=pk).exists():
-            raise NotFound("No such lease.", "lease_not_found")
+            raise NotFound("No such lease.", LEASE_NOT_FOUND)
         with transaction.atomic():
             # The version is checked under the row lock: of two operators on one version, one wins.
             lease = lock_for_action(Lease.objects, expected=expected, pk=pk)

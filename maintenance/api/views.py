@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from fleet.events import Actor
+from nodepool.api.errors import INVALID_QUERY_PARAMETER
 from nodepool.api.filters import refuse_unknown_parameters
 from nodepool.api.permissions import HasRole, is_client, is_operator
 from nodepool.api.problems import PreconditionRequired, Problem
@@ -152,7 +153,7 @@ def _dry_run(request) -> bool:
         return True
     if raw in _FALSE:
         return False
-    raise Problem("dry_run must be true or false.", "invalid_query_parameter")
+    raise Problem("dry_run must be true or false.", INVALID_QUERY_PARAMETER)
 
 
 @extend_schema(

@@ -20,12 +20,14 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from fleet.events import Actor
+from nodepool.api.errors import INVALID_FILTER
 from nodepool.api.permissions import is_operator
 from nodepool.api.problems import NotFound, Problem
 from nodepool.api.versioning import ETagMixin, expected_version
 
 from .. import payouts, periods
 from ..choices import LineAppealState, PayoutState, PoolPeriodState
+from ..errors import INVALID_DECIMAL, INVALID_FIELD, UNKNOWN_EXPORT_FORMAT
 from ..models import LineAppeal, MismatchItem, Payout, PayoutHold, PoolPeriod
 from .views import IsOperator, IsOperatorOrOwner, _body, _text
 
@@ -38,20 +40,20 @@ def _money(data: dict, name: str) -> Decimal | None:
     if value is None:
         return None
     if not isinstance(value, str) or len(value) > 40:
-        raise Problem(f'{name}: a decimal string such as "-12.50" (not a JSON number).', "invalid_decimal", field=name)
+        raise Problem(f'{name}: a decimal string such as "-12.50" (not a JSON number).', INVALID_DECIMAL, field=name)
     try:
         number = Decimal(value)
     except InvalidOperation as exc:
-        raise Problem(f"{name}: {value[:40]!r} is not a decimal number.", "invalid_decimal", field=name) from exc
+        raise Problem(f"{name}: {value[:40]!r} is not a decimal number.", INVALID_DECIMAL, field=name) from exc
     if not number.is_finite() or number != number.quantize(Decimal("0.01")) or abs(number) >= Decimal(10) ** 15:
-        raise Problem(f"{name}: a finite amount with at most two decimals.", "invalid_decimal", field=name)
+        raise Problem(f"{name}: a finite amount with at most two decimals.", INVALID_DECIMAL, field=name)
     return number
 
 
 def _choice(request, name: str, choices) -> str | None:
     value = request.query_params.get(name)
     if value is not None and value not in choices:
-        raise Problem(f"{name}: one of {', '.join(choices)}.", "invalid_filter", field=name)
+        raise Problem(f"{name}: one of {', '.join(choices)}.", INVALID_FILTER, field=name)
     return value
 
 
@@ -225,7 +227,7 @@ class MismatchItemList(APIView):
         period = request.query_params.get("period")
         if period is not None:
             if not period.isdigit():
-                raise Problem("period: a pool period id.", "invalid_filter", field="period")
+                raise Problem("period: a pool period id.", INVALID_FILTER, field="period")
             rows = rows.filter(period_id=int(period))
         return Response({"results": [item_dict(i) for i in rows[:MAX_ROWS]]})
 
@@ -271,7 +273,7 @@ class PayoutList(APIView):
         data = _body(request, {"statement", "currency"})
         statement = data.get("statement")
         if not isinstance(statement, int) or isinstance(statement, bool):
-            raise Problem("statement: a statement id (integer).", "invalid_field", field="statement")
+            raise Problem("statement: a statement id (integer).", INVALID_FIELD, field="statement")
         payout = payouts.payout_request(
             statement_id=statement, currency=data.get("currency"), actor=Actor.from_request(request)
         )
@@ -335,7 +337,7 @@ class PayoutExport(APIView):
     @extend_schema(responses={(200, "text/csv"): OpenApiTypes.STR, (200, "application/json"): OpenApiTypes.OBJECT})
     def get(self, request, kind):
         if kind not in ("csv", "json"):
-            raise NotFound("Payouts export as export.csv or export.json.", "unknown_export_format")
+            raise NotFound("Payouts export as export.csv or export.json.", UNKNOWN_EXPORT_FORMAT)
         state = _choice(request, "state", PayoutState.values)
         rows = _payouts(request).order_by("requested_at", "id")
         if state:
@@ -400,7 +402,7 @@ class LineAppealList(APIView):
         data = _body(request, {"line", "message"})
         line = data.get("line")
         if not isinstance(line, int) or isinstance(line, bool):
-            raise Problem("line: a statement line id (integer).", "invalid_field", field="line")
+            raise Problem("line: a statement line id (integer).", INVALID_FIELD, field="line")
         appeal = payouts.line_appeal_create(
             owner=request.user, line_id=line, message=data.get("message"), actor=Actor.from_request(request)
         )

@@ -20,10 +20,12 @@ from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from fleet.errors import NODE_NOT_FOUND, POOL_NOT_FOUND, UNKNOWN_POOL
 from fleet.events import Actor
 from fleet.models import Node, Pool
 from leases.models import EvidenceInterval, Lease, LeaseCheckpoint
 from maintenance.choices import QuarantineRule
+from nodepool.api.errors import INVALID_BODY, INVALID_FILTER
 from nodepool.api.fields import parse_aware_datetime
 from nodepool.api.permissions import is_client, is_operator, is_owner
 from nodepool.api.problems import Forbidden, NotFound, Problem
@@ -32,6 +34,20 @@ from nodepool.api.versioning import ETagMixin, expected_version
 
 from .. import appeals, pricing, reconciliation, selectors, statements
 from ..choices import AppealState, DisputeDecision, StatementPeriod
+from ..errors import (
+    APPEAL_NOT_FOUND,
+    INVALID_CURRENCY,
+    INVALID_DECIMAL,
+    INVALID_DECISION,
+    INVALID_FIELD,
+    NOT_QUARANTINED,
+    OWNER_NOT_FOUND,
+    RULE_NOT_FOUND,
+    SETTLEMENT_WINDOW_TOO_SHORT,
+    STATEMENT_NOT_FOUND,
+    UNKNOWN_EXPORT_FORMAT,
+    USAGE_RECORD_NOT_FOUND,
+)
 from ..filtersets import (
     AppealFilterSet,
     OwnedLeaseFilterSet,
@@ -75,7 +91,7 @@ def _body(request, members) -> dict:
     an object, 400 ``unknown_field`` for any other member: nodepool.api.strict)."""
     data = request.data
     if not isinstance(data, dict):
-        raise Problem("The body must be a JSON object.", "invalid_body")
+        raise Problem("The body must be a JSON object.", INVALID_BODY)
     return refuse_unknown_members(data, members)
 
 
@@ -84,9 +100,7 @@ def _text(data: dict, name: str, *, required: bool = True, limit: int = MAX_TEXT
     if value is None and not required:
         return ""
     if not isinstance(value, str) or (required and not value.strip()) or len(value) > limit:
-        raise Problem(
-            f"{name}: required, a non-empty string of at most {limit} characters.", "invalid_field", field=name
-        )
+        raise Problem(f"{name}: required, a non-empty string of at most {limit} characters.", INVALID_FIELD, field=name)
     return value.strip()
 
 
@@ -96,13 +110,13 @@ def _decimal(data: dict, name: str, *, required: bool = True) -> Decimal | None:
         return None
     # Money and quantities travel as decimal strings: a JSON number is a float in most clients.
     if not isinstance(value, str) or len(value) > 40:
-        raise Problem(f'{name}: a decimal string such as "0.60" (not a JSON number).', "invalid_decimal", field=name)
+        raise Problem(f'{name}: a decimal string such as "0.60" (not a JSON number).', INVALID_DECIMAL, field=name)
     try:
         number = Decimal(value)
     except InvalidOperation as exc:
-        raise Problem(f"{name}: {value[:40]!r} is not a decimal number.", "invalid_decimal", field=name) from exc
+        raise Problem(f"{name}: {value[:40]!r} is not a decimal number.", INVALID_DECIMAL, field=name) from exc
     if not number.is_finite() or number < 0:
-        raise Problem(f"{name}: must be a finite, non-negative decimal.", "invalid_decimal", field=name)
+        raise Problem(f"{name}: must be a finite, non-negative decimal.", INVALID_DECIMAL, field=name)
     return number
 
 
@@ -128,7 +142,7 @@ def _uuid(value: str, name: str):
     try:
         return uuid.UUID(value)
     except (ValueError, TypeError, AttributeError) as exc:
-        raise Problem(f"{name} must be a UUID.", "invalid_filter", field=name) from exc
+        raise Problem(f"{name} must be a UUID.", INVALID_FILTER, field=name) from exc
 
 
 def _evidence_prefetch():
@@ -157,7 +171,7 @@ class UsageRecordReconcile(APIView):
     def post(self, request, pk):
         record = reconciliation.reconcile_usage(pk, actor=Actor.from_request(request), force=True)
         if record is None:
-            raise NotFound("No such usage record.", "usage_record_not_found")
+            raise NotFound("No such usage record.", USAGE_RECORD_NOT_FOUND)
         return Response(s.UsageRecordSerializer(record).data)
 
 
@@ -172,16 +186,16 @@ class UsageRecordResolve(ETagMixin, APIView):
         data = _body(request, {"decision", "reason", "billable_seconds"})
         decision = data.get("decision")
         if decision not in DisputeDecision.values:
-            raise Problem(f"decision must be one of {', '.join(DisputeDecision.values)}.", "invalid_decision")
+            raise Problem(f"decision must be one of {', '.join(DisputeDecision.values)}.", INVALID_DECISION)
         reason = _text(data, "reason")
         seconds = _decimal(data, "billable_seconds", required=decision == DisputeDecision.ADJUST)
         version = expected_version(request)
         record = selectors.usage_records_for(request.user).filter(pk=pk).first()
         if record is None:
-            raise NotFound("No such usage record.", "usage_record_not_found")
+            raise NotFound("No such usage record.", USAGE_RECORD_NOT_FOUND)
         if seconds is not None and seconds > record.evidenced_seconds:
             raise Problem(
-                "billable_seconds cannot exceed the evidenced time.", "invalid_decimal", field="billable_seconds"
+                "billable_seconds cannot exceed the evidenced time.", INVALID_DECIMAL, field="billable_seconds"
             )
         record = reconciliation.resolve_usage(
             record_id=pk,
@@ -236,10 +250,10 @@ class StatementExport(APIView):
     @extend_schema(responses={(200, "text/csv"): OpenApiTypes.STR, (200, "application/json"): OpenApiTypes.OBJECT})
     def get(self, request, pk, kind):
         if kind not in ("csv", "json"):
-            raise NotFound("Statements export as export.csv or export.json.", "unknown_export_format")
+            raise NotFound("Statements export as export.csv or export.json.", UNKNOWN_EXPORT_FORMAT)
         statement = selectors.statements_for(request.user).filter(pk=pk).first()
         if statement is None:
-            raise NotFound("No such statement.", "statement_not_found")
+            raise NotFound("No such statement.", STATEMENT_NOT_FOUND)
         name = f"statement-{statement.pk}-{statement.period_start:%Y-%m-%d}"
         if kind == "csv":
             response = HttpResponse(statements.export_csv(statement), content_type="text/csv; charset=utf-8")
@@ -267,15 +281,15 @@ class PoolPriceList(generics.ListCreateAPIView):
         data = _body(request, {"pool", "resource", "unit_price", "currency", "effective_from", "note"})
         pool = Pool.objects.filter(name=data.get("pool")).first() if isinstance(data.get("pool"), str) else None
         if pool is None:
-            raise Problem("pool: the name of an existing pool.", "unknown_pool", field="pool")
+            raise Problem("pool: the name of an existing pool.", UNKNOWN_POOL, field="pool")
         resource = data.get("resource")
         if not isinstance(resource, str) or not RESOURCE.match(resource):
             raise Problem(
-                "resource: a resource name such as cpu, memory or nvidia.com/gpu.", "invalid_field", field="resource"
+                "resource: a resource name such as cpu, memory or nvidia.com/gpu.", INVALID_FIELD, field="resource"
             )
         currency = data.get("currency")
         if not isinstance(currency, str) or not CURRENCY.match(currency):
-            raise Problem("currency: an ISO 4217 code, three capital letters.", "invalid_currency", field="currency")
+            raise Problem("currency: an ISO 4217 code, three capital letters.", INVALID_CURRENCY, field="currency")
         price = pricing.set_price(
             pool=pool,
             resource=resource,
@@ -314,23 +328,23 @@ class PoolSettlementView(APIView):
         values = {}
         if "period" in data:
             if data["period"] not in StatementPeriod.values:
-                raise Problem("period: day, week or month.", "invalid_field", field="period")
+                raise Problem("period: day, week or month.", INVALID_FIELD, field="period")
             values["period"] = data["period"]
         if "idle_paid" in data:
             if not isinstance(data["idle_paid"], bool):
-                raise Problem("idle_paid: true or false.", "invalid_field", field="idle_paid")
+                raise Problem("idle_paid: true or false.", INVALID_FIELD, field="idle_paid")
             values["idle_paid"] = data["idle_paid"]
         if "hold_multiple" in data:
             multiple = _decimal(data, "hold_multiple")
             if multiple < 1 or multiple >= 10**6 or multiple != multiple.quantize(Decimal("0.01")):
                 raise Problem(
-                    "hold_multiple: at least 1, two decimals at most.", "invalid_decimal", field="hold_multiple"
+                    "hold_multiple: at least 1, two decimals at most.", INVALID_DECIMAL, field="hold_multiple"
                 )
             values["hold_multiple"] = multiple
         if "appeal_alert_after" in data:
             seconds = data["appeal_alert_after"]
             if isinstance(seconds, bool) or not isinstance(seconds, int) or not 60 <= seconds <= 10**8:
-                raise Problem("appeal_alert_after: seconds (an integer, 60 or more).", "invalid_field",
+                raise Problem("appeal_alert_after: seconds (an integer, 60 or more).", INVALID_FIELD,
                               field="appeal_alert_after")  # fmt: skip
             values["appeal_alert_after"] = seconds
         return values
@@ -338,7 +352,7 @@ class PoolSettlementView(APIView):
     def _pool(self, name):
         pool = Pool.objects.filter(name=name).first()
         if pool is None:
-            raise NotFound("No such pool.", "pool_not_found")
+            raise NotFound("No such pool.", POOL_NOT_FOUND)
         return pool
 
     @extend_schema(responses=OpenApiTypes.OBJECT)
@@ -357,7 +371,7 @@ class PoolSettlementView(APIView):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 10**8):
             raise Problem(
                 "settlement_window: seconds (an integer), or null for the default.",
-                "invalid_field",
+                INVALID_FIELD,
                 field="settlement_window",
             )
         from fleet import liveness
@@ -366,7 +380,7 @@ class PoolSettlementView(APIView):
         if value is not None and value <= lost_after:
             raise Problem(
                 f"settlement_window must exceed the pool's loss threshold ({lost_after:g} s now).",
-                "settlement_window_too_short",
+                SETTLEMENT_WINDOW_TOO_SHORT,
                 field="settlement_window",
             )
         PoolSettlement.objects.update_or_create(pool=pool, defaults={"settlement_window": value, **money})
@@ -382,7 +396,7 @@ class OwnerSettingsView(APIView):
     def _owner(self, request, username):
         user = get_user_model().objects.filter(username=username).first()
         if user is None or not is_owner(user) or (not is_operator(request.user) and user.pk != request.user.pk):
-            raise NotFound("No such owner.", "owner_not_found")
+            raise NotFound("No such owner.", OWNER_NOT_FOUND)
         return user
 
     @extend_schema(responses=OpenApiTypes.OBJECT)
@@ -399,7 +413,7 @@ class OwnerSettingsView(APIView):
         if period not in StatementPeriod.values:
             raise Problem(
                 f"statement_period must be one of {', '.join(StatementPeriod.values)}.",
-                "invalid_field",
+                INVALID_FIELD,
                 field="statement_period",
             )
         OwnerSettings.objects.update_or_create(owner=user, defaults={"statement_period": period})
@@ -423,7 +437,7 @@ class QuarantineGuidanceView(APIView):
 
     def _rule(self, rule):
         if rule not in QuarantineRule.values:
-            raise NotFound("No such quarantine rule.", "rule_not_found")
+            raise NotFound("No such quarantine rule.", RULE_NOT_FOUND)
         return rule
 
     @extend_schema(responses=OpenApiTypes.OBJECT)
@@ -453,10 +467,10 @@ class NodeQuarantineStatus(APIView):
     def get(self, request, pk):
         node = Node.objects.filter(pk=pk).first()
         if node is None or not (is_operator(request.user) or node.owner_id == request.user.pk):
-            raise NotFound("No such node.", "node_not_found")
+            raise NotFound("No such node.", NODE_NOT_FOUND)
         view = selectors.quarantine_view(node, request.user)
         if view is None:
-            raise NotFound("This node has never been quarantined.", "not_quarantined")
+            raise NotFound("This node has never been quarantined.", NOT_QUARANTINED)
         return Response({"node": str(node.pk), "lifecycle": node.lifecycle, **view})
 
 
@@ -484,7 +498,7 @@ class AppealList(generics.ListAPIView):
         data = _body(request, {"node", "statement"})
         node_id = _uuid(data.get("node"), "node") if isinstance(data.get("node"), str) else None
         if node_id is None:
-            raise Problem("node: the id of your quarantined node.", "invalid_field", field="node")
+            raise Problem("node: the id of your quarantined node.", INVALID_FIELD, field="node")
         appeal = appeals.appeal_create(
             owner=request.user, node_id=node_id, statement=_text(data, "statement"), actor=Actor.from_request(request)
         )
@@ -498,7 +512,7 @@ class AppealDetail(ETagMixin, APIView):
     def get(self, request, pk):
         appeal = selectors.appeals_for(request.user).filter(pk=pk).first()
         if appeal is None:
-            raise NotFound("No such appeal.", "appeal_not_found")
+            raise NotFound("No such appeal.", APPEAL_NOT_FOUND)
         return Response(selectors.appeal_dict(appeal))
 
 

@@ -12,9 +12,9 @@ from datetime import datetime
 from django.utils.dateparse import parse_datetime
 from rest_framework import serializers
 
-from .problems import Problem
+from nodepool.api.errors import INVALID_DATETIME, TIMEZONE_REQUIRED
 
-TIMEZONE_REQUIRED = "timezone_required"
+from .problems import Problem
 
 
 def timezone_required(field: str) -> Problem:
@@ -26,7 +26,7 @@ def timezone_required(field: str) -> Problem:
     )
 
 
-def parse_aware_datetime(value, field: str, *, code: str = "invalid_datetime") -> datetime:
+def parse_aware_datetime(value, field: str, *, code: str = INVALID_DATETIME) -> datetime:
     """An RFC 3339 time from request data (views that read a body without a serializer).
 
     Args:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import django_filters
 from django_filters.rest_framework import DjangoFilterBackend
 
+from nodepool.api.errors import INVALID_FILTER
+
 from .problems import Problem
 
 # Query parameters every list takes besides its filters, whatever its paginator (DRF's format override too).
@@ -39,7 +41,7 @@ def refuse_unknown_parameters(params, known, filters=()) -> None:
     ]
     raise Problem(
         f"Unknown parameter {', '.join(unknown)}; this endpoint takes {listed}.",
-        "invalid_filter",
+        INVALID_FILTER,
         field=unknown[0],
         errors=errors,
     )
@@ -78,7 +80,7 @@ class StrictFilterSet(django_filters.FilterSet):
                 for error in field_errors
             ]
             detail = "; ".join(f"{e['field']}: {e['message']}" for e in errors)
-            raise Problem(f"Invalid filter: {detail}", "invalid_filter", field=errors[0]["field"], errors=errors)
+            raise Problem(f"Invalid filter: {detail}", INVALID_FILTER, field=errors[0]["field"], errors=errors)
         return True
 
     def _message(self, name: str, error) -> str:
@@ -105,5 +107,5 @@ class StrictFilterBackend(DjangoFilterBackend):
             params = request.query_params
             for name in filterset.filters:
                 if name in params and not "".join(params.getlist(name)).strip():
-                    raise Problem(f"{name}: give a value, or leave the parameter out", "invalid_filter", field=name)
+                    raise Problem(f"{name}: give a value, or leave the parameter out", INVALID_FILTER, field=name)
         return filterset

@@ -11,6 +11,8 @@ import uuid
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
+from nodepool.api.errors import HEADER_TOO_LARGE, HEADERS_TOO_LARGE, INVALID_CONTENT_LENGTH, PAYLOAD_TOO_LARGE
+
 from .problems import PROBLEM_CONTENT_TYPE, database_unavailable_response, problem_response
 
 logger = logging.getLogger(__name__)
@@ -37,7 +39,7 @@ def _too_large(limit: int, detail: str):
     # No `Connection: close` although the rest of the body is not read: WSGI forbids hop-by-hop
     # headers (PEP 3333; wsgiref, under runserver and the live test server, turns one into a 500),
     # gunicorn drops it anyway and itself discards an unread body before the next request.
-    return problem_response(413, "payload_too_large", f"{detail} The limit is {limit} bytes.", limit=limit)
+    return problem_response(413, PAYLOAD_TOO_LARGE, f"{detail} The limit is {limit} bytes.", limit=limit)
 
 
 class BodyLimitMiddleware:
@@ -59,7 +61,7 @@ class BodyLimitMiddleware:
         if declared:
             # ASCII only: a latin-1 header byte 0xB2 arrives as "²", which isdigit() accepts and int() refuses.
             if not (declared.isascii() and declared.isdigit()):
-                return problem_response(400, "invalid_content_length", "Content-Length must be a number of bytes.")
+                return problem_response(400, INVALID_CONTENT_LENGTH, "Content-Length must be a number of bytes.")
             if int(declared) > limit:
                 return _too_large(limit, f"The request body is {int(declared)} bytes.")
         elif "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower():
@@ -108,7 +110,7 @@ class HeaderLimitMiddleware:
                 name = key[5:].replace("_", "-").title()
                 return problem_response(
                     431,
-                    "header_too_large",
+                    HEADER_TOO_LARGE,
                     f"The {name} header is {len(value)} bytes; the limit is {limit} bytes per header.",
                     header=name,
                     limit=limit,
@@ -116,7 +118,7 @@ class HeaderLimitMiddleware:
         if total > total_limit:
             return problem_response(
                 431,
-                "headers_too_large",
+                HEADERS_TOO_LARGE,
                 f"The request headers total {total} bytes; the limit is {total_limit} bytes.",
                 limit=total_limit,
             )

@@ -1,6 +1,8 @@
 from rest_framework.exceptions import NotFound
 from rest_framework.pagination import CursorPagination, PageNumberPagination
 
+from nodepool.api.errors import INVALID_CURSOR, INVALID_PAGE, INVALID_PAGE_SIZE
+
 from .problems import Problem
 
 
@@ -26,14 +28,14 @@ class Pagination(PageNumberPagination):
     def paginate_queryset(self, queryset, request, view=None):
         page = request.query_params.get(self.page_query_param)
         if page is not None and page not in self.last_page_strings and not _positive_int(page):
-            raise Problem(f"page must be a positive integer or 'last', not {page[:40]!r}.", "invalid_page")
+            raise Problem(f"page must be a positive integer or 'last', not {page[:40]!r}.", INVALID_PAGE)
         return super().paginate_queryset(queryset, request, view)
 
     def get_page_size(self, request):
         raw = request.query_params.get(self.page_size_query_param)
         if raw is not None and not _positive_int(raw):
             raise Problem(
-                f"page_size must be an integer from 1 to {self.max_page_size}, not {raw[:40]!r}.", "invalid_page_size"
+                f"page_size must be an integer from 1 to {self.max_page_size}, not {raw[:40]!r}.", INVALID_PAGE_SIZE
             )
         return super().get_page_size(request)
 
@@ -64,17 +66,17 @@ class EventCursorPagination(CursorPagination):
     def decode_cursor(self, request):
         if request.query_params.get(self.cursor_query_param) == "":
             # DRF reads an empty cursor as the first page; like an empty filter, it is refused.
-            raise Problem("The cursor is not one this API returned.", "invalid_cursor")
+            raise Problem("The cursor is not one this API returned.", INVALID_CURSOR)
         try:
             return super().decode_cursor(request)
         except NotFound:
-            raise Problem("The cursor is not one this API returned.", "invalid_cursor") from None
+            raise Problem("The cursor is not one this API returned.", INVALID_CURSOR) from None
 
     def get_page_size(self, request):
         raw = request.query_params.get(self.page_size_query_param)
         if raw is not None and not _positive_int(raw):
             raise Problem(
-                f"page_size must be an integer from 1 to {self.max_page_size}, not {raw[:40]!r}.", "invalid_page_size"
+                f"page_size must be an integer from 1 to {self.max_page_size}, not {raw[:40]!r}.", INVALID_PAGE_SIZE
             )
         return super().get_page_size(request)
 

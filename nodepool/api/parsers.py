@@ -17,19 +17,28 @@ from django.conf import settings
 from rest_framework import exceptions
 from rest_framework.parsers import JSONParser
 
+from nodepool.api.errors import (
+    DUPLICATE_KEY,
+    INVALID_UNICODE,
+    JSON_TOO_DEEP,
+    NON_FINITE_NUMBER,
+    NUL_CHARACTER,
+    NUMBER_OUT_OF_RANGE,
+)
+
 from .problems import PayloadTooLarge, Problem, Unprocessable
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 def _refuse_constant(name: str) -> Any:
-    raise Problem(f"{name} is not a JSON number; send a finite number.", "non_finite_number")
+    raise Problem(f"{name} is not a JSON number; send a finite number.", NON_FINITE_NUMBER)
 
 
 def _finite_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value):
-        raise Problem(f"The number {text[:40]} is too large to be stored.", "non_finite_number")
+        raise Problem(f"The number {text[:40]} is too large to be stored.", NON_FINITE_NUMBER)
     return value
 
 
@@ -39,18 +48,18 @@ def _int64(text: str) -> int:
     if not INT64_MIN <= value <= INT64_MAX:
         raise Problem(
             f"The integer {text[:40]}{'…' if len(text) > 40 else ''} is outside the signed 64-bit range.",
-            "number_out_of_range",
+            NUMBER_OUT_OF_RANGE,
         )
     return value
 
 
 def _check_string(value: str) -> str:
     if "\x00" in value:
-        raise Problem("Strings may not contain the NUL character (\\u0000).", "nul_character")
+        raise Problem("Strings may not contain the NUL character (\\u0000).", NUL_CHARACTER)
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise Problem("A string contains a lone UTF-16 surrogate (e.g. \\ud800).", "invalid_unicode") from exc
+        raise Problem("A string contains a lone UTF-16 surrogate (e.g. \\ud800).", INVALID_UNICODE) from exc
     return value
 
 
@@ -58,7 +67,7 @@ def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     obj: dict[str, Any] = {}
     for key, value in pairs:
         if key in obj:
-            raise Problem(f"The key {key[:40]!r} appears twice in one JSON object.", "duplicate_key")
+            raise Problem(f"The key {key[:40]!r} appears twice in one JSON object.", DUPLICATE_KEY)
         obj[_check_string(key)] = value
     return obj
 
@@ -140,9 +149,9 @@ class BoundedJSONParser(JSONParser):
         try:
             data = loads_strict(raw.decode("utf-8"))
         except RecursionError as exc:
-            raise Unprocessable("The JSON document is nested too deeply.", "json_too_deep") from exc
+            raise Unprocessable("The JSON document is nested too deeply.", JSON_TOO_DEEP) from exc
         except (ValueError, UnicodeDecodeError) as exc:
             raise exceptions.ParseError(f"Malformed JSON: {exc}") from exc
         if json_depth(data, max_depth) > max_depth:
-            raise Unprocessable(f"The JSON document is nested deeper than {max_depth} levels.", "json_too_deep")
+            raise Unprocessable(f"The JSON document is nested deeper than {max_depth} levels.", JSON_TOO_DEEP)
         return data

@@ -3,7 +3,9 @@
 Every error response is ``application/problem+json`` with ``type``, ``title``, ``status``,
 ``detail`` and a stable machine-readable ``code``; validation errors add ``errors``, a list of
 ``{"field": "a.b", "code": ..., "message": ...}``. Services raise :class:`Problem` (or one of its
-subclasses) and the views never build error bodies by hand.
+subclasses) and the views never build error bodies by hand. Every code is declared once, with its
+status and title, in :mod:`nodepool.api.errors` or its app's ``errors`` module; a code declared as
+a deprecated name of another is answered as the new ``code`` plus ``deprecated_code``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from rest_framework.response import Response
 
 from nodepool.db_deadline import timed_out as past_deadline
 
+from . import errors
+
 logger = logging.getLogger(__name__)
 
 PROBLEM_CONTENT_TYPE = "application/problem+json"
@@ -32,52 +36,58 @@ class Problem(exceptions.APIException):
 
     Args:
         detail: human-readable explanation of this occurrence.
-        code: stable machine-readable code (snake_case); defaults to the class's ``default_code``.
-        status_code: HTTP status; defaults to the class's ``status_code``.
+        code: a declared :class:`~nodepool.api.errors.ErrorCode`; defaults to the class's ``default_code``.
+        status_code: HTTP status; defaults to the code's declared status (tests check the two agree).
         extra: additional members merged into the problem body (e.g. ``reasons``).
     """
 
     status_code = status.HTTP_400_BAD_REQUEST
     default_detail = "The request could not be processed."
-    default_code = "bad_request"
+    default_code = errors.BAD_REQUEST
 
     def __init__(
         self, detail: str | None = None, code: str | None = None, *, status_code: int | None = None, **extra: Any
     ):
-        super().__init__(detail or self.default_detail, code or self.default_code)
+        code = code or self.default_code
+        # A subclass (Conflict, Gone…) names its status: it must be the code's declared one.
+        expected = status_code if status_code is not None else None if type(self) is Problem else self.status_code
+        declared = errors.resolve(code, expected)
+        super().__init__(detail or self.default_detail, declared or code)
         if status_code is not None:
             self.status_code = status_code
+        elif declared is not None:
+            self.status_code = declared.status
         self.extra = extra
 
 
 class Conflict(Problem):
     status_code = status.HTTP_409_CONFLICT
     default_detail = "The request conflicts with the current state of the resource."
-    default_code = "conflict"
+    default_code = errors.CONFLICT
 
 
 class Gone(Problem):
     status_code = status.HTTP_410_GONE
     default_detail = "The resource is gone."
-    default_code = "gone"
+    default_code = errors.GONE
 
 
 class PreconditionFailed(Problem):
     status_code = status.HTTP_412_PRECONDITION_FAILED
     default_detail = "The resource has changed since you read it."
-    default_code = "version_mismatch"
+    default_code = errors.VERSION_MISMATCH
 
 
 class PreconditionRequired(Problem):
     status_code = status.HTTP_428_PRECONDITION_REQUIRED
     default_detail = "This action needs the expected version: send If-Match or expected_version."
-    default_code = "version_required"
+    default_code = errors.VERSION_REQUIRED
 
 
 class PayloadTooLarge(Problem):
     status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
     default_detail = "The request body is too large."
-    default_code = "payload_too_large"
+    default_code = errors.PAYLOAD_TOO_LARGE
 
 
 class TooManyRequests(Problem):
@@ -85,7 +95,7 @@ class TooManyRequests(Problem):
 
     status_code = status.HTTP_429_TOO_MANY_REQUESTS
     default_detail = "Too many requests; retry later."
-    default_code = "throttled"
+    default_code = errors.THROTTLED
 
     def __init__(self, detail: str | None = None, code: str | None = None, *, retry_after: int, **extra: Any):
         super().__init__(detail, code, retry_after=int(retry_after), **extra)
@@ -97,7 +107,7 @@ class ServiceUnavailable(Problem):
 
     status_code = status.HTTP_503_SERVICE_UNAVAILABLE
     default_detail = "A dependency of the service is unavailable; retry later."
-    default_code = "service_unavailable"
+    default_code = errors.SERVICE_UNAVAILABLE
 
     def __init__(self, detail: str | None = None, code: str | None = None, *, retry_after: int = 5, **extra: Any):
         super().__init__(detail, code, retry_after=int(retry_after), **extra)
@@ -107,19 +117,19 @@ class ServiceUnavailable(Problem):
 class Unprocessable(Problem):
     status_code = status.HTTP_422_UNPROCESSABLE_ENTITY
     default_detail = "The request is well-formed but cannot be processed."
-    default_code = "unprocessable"
+    default_code = errors.UNPROCESSABLE
 
 
 class Forbidden(Problem):
     status_code = status.HTTP_403_FORBIDDEN
     default_detail = "You do not have permission to perform this action."
-    default_code = "forbidden"
+    default_code = errors.FORBIDDEN
 
 
 class NotFound(Problem):
     status_code = status.HTTP_404_NOT_FOUND
     default_detail = "Not found."
-    default_code = "not_found"
+    default_code = errors.NOT_FOUND
 
 
 _TITLES = {
@@ -145,27 +155,35 @@ _TITLES = {
 
 # Stable codes for DRF's own exceptions.
 _DRF_CODES = {
-    exceptions.ParseError: "malformed_body",
-    exceptions.AuthenticationFailed: "authentication_failed",
-    exceptions.NotAuthenticated: "not_authenticated",
-    exceptions.PermissionDenied: "forbidden",
-    exceptions.NotFound: "not_found",
-    exceptions.MethodNotAllowed: "method_not_allowed",
-    exceptions.NotAcceptable: "not_acceptable",
-    exceptions.UnsupportedMediaType: "unsupported_media_type",
-    exceptions.Throttled: "throttled",
+    exceptions.ParseError: errors.MALFORMED_BODY,
+    exceptions.AuthenticationFailed: errors.AUTHENTICATION_FAILED,
+    exceptions.NotAuthenticated: errors.NOT_AUTHENTICATED,
+    exceptions.PermissionDenied: errors.FORBIDDEN,
+    exceptions.NotFound: errors.NOT_FOUND,
+    exceptions.MethodNotAllowed: errors.METHOD_NOT_ALLOWED,
+    exceptions.NotAcceptable: errors.NOT_ACCEPTABLE,
+    exceptions.UnsupportedMediaType: errors.UNSUPPORTED_MEDIA_TYPE,
+    exceptions.Throttled: errors.THROTTLED,
 }
 
 
 def problem_body(status_code: int, code: str, detail: str, **extra: Any) -> dict[str, Any]:
-    """Build a problem+json body (a dict) with the members every nodepool error carries."""
+    """Build a problem+json body (a dict) with the members every nodepool error carries.
+
+    ``code`` must be declared (:mod:`nodepool.api.errors`); the title is its declared one. A
+    deprecated code is answered as its replacement, the old name in ``deprecated_code``."""
+    declared = errors.resolve(code, status_code)
+    wire = declared.wire if declared is not None else str(code)
+    current = errors.lookup(wire)
     body = {
-        "type": TYPE_BASE + code.replace("_", "-"),
-        "title": _TITLES.get(status_code, "Error"),
+        "type": TYPE_BASE + wire.replace("_", "-"),
+        "title": current.title if current is not None else _TITLES.get(status_code, "Error"),
         "status": status_code,
         "detail": detail,
-        "code": code,
+        "code": wire,
     }
+    if declared is not None and declared.replaced_by is not None:
+        body["deprecated_code"] = str(declared)
     body.update(extra)
     return body
 
@@ -203,20 +221,20 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
     elif isinstance(exc, RequestDataTooBig):
         exc = PayloadTooLarge()
     elif isinstance(exc, TransitionNotAllowed):
-        exc = Conflict(str(exc), "transition_not_allowed")
+        exc = Conflict(str(exc), errors.TRANSITION_NOT_ALLOWED)
     elif isinstance(exc, ConcurrentTransition):
         exc = Conflict(
-            "Another request changed this object at the same time; read it again.", "concurrent_modification"
+            "Another request changed this object at the same time; read it again.", errors.CONCURRENT_MODIFICATION
         )
     elif isinstance(exc, SuspiciousOperation):
-        exc = Problem(str(exc) or "Suspicious request.", "suspicious_request")
+        exc = Problem(str(exc) or "Suspicious request.", errors.SUSPICIOUS_REQUEST)
     elif isinstance(exc, RecursionError):
-        exc = Unprocessable("The JSON document is nested too deeply.", "json_too_deep")
+        exc = Unprocessable("The JSON document is nested too deeply.", errors.JSON_TOO_DEEP)
     elif isinstance(exc, DataError | OverflowError):
         # A number or string the serializer let through but the column cannot hold (PostgreSQL
         # DataError, SQLite OverflowError). The transaction was rolled back; nothing changed.
         logger.warning("value out of range for storage: %s", exc)
-        exc = Problem("A value in the request is out of range for this field.", "value_out_of_range")
+        exc = Problem("A value in the request is out of range for this field.", errors.VALUE_OUT_OF_RANGE)
     elif isinstance(exc, OperationalError | InterfaceError):
         # The database is down, unreachable, or cancelled a statement (statement_timeout: psycopg's
         # QueryCanceled is an OperationalError; so is SQLite's "database is locked"). Retryable.
@@ -225,7 +243,9 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
         # A uniqueness or check constraint caught what validation did not (often a race between
         # two creates). The change was rolled back; the client may read and retry.
         logger.warning("integrity error turned into 409: %s", exc)
-        exc = Conflict("The request conflicts with stored data (a uniqueness or consistency rule).", "integrity_error")
+        exc = Conflict(
+            "The request conflicts with stored data (a uniqueness or consistency rule).", errors.INTEGRITY_ERROR
+        )
 
     if not isinstance(exc, exceptions.APIException):
         return None
@@ -237,18 +257,18 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
         detail = str(exc.detail)
         extra = dict(exc.extra)
     elif isinstance(exc, exceptions.ValidationError):
-        errors = _flatten_validation(exc.detail)
-        code = "validation_error"
-        fields = sorted({e["field"] for e in errors if e["field"]})
+        field_errors = _flatten_validation(exc.detail)
+        code = errors.VALIDATION_ERROR
+        fields = sorted({e["field"] for e in field_errors if e["field"]})
         detail = "Invalid input" + (
-            f" in: {', '.join(fields)}." if fields else ": " + errors[0]["message"] if errors else "."
+            f" in: {', '.join(fields)}." if fields else ": " + field_errors[0]["message"] if field_errors else "."
         )
-        extra["errors"] = errors
+        extra["errors"] = field_errors
     else:
         code = next((c for cls, c in _DRF_CODES.items() if isinstance(exc, cls)), None)
         if code is None:
             raw = exc.get_codes()
-            code = raw if isinstance(raw, str) else "error"
+            code = raw if isinstance(raw, str) else errors.ERROR
         detail = str(exc.detail)
         specific = exc.get_codes()
         if isinstance(exc, exceptions.AuthenticationFailed) and isinstance(specific, str) and specific != code:
@@ -295,7 +315,7 @@ def database_unavailable(exc: Exception) -> ServiceUnavailable:
         "The database did not answer in time; retry later."
         if timed_out
         else "The database is unavailable; retry later.",
-        "database_timeout" if timed_out else "database_unavailable",
+        errors.DATABASE_TIMEOUT if timed_out else errors.DATABASE_UNAVAILABLE,
         retry_after=DATABASE_RETRY_AFTER,
     )
 
@@ -316,19 +336,19 @@ def problem_response(status_code: int, code: str, detail: str, **extra: Any) -> 
 
 
 def handler404(request, exception=None):
-    return problem_response(404, "not_found", "No resource at this address.")
+    return problem_response(404, errors.NOT_FOUND, "No resource at this address.")
 
 
 def handler400(request, exception=None):
     if isinstance(exception, RequestDataTooBig):
-        return problem_response(413, "payload_too_large", "The request body is too large.")
-    return problem_response(400, "bad_request", "The request could not be processed.")
+        return problem_response(413, errors.PAYLOAD_TOO_LARGE, "The request body is too large.")
+    return problem_response(400, errors.BAD_REQUEST, "The request could not be processed.")
 
 
 def handler403(request, exception=None):
-    return problem_response(403, "forbidden", "You do not have permission to perform this action.")
+    return problem_response(403, errors.FORBIDDEN, "You do not have permission to perform this action.")
 
 
 def handler500(request):
     logger.error("unhandled error on %s", request.path)
-    return problem_response(500, "internal_error", "The server failed to process the request.")
+    return problem_response(500, errors.INTERNAL_ERROR, "The server failed to process the request.")

@@ -15,6 +15,8 @@ from typing import Any
 from rest_framework import serializers
 from rest_framework.settings import api_settings
 
+from nodepool.api.errors import MALFORMED_BODY, PROTECTED_FIELD, UNKNOWN_FIELD
+
 from .problems import Problem
 
 # Accepted by every strict body: the version an operator action acts on (nodepool.api.versioning).
@@ -32,10 +34,10 @@ def refuse_unknown_members(data: Any, allowed, *, what: str = "members") -> dict
         Problem: 400 ``malformed_body`` (not a JSON object), 400 ``unknown_field`` (with ``fields``).
     """
     if not isinstance(data, dict):
-        raise Problem("The request body must be a JSON object.", "malformed_body")
+        raise Problem("The request body must be a JSON object.", MALFORMED_BODY)
     unknown = sorted(map(str, set(data) - set(allowed) - PASSTHROUGH))
     if unknown:
-        raise Problem(f"Unknown {what}: {', '.join(unknown)}.", "unknown_field", fields=unknown)
+        raise Problem(f"Unknown {what}: {', '.join(unknown)}.", UNKNOWN_FIELD, fields=unknown)
     return data
 
 
@@ -50,14 +52,14 @@ class StrictInput:
         if not isinstance(data, dict):
             if self.parent is not None:  # a nested member, e.g. enrollment's ``attestation``
                 raise serializers.ValidationError({api_settings.NON_FIELD_ERRORS_KEY: ["Must be a JSON object."]})
-            raise Problem("The request body must be a JSON object.", "malformed_body")
+            raise Problem("The request body must be a JSON object.", MALFORMED_BODY)
         writable = {name for name, field in self.fields.items() if not field.read_only}
         unknown = set(data) - writable - PASSTHROUGH
         protected = sorted(unknown & self.protected_fields)
         if protected:
             raise Problem(
                 f"These attributes are set by the control plane, not by the client: {', '.join(protected)}.",
-                "protected_field",
+                PROTECTED_FIELD,
                 fields=protected,
             )
         refuse_unknown_members(data, writable)

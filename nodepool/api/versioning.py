@@ -21,6 +21,8 @@ from rest_framework import status
 from rest_framework.response import Response
 from rest_framework.utils.encoders import JSONEncoder
 
+from nodepool.api.errors import INVALID_IF_MATCH, INVALID_VERSION, VERSION_REQUIRED
+
 from .problems import NotFound, PreconditionFailed, PreconditionRequired, Problem
 
 # RFC 9110 §8.8.3: entity-tag = [ "W/" ] DQUOTE *etagc DQUOTE, etagc = %x21 / %x23-7E / obs-text.
@@ -125,13 +127,13 @@ def expected_version(request) -> ExpectedVersion:
     if header is not None:
         if header.strip() == "*":
             raise PreconditionRequired(
-                "If-Match: * is not enough for an operator action; send the ETag you read.", "version_required"
+                "If-Match: * is not enough for an operator action; send the ETag you read.", VERSION_REQUIRED
             )
         tags = parse_entity_tags(header)
         if not tags:
             raise Problem(
                 f"If-Match must be a list of quoted entity tags such as '\"3\"', not {header[:100]!r}.",
-                "invalid_if_match",
+                INVALID_IF_MATCH,
             )
         versions = [version_in_tag(opaque) for weak, opaque in tags if not weak]
         return ExpectedVersion([v for v in versions if v is not None])
@@ -139,7 +141,7 @@ def expected_version(request) -> ExpectedVersion:
     if value is None:
         raise PreconditionRequired()
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise Problem("expected_version must be a non-negative integer.", "invalid_version")
+        raise Problem("expected_version must be a non-negative integer.", INVALID_VERSION)
     return ExpectedVersion([value])
 
 

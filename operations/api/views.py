@@ -19,9 +19,11 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from fleet.authentication import IsNodeSelf, NodeCredentialAuthentication, node_from_request
+from fleet.errors import NODE_NOT_FOUND, POOL_NOT_FOUND
 from fleet.events import Actor
 from fleet.models import Node, Pool
 from nodepool.api.authentication import UserTokenAuthentication
+from nodepool.api.errors import FORBIDDEN, VALIDATION_ERROR
 from nodepool.api.fields import parse_aware_datetime
 from nodepool.api.filters import refuse_unknown_parameters
 from nodepool.api.permissions import IsOperator, is_operator
@@ -31,6 +33,15 @@ from nodepool.api.versioning import ETagMixin, expected_version
 
 from .. import disruption, preemption, providers, services, shutdown, upgrades
 from ..choices import PreemptionSource
+from ..errors import (
+    INVALID_DAYS,
+    INVALID_DEADLINE,
+    INVALID_NODE_ID,
+    INVALID_OVERRIDE,
+    INVALID_REASON,
+    PERMISSION_DENIED,
+    UPGRADE_NOT_FOUND,
+)
 from ..filtersets import MachineFilterSet, ScaleDecisionFilterSet, UpgradeFilterSet
 from ..models import Preemption, ProviderMachine, ScaleDecision, Upgrade
 from . import serializers as s
@@ -49,7 +60,7 @@ def _reason(request) -> str:
     data = refuse_unknown_members(request.data, {"reason"})
     reason = data.get("reason", "")
     if not isinstance(reason, str) or len(reason) > 2000:
-        raise Problem("reason must be a string of at most 2000 characters.", "invalid_reason")
+        raise Problem("reason must be a string of at most 2000 characters.", INVALID_REASON)
     return reason
 
 
@@ -69,12 +80,12 @@ class UpgradeViewSet(ETagMixin, mixins.ListModelMixin, mixins.RetrieveModelMixin
         except Exception as exc:
             if isinstance(exc, Problem):
                 raise
-            raise NotFound("No such upgrade.", "upgrade_not_found") from exc
+            raise NotFound("No such upgrade.", UPGRADE_NOT_FOUND) from exc
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses={201: s.UpgradeSerializer})
     def create(self, request):
         if not request.user.has_perm("operations.operate_upgrade"):
-            raise Forbidden("Creating an upgrade needs the operations.operate_upgrade permission.", "permission_denied")
+            raise Forbidden("Creating an upgrade needs the operations.operate_upgrade permission.", PERMISSION_DENIED)
         upgrade = upgrades.upgrade_create(data=request.data, actor=Actor.from_request(request))
         return Response(s.UpgradeSerializer(upgrade).data, status=201)
 
@@ -115,10 +126,10 @@ class UpgradeResumeView(ETagMixin, APIView):
         data = refuse_unknown_members(request.data, {"reason", "override"})
         reason = data.get("reason", "")
         if not isinstance(reason, str) or len(reason) > 2000:
-            raise Problem("reason must be a string of at most 2000 characters.", "invalid_reason")
+            raise Problem("reason must be a string of at most 2000 characters.", INVALID_REASON)
         override = data.get("override")
         if override is not None and not isinstance(override, str):
-            raise Problem("override must be a string.", "invalid_override", field="override")
+            raise Problem("override must be a string.", INVALID_OVERRIDE, field="override")
         version = expected_version(request)
         upgrade = upgrades.upgrade_resume(
             upgrade_id=pk, expected_version=version, actor=Actor.from_request(request), reason=reason, override=override
@@ -147,7 +158,7 @@ class UpgradePlanView(APIView):
     def get(self, request, pk):
         upgrade = Upgrade.objects.filter(pk=pk).select_related("pool").first()
         if upgrade is None:
-            raise NotFound("No such upgrade.", "upgrade_not_found")
+            raise NotFound("No such upgrade.", UPGRADE_NOT_FOUND)
         return Response(upgrades.dry_run(upgrade))
 
 
@@ -165,7 +176,7 @@ class PoolOperationsView(ETagMixin, APIView):
     def patch(self, request, name):
         pool = Pool.objects.filter(name=name).first()
         if pool is None:
-            raise NotFound("No such pool.", "pool_not_found")
+            raise NotFound("No such pool.", POOL_NOT_FOUND)
         version = expected_version(request)
         ops = services.pool_operations_update(
             pool=pool, expected_version=version, data=request.data, actor=Actor.from_request(request)
@@ -184,7 +195,7 @@ class PoolDisruptionsView(APIView):
     def get(self, request, name):
         pool = Pool.objects.filter(name=name).first()
         if pool is None:
-            raise NotFound("No such pool.", "pool_not_found")
+            raise NotFound("No such pool.", POOL_NOT_FOUND)
         return Response(disruption.pool_status(pool))
 
 
@@ -198,7 +209,7 @@ class NodeDisruptionView(APIView):
     def get(self, request, pk):
         node = Node.objects.filter(pk=pk).first()
         if node is None:
-            raise NotFound(f"No node {pk}.", "node_not_found")
+            raise NotFound(f"No node {pk}.", NODE_NOT_FOUND)
         return Response({"node_id": str(node.pk), "blocked": disruption.node_status(node)})
 
 
@@ -211,12 +222,12 @@ class PoolPreemptionsView(APIView):
     def get(self, request, name):
         pool = Pool.objects.filter(name=name).first()
         if pool is None:
-            raise NotFound("No such pool.", "pool_not_found")
+            raise NotFound("No such pool.", POOL_NOT_FOUND)
         refuse_unknown_parameters(request.query_params, {"days"})
         days = request.query_params.get("days", "7")
         # isascii first: "²".isdigit() is True and int("²") raises (a 500, not a 400).
         if not (days.isascii() and days.isdigit()) or not 1 <= int(days) <= 90:
-            raise Problem("days must be an integer from 1 to 90.", "invalid_days")
+            raise Problem("days must be an integer from 1 to 90.", INVALID_DAYS)
         latest = Preemption.objects.filter(pool=pool).select_related("pool", "fallback_pool")[:20]
         return Response(
             {
@@ -233,7 +244,7 @@ POOL_NOTICE_MEMBERS = frozenset({"delivery_id", "node_id", "deadline"})
 
 
 def _deadline(data) -> datetime:
-    return parse_aware_datetime(data.get("deadline"), "deadline", code="invalid_deadline")
+    return parse_aware_datetime(data.get("deadline"), "deadline", code=INVALID_DEADLINE)
 
 
 class NodePreemptionNoticeView(APIView):
@@ -294,10 +305,10 @@ class PoolPreemptionNoticeView(APIView):
         signed = providers.SIGNATURE_HEADER in request.headers
         if not signed and not is_operator(request.user):
             # Before the pool lookup: a caller with no role learns nothing, not even which pools exist.
-            raise Forbidden("Send a signed provider request, or act as an operator.", "forbidden")
+            raise Forbidden("Send a signed provider request, or act as an operator.", FORBIDDEN)
         pool = Pool.objects.filter(name=name).first()
         if pool is None:
-            raise NotFound("No such pool.", "pool_not_found")
+            raise NotFound("No such pool.", POOL_NOT_FOUND)
         ops = upgrades.pool_operations(pool)
         # One transaction: a signed delivery is remembered (replays refused) only with the notice
         # it carried; a body refused below leaves no trace, and its sender may fix it and retry.
@@ -306,18 +317,19 @@ class PoolPreemptionNoticeView(APIView):
                 try:
                     data = providers.verify(ops.provider_secret, request.headers, request.body)
                 except providers.SignatureError as exc:
-                    raise Forbidden(exc.message, exc.code) from None
+                    # A refused signature is 403; a signed body that is not a JSON object 400 malformed_body.
+                    raise Problem(exc.message, exc.code) from None
                 source, actor = PreemptionSource.PROVIDER, Actor.system(f"provider:{pool.name}")
             else:
                 data, source, actor = request.data, PreemptionSource.OPERATOR, Actor.from_request(request)
             refuse_unknown_members(data, POOL_NOTICE_MEMBERS)
             if data.get("delivery_id") is not None and not isinstance(data["delivery_id"], str):
-                raise Problem("delivery_id must be a string.", "validation_error", field="delivery_id")
+                raise Problem("delivery_id must be a string.", VALIDATION_ERROR, field="delivery_id")
             node_id = data.get("node_id")
             if not isinstance(node_id, str):
-                raise Problem("node_id is required.", "invalid_node_id")
+                raise Problem("node_id is required.", INVALID_NODE_ID)
             if not _is_uuid(node_id) or not pool.nodes.filter(pk=node_id).exists():
-                raise NotFound(f"No node {node_id} in pool {pool.name}.", "node_not_found")
+                raise NotFound(f"No node {node_id} in pool {pool.name}.", NODE_NOT_FOUND)
             record, created = preemption.preemption_notice(
                 node_id=node_id, deadline=_deadline(data), source=source, actor=actor
             )

@@ -284,6 +284,22 @@ def test_problem_errors_become_one_line_of_field_messages():
     )
 
 
+def test_a_merged_code_is_matched_by_its_new_and_its_deprecated_name():
+    import httpx
+
+    from nodepoolctl.client import _problem
+
+    errors = [{"field": "ttl_seconds", "code": "invalid_request", "message": "must be an integer"}]
+    merged = {"code": "validation_error", "deprecated_code": "invalid_request", "detail": "ttl_seconds: x"}
+    error = _problem(httpx.Response(400, json={"status": 400, **merged, "errors": errors}))
+    assert str(error) == "400 validation_error: ttl_seconds: must be an integer"
+    assert error.is_code("validation_error") and error.is_code("invalid_request") and not error.is_code("")
+    older = _problem(
+        httpx.Response(400, json={"status": 400, "code": "invalid_request", "detail": "d", "errors": errors})
+    )
+    assert str(older) == "400 invalid_request: ttl_seconds: must be an integer"  # a server before round 3
+
+
 def test_quarantine_with_evidence_and_release(ctl, fleet):
     code, text, _ = ctl("quarantine", "gpu-1", "--reason", "rootkit", "--evidence", '{"hash": "ff"}')
     assert (code, text.strip()) == (0, "node/gpu-1 quarantined")

@@ -258,8 +258,8 @@ def test_clients_cannot_publish_shapes(client_api, pool):
         ({"resources": {}}, 400, "empty_request", "resources"),
         ({"pool": "nowhere"}, 400, "unknown_pool", "pool"),
         ({"shape": "huge", "resources": None}, 400, "unknown_shape", "shape"),
-        ({"workload_id": ""}, 400, "invalid_request", "workload_id"),
-        ({"ttl_seconds": 0}, 400, "invalid_request", "ttl_seconds"),
+        ({"workload_id": ""}, 400, "validation_error", "workload_id"),
+        ({"ttl_seconds": 0}, 400, "validation_error", "ttl_seconds"),
         ({"node_selector": {"zone": 3}}, 400, "invalid_selector", "node_selector.zone"),
         ({"node_selector": ["zone"]}, 400, "invalid_selector", "node_selector"),
         (
@@ -307,7 +307,7 @@ def test_clients_cannot_publish_shapes(client_api, pool):
         ({"tolerations": [{"key": "a", "effect": "NoRun"}]}, 400, "invalid_toleration", "tolerations[0].effect"),
         ({"tolerations": [{"value": "b"}]}, 400, "invalid_toleration", "tolerations[0].operator"),
         ({"spread": {"group": "g", "mode": "clump"}}, 400, "invalid_spread", "spread.mode"),
-        ({"surprise": 1}, 400, "invalid_request", "surprise"),
+        ({"surprise": 1}, 400, "validation_error", "surprise"),
     ],
 )
 def test_bad_input_is_a_400_naming_the_field_and_changes_nothing(client_api, pool, body, status, code, field):

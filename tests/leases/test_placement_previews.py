@@ -126,7 +126,7 @@ def test_excluded_nodes_are_left_out_of_the_internal_preview(small_and_large):
         ({"pool": "general", "shape": "missing"}, "unknown_shape"),
         ({"pool": "general"}, "empty_request"),
         ({"pool": "general", "resources": {"cpu": "lots"}}, "invalid_quantity"),
-        ({"pool": "general", "resources": {"cpu": "1"}, "surprise": 1}, "invalid_request"),
+        ({"pool": "general", "resources": {"cpu": "1"}, "surprise": 1}, "validation_error"),
     ],
 )
 def test_bad_previews_are_refused_with_a_stable_code_and_change_nothing(client_api, small_and_large, body, code):

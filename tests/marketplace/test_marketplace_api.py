@@ -49,6 +49,7 @@ def problem(response, status, code):
     assert response.status_code == status, response.content
     assert response["Content-Type"].startswith("application/problem+json")
     assert response.json()["code"] == code
+    return response.json()
 
 
 def test_an_owner_lists_and_reads_their_usage_with_execution_evidence(owner_api, record):
@@ -117,7 +118,7 @@ def test_finalizing_needs_an_operator_and_the_version(owner_api, operator_api, r
 def test_resolving_a_usage_record_validates_its_input(operator_api, record):
     url = f"{API}/usage-records/{record.pk}/resolve"
     problem(operator_api.post(url, {"decision": "shrug", "reason": "x"}, HTTP_IF_MATCH='"2"'), 400, "invalid_decision")
-    problem(operator_api.post(url, {"decision": "accept"}, HTTP_IF_MATCH='"2"'), 400, "invalid_field")
+    problem(operator_api.post(url, {"decision": "accept"}, HTTP_IF_MATCH='"2"'), 400, "validation_error")
     problem(  # an unknown member (billable for billable_seconds) is refused, not ignored
         operator_api.post(url, {"decision": "accept", "reason": "x", "billable": "1"}, HTTP_IF_MATCH='"2"'),
         400,
@@ -171,8 +172,10 @@ def test_operators_publish_price_versions_and_bad_prices_are_refused(operator_ap
     problem(operator_api.post(url, {**good, "effective_from": "yesterday"}), 400, "invalid_datetime")
     problem(operator_api.post(url, {**good, "effective_from": "2026-12-01T00:00:00"}), 400, "timezone_required")
     problem(operator_api.post(url, {**good, "pool": "nope"}), 400, "unknown_pool")
-    problem(operator_api.post(url, {**good, "resource": "CPU!"}), 400, "invalid_field")
-    problem(operator_api.post(url, ["not", "an", "object"]), 400, "invalid_body")
+    problem(operator_api.post(url, {**good, "resource": "CPU!"}), 400, "validation_error")
+    assert problem(operator_api.post(url, ["not", "an", "object"]), 400, "malformed_body")["deprecated_code"] == (
+        "invalid_body"
+    )
     assert PoolPrice.objects.count() == before
     assert len(owner_api.get(f"{url}?pool={pool.name}").json()["results"]) == 3
 
@@ -189,8 +192,8 @@ def test_a_settlement_window_must_exceed_the_loss_threshold(operator_api, owner_
         "appeal_alert_after": 604800,
     }
     problem(operator_api.put(url, {"settlement_window": 300}), 400, "settlement_window_too_short")
-    problem(operator_api.put(url, {"settlement_window": "soon"}), 400, "invalid_field")
-    problem(operator_api.put(url, {"settlement_window": True}), 400, "invalid_field")
+    problem(operator_api.put(url, {"settlement_window": "soon"}), 400, "validation_error")
+    problem(operator_api.put(url, {"settlement_window": True}), 400, "validation_error")
     problem(operator_api.get(f"{API}/pools/none/settlement"), 404, "pool_not_found")
     assert owner_api.get(url).status_code == 403
     assert not PoolSettlement.objects.exists()
@@ -201,7 +204,7 @@ def test_owner_settings_choose_the_statement_period(operator_api, owner_api, own
     url = f"{API}/owner-settings/{owner.username}"
     assert owner_api.get(url).json() == {"owner": owner.username, "statement_period": "month"}
     problem(owner_api.put(url, {"statement_period": "week"}), 403, "forbidden")
-    problem(operator_api.put(url, {"statement_period": "fortnight"}), 400, "invalid_field")
+    problem(operator_api.put(url, {"statement_period": "fortnight"}), 400, "validation_error")
     problem(owner_api.get(f"{API}/owner-settings/{other_owner.username}"), 404, "owner_not_found")
     assert operator_api.put(url, {"statement_period": "week"}).json()["statement_period"] == "week"
     assert OwnerSettings.objects.get(owner=owner).statement_period == "week"
@@ -231,7 +234,7 @@ def test_the_owner_of_a_quarantined_node_sees_reason_public_evidence_next_steps_
     assert quarantine["evidence"] == {"hash": "abc"}
     assert "informant" in str(operator_api.get(f"{API}/nodes/{node.pk}/quarantine-status").json()["evidence"])
 
-    problem(owner_api.post(f"{API}/appeals", {"node": str(node.pk)}), 400, "invalid_field")
+    problem(owner_api.post(f"{API}/appeals", {"node": str(node.pk)}), 400, "validation_error")
     problem(owner_api.post(f"{API}/appeals", {"node": "junk", "statement": "x"}), 400, "invalid_filter")
     appeal = owner_api.post(f"{API}/appeals", {"node": str(node.pk), "statement": "It was a disk error."})
     assert appeal.status_code == 201
@@ -282,7 +285,7 @@ def test_guidance_is_read_by_owners_and_written_by_operators(owner_api, operator
     assert "appeal" in owner_api.get(f"{API}/quarantine-guidance").json()["agent_version_not_allowed"]
     url = f"{API}/quarantine-guidance/manual"
     problem(owner_api.put(url, {"next_steps": "x"}), 403, "forbidden")
-    problem(operator_api.put(url, {"next_steps": ""}), 400, "invalid_field")
+    problem(operator_api.put(url, {"next_steps": ""}), 400, "validation_error")
     problem(operator_api.put(f"{API}/quarantine-guidance/nope", {"next_steps": "x"}), 404, "rule_not_found")
     assert operator_api.put(url, {"next_steps": "Call us."}).json() == {"rule": "manual", "next_steps": "Call us."}
     assert owner_api.get(url).json()["next_steps"] == "Call us."

@@ -156,8 +156,8 @@ def test_preemptions_are_counted_per_pool_per_day(pools, operator_api):
         ({"deadline": "tomorrow"}, 400, "invalid_deadline"),
         ({"deadline": "2026-01-01T00:00:00"}, 400, "timezone_required"),  # the API-wide rule
         ({"deadline": "2026-02-30T00:00:00Z"}, 400, "invalid_deadline"),  # no such day
-        ({"deadline": "2020-01-01T00:00:00Z"}, 422, "invalid_deadline"),
-        ({"deadline": "2999-01-01T00:00:00Z"}, 422, "invalid_deadline"),
+        ({"deadline": "2020-01-01T00:00:00Z"}, 422, "deadline_out_of_range"),
+        ({"deadline": "2999-01-01T00:00:00Z"}, 422, "deadline_out_of_range"),
     ],
 )
 def test_bad_notices_are_refused_and_change_nothing(pools, body, status, code):

@@ -158,16 +158,16 @@ def test_operator_actions_need_the_current_version(operator_api):
 @pytest.mark.parametrize(
     ("body", "code"),
     [
-        ({"target": TARGET}, "invalid_upgrade"),
+        ({"target": TARGET}, "validation_error"),
         ({"pool": "nope", "target": TARGET}, "unknown_pool"),
         ({"pool": "general", "target": {"version": "not a version"}}, "invalid_target"),
         ({"pool": "general", "target": {**TARGET, "artifact": {"ref": "x", "sha256": "123"}}}, "invalid_target"),
         ({"pool": "general", "target": {**TARGET, "agent_versions": "<2"}}, "invalid_target"),
         ({"pool": "general", "target": TARGET, "max_unavailable_nodes": "0"}, "invalid_max_unavailable"),
         ({"pool": "general", "target": TARGET, "max_unavailable_nodes": "150%"}, "invalid_max_unavailable"),
-        ({"pool": "general", "target": TARGET, "soak_seconds": -1}, "invalid_upgrade"),
-        ({"pool": "general", "target": TARGET, "surprise": 1}, "invalid_upgrade"),
-        ([1, 2], "invalid_upgrade"),
+        ({"pool": "general", "target": TARGET, "soak_seconds": -1}, "validation_error"),
+        ({"pool": "general", "target": TARGET, "surprise": 1}, "validation_error"),
+        ([1, 2], "validation_error"),
     ],
 )
 def test_bad_upgrade_requests_are_refused_and_change_nothing(operator_api, body, code):

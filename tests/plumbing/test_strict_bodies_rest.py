@@ -44,12 +44,12 @@ def _unchanged(lease: Lease) -> None:
     ("action", "changes", "code"),
     [
         ("renew", {"ttl": 60}, "unknown_field"),
-        ("renew", {"ttl_seconds": "60"}, "invalid_request"),
+        ("renew", {"ttl_seconds": "60"}, "validation_error"),
         ("release", {"outcome": "succeeded", "dry_run": True}, "unknown_field"),
-        ("release", {"outcome": 5}, "invalid_request"),
-        ("release", {"outcome": []}, "invalid_request"),
-        ("release", {"reason": {}}, "invalid_request"),
-        ("release", {"reason": 0}, "invalid_request"),
+        ("release", {"outcome": 5}, "validation_error"),
+        ("release", {"outcome": []}, "validation_error"),
+        ("release", {"reason": {}}, "validation_error"),
+        ("release", {"reason": 0}, "validation_error"),
     ],
 )
 def test_lease_renew_and_release_refuse_unknown_members_and_wrong_types(client_api, placed, action, changes, code):
@@ -73,10 +73,10 @@ def test_lease_renew_and_release_refuse_a_body_that_is_not_an_object(client_api,
     ("changes", "code"),
     [
         ({"state": "running", "exit_code": 0}, "unknown_field"),
-        ({"state": 5}, "invalid_request"),
-        ({"state": "running", "message": 0}, "invalid_request"),
-        ({"state": "running", "message": []}, "invalid_request"),
-        ({"state": "checkpointed", "message": {}}, "invalid_request"),
+        ({"state": 5}, "validation_error"),
+        ({"state": "running", "message": 0}, "validation_error"),
+        ({"state": "running", "message": []}, "validation_error"),
+        ({"state": "checkpointed", "message": {}}, "validation_error"),
     ],
 )
 def test_lease_events_refuse_unknown_members_and_wrong_types(placed, changes, code):
@@ -103,7 +103,7 @@ def test_a_lease_checkpoint_request_refuses_an_unknown_member(operator_api, plac
     [
         ({"workload_id": "job-1", "fencing_token": 1, "token": 1}, "unknown_field"),
         ({"lease_secret": "npls.x", "workload": "job-1"}, "unknown_field"),
-        ({"workload_id": "job-1", "fencing_token": 1, "lease_secret": 5}, "invalid_request"),
+        ({"workload_id": "job-1", "fencing_token": 1, "lease_secret": 5}, "validation_error"),
         ("job-1", "malformed_body"),
     ],
 )
@@ -115,8 +115,8 @@ def test_fencing_validate_refuses_unknown_members_and_wrong_types(client_api, pl
     ("changes", "code"),
     [
         ({"labels": {}}, "unknown_field"),
-        ({"description": 5}, "invalid_request"),
-        ({"description": {}}, "invalid_request"),
+        ({"description": 5}, "validation_error"),
+        ({"description": {}}, "validation_error"),
     ],
 )
 def test_shape_create_refuses_unknown_members_and_wrong_types(operator_api, changes, code):
@@ -150,9 +150,9 @@ def spot(operator_api):
 @pytest.mark.parametrize(
     ("changes", "code"),
     [
-        ({"canary_pool": 5}, "invalid_upgrade"),
-        ({"canary_pool": ["ondemand"]}, "invalid_upgrade"),
-        ({"auto_rollback": "yes"}, "invalid_upgrade"),
+        ({"canary_pool": 5}, "validation_error"),
+        ({"canary_pool": ["ondemand"]}, "validation_error"),
+        ({"auto_rollback": "yes"}, "validation_error"),
     ],
 )
 def test_an_upgrade_body_refuses_wrong_types(operator_api, spot, changes, code):
@@ -265,12 +265,12 @@ PRICE = {"pool": "market", "resource": "gpu.example/a", "unit_price": "1.5", "cu
     ("method", "url", "body", "code"),
     [
         ("post", "/api/v1/pool-prices", {**PRICE, "unit": "hour"}, "unknown_field"),
-        ("post", "/api/v1/pool-prices", {**PRICE, "note": 5}, "invalid_field"),
+        ("post", "/api/v1/pool-prices", {**PRICE, "note": 5}, "validation_error"),
         ("put", "/api/v1/pools/market/settlement", {"settlement_window": 7200, "window": 1}, "unknown_field"),
         ("put", "/api/v1/owner-settings/oscar-owner", {"statement_period": "week", "owner": "x"}, "unknown_field"),
-        ("put", "/api/v1/owner-settings/oscar-owner", {"statement_period": 7}, "invalid_field"),
+        ("put", "/api/v1/owner-settings/oscar-owner", {"statement_period": 7}, "validation_error"),
         ("put", "/api/v1/quarantine-guidance/manual", {"next_steps": "Reinstall.", "rule": "x"}, "unknown_field"),
-        ("put", "/api/v1/quarantine-guidance/manual", {"next_steps": ["Reinstall."]}, "invalid_field"),
+        ("put", "/api/v1/quarantine-guidance/manual", {"next_steps": ["Reinstall."]}, "validation_error"),
     ],
 )
 def test_marketplace_operator_bodies_refuse_unknown_members_and_wrong_types(
@@ -287,8 +287,8 @@ def test_marketplace_operator_bodies_refuse_unknown_members_and_wrong_types(
     ("body", "code"),
     [
         ({"statement": "It was a disk error.", "node_id": "x"}, "unknown_field"),
-        ({"statement": 5}, "invalid_field"),
-        ({"statement": {}}, "invalid_field"),
+        ({"statement": 5}, "validation_error"),
+        ({"statement": {}}, "validation_error"),
     ],
 )
 def test_an_appeal_refuses_unknown_members_and_wrong_types(owner_api, market, body, code):
