@@ -34,8 +34,9 @@ from humanunits import quantity
 from nodepool import failsafe, metrics
 from nodepool.api.problems import Conflict, Gone, NotFound
 
+from . import event_types
 from .capability import CapabilityError, implausible_values
-from .choices import BenchmarkStatus, CheckStatus, Lifecycle, NodeEventType, PoolKind
+from .choices import BenchmarkStatus, CheckStatus, Lifecycle, PoolKind
 from .devices import sync_counts as sync_device_counts
 from .devices import verify_node_devices
 from .errors import BENCHMARK_ALREADY_COMPLETED, BENCHMARK_EXPIRED, BENCHMARK_NOT_FOUND
@@ -242,7 +243,7 @@ def _record_outcome(check: AdmissionCheck, outcome: Outcome, actor: Actor, *, st
             )
         record_event(
             check.node_id,
-            NodeEventType.ADMISSION_CHECK,
+            event_types.ADMISSION_CHECK,
             actor,
             to_state=outcome.status,
             reason=f"{check.name}: {outcome.detail}",
@@ -269,7 +270,7 @@ def _request_benchmark(node: Node, check: AdmissionCheck, actor: Actor, now: dat
         )
         record_event(
             node,
-            NodeEventType.BENCHMARK,
+            event_types.BENCHMARK,
             actor,
             to_state=BenchmarkStatus.REQUESTED,
             reason=f"benchmark requested, due by {deadline.isoformat()}",
@@ -361,7 +362,7 @@ def finalize_admission(*, node_id, attempt: int, actor: Actor, now: datetime | N
         sync_device_counts(node)
         post_instructions([node.pk], Instruction.LIFECYCLE)
         record_event(
-            node, NodeEventType.LIFECYCLE, actor, from_state=before, to_state=node.lifecycle,
+            node, event_types.LIFECYCLE, actor, from_state=before, to_state=node.lifecycle,
             reason=node.lifecycle_reason, data=data,
         )  # fmt: skip
     return node.lifecycle
@@ -437,7 +438,7 @@ def benchmark_complete(*, node: Node, nonce: str, figures: dict[str, Any], actor
             version=F("version") + 1,
         )
         record_event(
-            node, NodeEventType.BENCHMARK, actor, to_state=BenchmarkStatus.COMPLETED,
+            node, event_types.BENCHMARK, actor, to_state=BenchmarkStatus.COMPLETED,
             reason="benchmark figures received", data={"nonce": nonce, "measured": measured},
         )  # fmt: skip
         check = AdmissionCheck.objects.filter(
@@ -469,7 +470,7 @@ def benchmarks_expire(*, actor: Actor, now: datetime | None = None, limit: int =
                 continue
             count += 1
             record_event(
-                bench.node_id, NodeEventType.BENCHMARK, actor, to_state=BenchmarkStatus.TIMED_OUT,
+                bench.node_id, event_types.BENCHMARK, actor, to_state=BenchmarkStatus.TIMED_OUT,
                 reason=f"no benchmark result by the deadline {bench.deadline.isoformat()}", data={"nonce": bench.nonce},
             )  # fmt: skip
             check = AdmissionCheck.objects.filter(

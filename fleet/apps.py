@@ -10,6 +10,7 @@ class FleetConfig(AppConfig):
         from . import (
             collectors,
             errors,  # noqa: F401  (declares the app's problem codes: the registry is complete)
+            event_types,  # noqa: F401  (fleet's own event types, and the registry every app declares in)
             metrics,  # noqa: F401  (the heartbeat counter exists, at 0, from process start)
         )
 

@@ -86,41 +86,7 @@ class BenchmarkStatus(models.TextChoices):
     TIMED_OUT = "timed_out", "timed out"
 
 
-class NodeEventType(models.TextChoices):
-    ENROLLED = "enrolled", "enrolled"
-    LIFECYCLE = "lifecycle", "lifecycle transition"
-    ADMISSION_CHECK = "admission_check", "admission check"
-    BENCHMARK = "benchmark", "benchmark"
-    LIVENESS = "liveness", "liveness change"
-    READINESS = "readiness", "readiness change"
-    CONDITION = "condition", "condition change"
-    HEALTH = "health", "health change"
-    RESTART = "restart", "agent restart (new incarnation)"
-    CLOCK_SKEW = "clock_skew", "clock skew"
-    CREDENTIAL = "credential", "credential issued, rotated or revoked"
-    POLICY = "policy", "policy or metadata change"
-    LEASE = "lease", "lease"
-    DRAIN = "drain", "drain"
-    QUARANTINE = "quarantine", "quarantine"
-    HOLD = "hold", "cordon hold placed or removed"
-    GUARD = "guard", "mass-silence guard engaged or released"
-    CLOCK_JUMP = "clock_jump", "control-plane clock jump"
-    SECURITY = "security", "security event"
-    UPGRADE = "upgrade", "upgrade step"
-    SCALE = "scale", "autoscaling decision"
-    PREEMPTION = "preemption", "preemption notice"
-    CHECKPOINT = "checkpoint", "checkpoint requested or taken"
-    USAGE = "usage", "usage evidence or reconciliation"
-    STATEMENT = "statement", "owner statement"
-    APPEAL = "appeal", "quarantine appeal"
-    DISRUPTION_BLOCKED = "disruption_blocked", "automated disruption blocked (pool budget, window, workload budget)"
-    DEVICE = "device", "device inventory, health, taint or verification"
-
-
-# Event types only the node's owner and operators may read (fleet.api.events): an appeal carries the
-# owner's statement and the operator's resolution (free text), a statement event the owner's money.
-# A lease client, even one whose leases ran on the node, never reads them.
-OWNER_PRIVATE_EVENT_TYPES = frozenset({NodeEventType.APPEAL, NodeEventType.STATEMENT})
+# Event types are not here: each app declares its own (fleet.event_types).
 
 
 class DeviceHealth(models.TextChoices):

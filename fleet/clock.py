@@ -43,7 +43,8 @@ from django.db.models import F
 from django.dispatch import Signal
 from django.utils import timezone
 
-from .choices import Lifecycle, Liveness, NodeEventType
+from . import event_types
+from .choices import Lifecycle, Liveness
 from .events import Actor, record_event
 from .models import Benchmark, BootstrapToken, ControlPlaneClock, Node, NodeCredential
 
@@ -106,7 +107,7 @@ def detected_gaps() -> list[tuple[datetime, timedelta]]:
     from .models import NodeEvent
 
     gaps = []
-    for data in NodeEvent.objects.filter(type=NodeEventType.CLOCK_JUMP).values_list("data", flat=True):
+    for data in NodeEvent.objects.filter(type=event_types.CLOCK_JUMP).values_list("data", flat=True):
         try:
             gaps.append((datetime.fromisoformat(data["started_at"]), timedelta(seconds=float(data["paused_seconds"]))))
         except (KeyError, TypeError, ValueError):
@@ -200,7 +201,7 @@ def observe(*, now: datetime | None = None, actor: Actor | None = None) -> Gap |
             gap = Gap(started_at=previous, ended_at=now, paused=paused, shifted=shifted)
             record_event(
                 None,
-                NodeEventType.CLOCK_JUMP,
+                event_types.CLOCK_JUMP,
                 actor,
                 reason=(
                     f"the control plane's clock moved {(now - previous).total_seconds():.0f}s between two "

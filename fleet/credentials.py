@@ -17,8 +17,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from . import event_types
 from . import secrets as node_secrets
-from .choices import NodeEventType
 from .events import Actor, record_event
 from .models import Node, NodeCredential
 
@@ -79,7 +79,7 @@ def revoke_lineage_on_reuse(*, credential: NodeCredential, request_id: str = "",
         if count:
             record_event(
                 credential.node,
-                NodeEventType.SECURITY,
+                event_types.SECURITY,
                 Actor.system("credential-reuse-detection", request_id),
                 reason="a superseded node credential was used after its rotation overlap; lineage revoked",
                 data={"credential": credential.prefix, "revoked": count, "rotated_at": _iso(credential.rotated_at)},

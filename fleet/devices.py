@@ -51,8 +51,8 @@ from django.utils.dateparse import parse_datetime
 from nodepool.api.problems import Conflict, NotFound, Problem
 from nodepool.api.versioning import check_version
 
-from . import signals
-from .choices import DeviceHealth, Lifecycle, NodeEventType
+from . import event_types, signals
+from .choices import DeviceHealth, Lifecycle
 from .errors import DEVICE_NOT_FOUND, DEVICE_NOT_HELD, INVALID_TAINT, NODE_NOT_FOUND, TAINT_NOT_FOUND
 from .events import Actor, event_row, record_event
 from .models import Device, Node, NodeEvent, NodeResource
@@ -269,7 +269,7 @@ def _drop_taints(row: Device, keys) -> bool:
 
 def _node_events(node: Node, actor: Actor, items: list[tuple[str, str, dict]]) -> list[NodeEvent]:
     return [
-        event_row(node.pk, NodeEventType.DEVICE, actor, to_state=to_state, reason=reason, data=data, pool=node.pool_id)
+        event_row(node.pk, event_types.DEVICE, actor, to_state=to_state, reason=reason, data=data, pool=node.pool_id)
         for to_state, reason, data in items
     ]
 
@@ -616,7 +616,7 @@ def device_verify(
         row.verified_at, row.verified_by = now, actor.name
         row.save(update_fields=["verified", "verified_at", "verified_by"])
         record_event(
-            row.node, NodeEventType.DEVICE, actor, to_state="verified",
+            row.node, event_types.DEVICE, actor, to_state="verified",
             reason=reason or f"device {device_id} verified", data={"device_id": device_id},
         )  # fmt: skip
         sync_counts(row.node)
@@ -654,7 +654,7 @@ def device_taint(
         row.save(update_fields=["taints", "hard_tainted"])
         taint = {"key": key, "value": value, "effect": effect}
         record_event(
-            row.node, NodeEventType.DEVICE, actor, to_state="tainted", reason=f"device {device_id}: {reason}",
+            row.node, event_types.DEVICE, actor, to_state="tainted", reason=f"device {device_id}: {reason}",
             data={"device_id": device_id, "taint": taint},
         )  # fmt: skip
         sync_counts(row.node)
@@ -674,7 +674,7 @@ def device_untaint(*, node_id, device_id: str, key: str, reason: str, actor: Act
         if not _has_auto_taint(row) and row.health == DeviceHealth.UNHEALTHY:
             row.health = DeviceHealth.HEALTHY
         row.save(update_fields=["taints", "hard_tainted", "health"])
-        record_event(row.node, NodeEventType.DEVICE, actor, to_state="untainted",
+        record_event(row.node, event_types.DEVICE, actor, to_state="untainted",
                      reason=f"device {device_id}: {key} removed: {reason}", data={"device_id": device_id})  # fmt: skip
         sync_counts(row.node)
     return row
@@ -688,7 +688,7 @@ def device_release(*, node_id, device_id: str, reason: str, actor: Actor, expect
             raise Conflict("The device is not held.", DEVICE_NOT_HELD)
         row.held, row.recent_faults = False, []
         row.save(update_fields=["held", "recent_faults"])
-        record_event(row.node, NodeEventType.DEVICE, actor, to_state="released",
+        record_event(row.node, event_types.DEVICE, actor, to_state="released",
                      reason=f"device {device_id} released: {reason}", data={"device_id": device_id})  # fmt: skip
         sync_counts(row.node)
     return row
@@ -717,7 +717,7 @@ def recover_devices(*, now: datetime | None = None, actor: Actor | None = None) 
                 continue
             row.hard_tainted = _is_hard(row.taints)
             row.save(update_fields=["taints", "hard_tainted", "health"])
-            record_event(row.node, NodeEventType.DEVICE, actor, to_state="recovered",
+            record_event(row.node, event_types.DEVICE, actor, to_state="recovered",
                          reason=f"device {row.device_id}: healthy for {recovery}; automatic taints lifted",
                          data={"device_id": row.device_id})  # fmt: skip
             sync_counts(row.node)

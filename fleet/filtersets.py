@@ -16,7 +16,8 @@ from nodepool.api.errors import INVALID_FILTER, TIMEZONE_REQUIRED
 from nodepool.api.filters import StrictFilterSet
 from nodepool.api.problems import Problem
 
-from .choices import Lifecycle, Liveness, NodeEventType
+from . import event_types
+from .choices import Lifecycle, Liveness
 from .labelselector import SelectorError, filter_by_selector
 from .models import BootstrapToken, Node, NodeEvent
 from .selectors import schedulable_q
@@ -79,7 +80,7 @@ class EventFilterSet(StrictFilterSet):
     pool = django_filters.CharFilter(field_name="pool__name")
     lease = django_filters.UUIDFilter(method="filter_lease")
     workload = django_filters.CharFilter(field_name="workload_id")
-    type = django_filters.MultipleChoiceFilter(choices=NodeEventType.choices)
+    type = django_filters.MultipleChoiceFilter(choices=event_types.choices)  # every app's types
     actor = django_filters.CharFilter(field_name="actor_name")
     since = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="gte")
     until = django_filters.IsoDateTimeFilter(field_name="created_at", lookup_expr="lt")

@@ -38,10 +38,11 @@ from django.utils import timezone
 
 from nodepool.api.problems import Conflict, Gone
 
-from . import health, liveness, signals
-from .choices import BenchmarkStatus, Lifecycle, Liveness, NodeEventType
+from . import event_types, health, liveness
+from .choices import BenchmarkStatus, Lifecycle, Liveness
 from .errors import CONCURRENT_HEARTBEAT, NODE_RETIRED
 from .events import Actor, event_row
+from .instructions import status_report_instructions
 from .models import Benchmark, Node, NodeCredential, NodeEvent
 
 logger = logging.getLogger(__name__)
@@ -307,7 +308,7 @@ def _restarted_within(node: Node, received_at: datetime, timings: liveness.Timin
     from .renewals import min_spacing_fraction
 
     since = received_at - timedelta(seconds=timings.interval * min_spacing_fraction())
-    return NodeEvent.objects.filter(node_id=node.pk, type=NodeEventType.RESTART, created_at__gt=since).exists()
+    return NodeEvent.objects.filter(node_id=node.pk, type=event_types.RESTART, created_at__gt=since).exists()
 
 
 def _try_apply(
@@ -429,21 +430,19 @@ def _conditional_update(*, node: Node, report: HeartbeatReport, values: dict[str
 
 
 def _after_apply(*, node, report, actor, received_at, timings, restarted, events) -> HeartbeatOutcome:
-    """Publish the status report to the apps above (lease reconciliation, automatic-quarantine rules:
-    fleet.signals) and add the benchmark instruction."""
+    """Hand the status report to the apps above (lease reconciliation, automatic-quarantine rules,
+    upgrades: the ordered registry of fleet.instructions) and add the benchmark instruction."""
     if report.devices is not None or report.device_refusals or report.boot_id is not None:
         _apply_devices(node, report, actor, received_at)
-    leases = signals.merged_instructions(
-        signals.status_report_applied.send(
-            sender=Node,
-            node=node,
-            incarnation=report.incarnation,
-            leases=report.leases,
-            usage=report.usage,
-            agent_version=report.agent_version,
-            restarted=restarted,
-            actor=actor,
-        )
+    leases = status_report_instructions(
+        sender=Node,
+        node=node,
+        incarnation=report.incarnation,
+        leases=report.leases,
+        usage=report.usage,
+        agent_version=report.agent_version,
+        restarted=restarted,
+        actor=actor,
     )
     benchmark = None
     if node.lifecycle in BENCHMARK_LIFECYCLES:
@@ -468,7 +467,7 @@ def _after_apply(*, node, report, actor, received_at, timings, restarted, events
         run_benchmark={"nonce": benchmark[0], "deadline": benchmark[1]} if benchmark else None,
         events=events,
         # Instructions of the apps above beyond the lease ones (operations' "upgrade"), as they
-        # returned them from status_report_applied.
+        # returned them (fleet.instructions, the ordered registry of status-report handlers).
         instructions={k: v for k, v in leases.items() if k not in ("stop", "checkpoint", "assigned")},
     )
 
@@ -500,7 +499,7 @@ def _events(
         rows.append(
             event_row(
                 node.pk,
-                NodeEventType.RESTART,
+                event_types.RESTART,
                 actor,
                 from_state=str(node.incarnation),
                 to_state=str(report.incarnation),
@@ -512,7 +511,7 @@ def _events(
         rows.append(
             event_row(
                 node.pk,
-                NodeEventType.LIVENESS,
+                event_types.LIVENESS,
                 actor,
                 from_state=node.liveness,
                 to_state=Liveness.ALIVE,
@@ -523,7 +522,7 @@ def _events(
         rows.append(
             event_row(
                 node.pk,
-                NodeEventType.READINESS,
+                event_types.READINESS,
                 actor,
                 from_state=str(node.ready).lower(),
                 to_state=str(report.ready).lower(),
@@ -531,7 +530,7 @@ def _events(
             )
         )
     for kind, old, new, condition in condition_changes(node.conditions or [], conditions):
-        event_type = NodeEventType.CLOCK_SKEW if kind == health.CLOCK_SKEW else NodeEventType.CONDITION
+        event_type = event_types.CLOCK_SKEW if kind == health.CLOCK_SKEW else event_types.CONDITION
         data: dict[str, Any] = {"type": kind}
         if kind == health.CLOCK_SKEW:
             data["skew_seconds"] = round(skew, 3)
@@ -540,5 +539,5 @@ def _events(
         reason = f"{kind}: {old or 'absent'} → {new or 'absent'}"
         rows.append(event_row(node.pk, event_type, actor, from_state=old, to_state=new, reason=reason, data=data))
     if health_value != node.health:
-        rows.append(event_row(node.pk, NodeEventType.HEALTH, actor, from_state=node.health, to_state=health_value))
+        rows.append(event_row(node.pk, event_types.HEALTH, actor, from_state=node.health, to_state=health_value))
     return rows

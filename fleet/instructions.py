@@ -26,12 +26,27 @@ bit   name                 raised by
 512   PREEMPTION           reserved: preemption notices
 1024  SECRET               leases: a lease was renewed, so its per-lease secret changed
 ====  ===================  ==========================================================
+
+The instructions themselves (what a status report's answer carries beyond fleet's own) come from
+the apps above through :func:`register_status_report_handler`, an explicit, ordered registry:
+each handler names its place (``order``), so the order never depends on ``INSTALLED_APPS``.
+
+=====  ====================================  ==================================================
+order  handler                               what it does, what it returns
+=====  ====================================  ==================================================
+100    leases.reconcile_status_report        reconciles the reported leases: ``stop``,
+                                             ``checkpoint``, ``assigned``
+110    leases.status_report_kicks_queue      a report may free capacity: kicks the lease queue
+200    maintenance.rules                     automatic quarantine, after leases reconciled
+300    operations.upgrade_instruction        a parked node's ``upgrade`` instruction
+=====  ====================================  ==================================================
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from django.db import transaction
 from django.db.models import F
@@ -39,6 +54,8 @@ from django.db.models import F
 from .models import Node
 
 
+# The bits are a wire contract (docs/api-contract.md, agents in the field read them): a bit keeps
+# its number forever; a new kind takes a new bit (tests/fleet/test_instruction_registry.py).
 class Instruction(enum.IntFlag):
     LEASES = 1
     STOP = 2
@@ -81,3 +98,48 @@ def post_instructions(node_ids: Iterable, flags: int, *, on_commit: bool = True)
         transaction.on_commit(raise_bits)
     else:
         raise_bits()
+
+
+@dataclass(frozen=True)
+class StatusReportHandler:
+    """One entry of the ordered registry: ``name`` (``<app>.<what>``), ``order`` (lower runs
+    first) and ``handler(sender, node, incarnation, leases, usage, agent_version, restarted,
+    actor)`` returning a dict of instructions or None."""
+
+    name: str
+    order: int
+    handler: Callable[..., dict | None]
+
+
+_HANDLERS: dict[str, StatusReportHandler] = {}
+
+
+def register_status_report_handler(name: str, handler: Callable[..., dict | None], *, order: int) -> None:
+    """Run ``handler`` after every applied status report, at ``order`` (see the table above).
+
+    Called from the registering app's ``AppConfig.ready()``; registering ``name`` again replaces
+    it (``ready()`` may run twice in tests). Raises ``ValueError`` when another handler holds
+    ``order``: two handlers never tie, so the order is written, not inferred."""
+    taken = next((h for h in _HANDLERS.values() if h.order == order and h.name != name), None)
+    if taken is not None:
+        raise ValueError(f"status report handler order {order} is taken by {taken.name}")
+    _HANDLERS[name] = StatusReportHandler(name, order, handler)
+
+
+def status_report_handlers() -> list[StatusReportHandler]:
+    """The registered handlers, in the order they run."""
+    return sorted(_HANDLERS.values(), key=lambda h: h.order)
+
+
+def status_report_instructions(**report) -> dict:
+    """Run every handler in order with ``report`` (the keyword arguments above, ``sender`` included)
+    and merge what they return: lists are concatenated in handler order, and for any other value
+    the first handler to give a key wins. Exceptions propagate (the heartbeat's transaction)."""
+    merged: dict = {}
+    for entry in status_report_handlers():
+        for key, value in (entry.handler(**report) or {}).items():
+            if isinstance(value, list):
+                merged[key] = [*(merged.get(key) or []), *value]
+            else:
+                merged.setdefault(key, value)
+    return merged

@@ -44,8 +44,9 @@ from django.utils.dateparse import parse_datetime
 
 from nodepool.quantity import QuantityError, to_canonical
 
+from . import event_types
 from . import taints as taint_times
-from .choices import Lifecycle, NodeEventType
+from .choices import Lifecycle
 from .events import Actor, record_event
 from .models import Device, Node, Pool
 
@@ -397,7 +398,7 @@ def _upsert(mapped: MappedNode, *, pool: Pool, actor: Actor, source: str) -> tup
             devices = _import_devices(node, mapped, actor, force=True)
             record_event(
                 node,
-                NodeEventType.ENROLLED,
+                event_types.ENROLLED,
                 actor,
                 to_state=Lifecycle.PENDING,
                 reason=f"imported from Kubernetes node {mapped.name}",
@@ -426,7 +427,7 @@ def _upsert(mapped: MappedNode, *, pool: Pool, actor: Actor, source: str) -> tup
         node.save(update_fields=[*changed, "version", "updated_at"])
         record_event(
             node,
-            NodeEventType.POLICY,
+            event_types.POLICY,
             actor,
             reason=f"re-imported from Kubernetes node {mapped.name}",
             data={

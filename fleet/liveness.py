@@ -43,8 +43,8 @@ from django.utils import timezone
 
 from nodepool import metrics
 
-from . import clock, signals, silence, status_reports
-from .choices import Lifecycle, Liveness, NodeEventType
+from . import clock, event_types, signals, silence, status_reports
+from .choices import Lifecycle, Liveness
 from .events import Actor, event_row
 from .models import LivenessSweepState, Node, NodeEvent, Pool
 
@@ -275,7 +275,7 @@ def _move(
                 "RETURNING node_id",
                 [
                     *update_params,
-                    NodeEventType.LIVENESS,
+                    event_types.LIVENESS,
                     from_state,
                     to_state,
                     actor.type,
@@ -292,7 +292,7 @@ def _move(
         [
             event_row(
                 node_id,
-                NodeEventType.LIVENESS,
+                event_types.LIVENESS,
                 actor,
                 from_state=from_state,
                 to_state=to_state,

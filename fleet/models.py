@@ -15,6 +15,7 @@ from django.db import models
 from django.db.models import F, Q
 from django_fsm import ConcurrentTransitionMixin, FSMField, transition
 
+from . import event_types
 from .choices import (
     ActorType,
     AdmissionMode,
@@ -24,7 +25,6 @@ from .choices import (
     Health,
     Lifecycle,
     Liveness,
-    NodeEventType,
     PoolKind,
     SchedulingPolicy,
 )
@@ -542,7 +542,8 @@ class NodeEvent(models.Model):
     workload_id = models.CharField(max_length=200, blank=True, db_index=True)
     subject_type = models.CharField(max_length=32, blank=True, help_text="upgrade, appeal, statement…")
     subject_id = models.CharField(max_length=64, blank=True)
-    type = models.CharField(max_length=32, choices=NodeEventType.choices)
+    # Each app declares its own types (fleet.event_types); a callable, so a new type needs no migration.
+    type = models.CharField(max_length=32, choices=event_types.choices)
     from_state = models.CharField(max_length=32, blank=True)
     to_state = models.CharField(max_length=32, blank=True)
     actor_type = models.CharField(max_length=8, choices=ActorType.choices)

@@ -42,9 +42,9 @@ from nodepool.api.errors import AUTHENTICATION_FAILED, FORBIDDEN
 from nodepool.api.problems import Gone, Problem
 from nodepool.db import prepared_cursor
 
-from . import clock, liveness, signals
+from . import clock, event_types, liveness, signals
 from . import secrets as node_secrets
-from .choices import ActorType, Lifecycle, Liveness, NodeEventType
+from .choices import ActorType, Lifecycle, Liveness
 from .credentials import is_superseded, revoke_lineage_on_reuse
 from .errors import CONCURRENT_RENEWAL, NODE_RETIRED, TOO_MANY_REQUESTS
 from .events import Actor, event_row
@@ -464,7 +464,7 @@ def _revive(
                 [
                     event_row(
                         node_id,
-                        NodeEventType.LIVENESS,
+                        event_types.LIVENESS,
                         actor,
                         from_state=liveness_read,
                         to_state=Liveness.ALIVE,

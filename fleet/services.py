@@ -24,12 +24,12 @@ from nodepool.api.errors import TRANSITION_NOT_ALLOWED
 from nodepool.api.problems import Conflict, Forbidden, Gone, NotFound, Problem, TooManyRequests
 from nodepool.api.versioning import check_version
 
-from . import clock
+from . import clock, event_types
 from . import devices as device_inventory
 from . import secrets as node_secrets
 from . import taints as taint_times
 from .capability import CapabilityError
-from .choices import ActorType, AdmissionMode, Lifecycle, NodeEventType, PoolKind
+from .choices import ActorType, AdmissionMode, Lifecycle, PoolKind
 from .credentials import is_superseded, issue_credential, revoke_all_credentials
 from .devices import parse_devices
 from .errors import (
@@ -146,7 +146,7 @@ def nodes_apply_pool_labels(*, pool: Pool, old_labels: dict, old_taints: list, a
             labels=labels, taints=taints, taints_added_at=taint_times.stamp(node.taints_added_at, taints, now),
             version=F("version") + 1,
         )  # fmt: skip
-        record_event(node, NodeEventType.POLICY, actor, reason="pool labels or taints changed",
+        record_event(node, event_types.POLICY, actor, reason="pool labels or taints changed",
                      data={"labels": labels, "taints": taints})  # fmt: skip
         changed += 1
     return changed
@@ -184,9 +184,7 @@ def node_resources_recompute(*, pool: Pool, actor: Actor | None = None) -> int:
     Node.objects.filter(pk__in=node_ids).update(version=F("version") + 1)
     NodeEvent.objects.bulk_create(
         [
-            event_row(
-                node_id, NodeEventType.POLICY, actor, reason="pool reservations changed", data={"reserved": totals}
-            )
+            event_row(node_id, event_types.POLICY, actor, reason="pool reservations changed", data={"reserved": totals})
             for node_id in node_ids
         ]
     )
@@ -364,7 +362,7 @@ def node_enroll(
         credential, secret = issue_credential(node=node, issuer="enrollment", agent_version=agent_version, now=now)
         record_event(
             node,
-            NodeEventType.ENROLLED,
+            event_types.ENROLLED,
             actor,
             to_state=Lifecycle.PENDING,
             reason=f"enrolled with bootstrap token {token.prefix}",
@@ -414,7 +412,7 @@ def _start_admission(node: Node, actor: Actor, *, reason: str, now: datetime) ->
     node.version += 1
     node.save(update_fields=["lifecycle", "lifecycle_reason", "lifecycle_changed_at", "version", "updated_at"])
     post_instructions([node.pk], Instruction.LIFECYCLE)
-    record_event(node, NodeEventType.LIFECYCLE, actor, from_state=before, to_state=node.lifecycle, reason=reason)
+    record_event(node, event_types.LIFECYCLE, actor, from_state=before, to_state=node.lifecycle, reason=reason)
     queue_admission(node=node)
 
 
@@ -488,7 +486,7 @@ def node_credential_rotate(
         old.save(update_fields=["expires_at", "rotated_at", "superseded_by"])
         record_event(
             node,
-            NodeEventType.CREDENTIAL,
+            event_types.CREDENTIAL,
             Actor.for_node(node, request_id),
             reason="credential rotated",
             data={"previous": old.prefix, "new": new.prefix, "previous_valid_until": old.expires_at.isoformat()},
@@ -523,7 +521,7 @@ def node_credentials_revoke(*, node_id, expected_version: int, actor: Actor, rea
         node.version += 1
         node.save(update_fields=["version", "updated_at"])
         record_event(
-            node, NodeEventType.CREDENTIAL, actor, reason=reason or "credentials revoked", data={"revoked": count}
+            node, event_types.CREDENTIAL, actor, reason=reason or "credentials revoked", data={"revoked": count}
         )
     return node, count
 
@@ -549,7 +547,7 @@ def node_credential_issue(
         node.save(update_fields=["version", "updated_at"])
         record_event(
             node,
-            NodeEventType.CREDENTIAL,
+            event_types.CREDENTIAL,
             actor,
             reason=reason or "credential issued by an operator",
             data={"credential": credential.prefix, "expires_at": credential.expires_at.isoformat()},

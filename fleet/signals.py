@@ -1,20 +1,14 @@
-"""What the heartbeat and the liveness sweep publish for the apps above ``fleet``.
+"""What the liveness sweep and the renewal publish for the apps above ``fleet``.
 
 ``fleet`` sits below ``leases`` and ``maintenance`` (docs/foundation.md, "Which way dependencies point")
-and never imports them. When a status report or a sweep learns something those apps act on, it
-sends one of these Django signals; ``leases`` and ``maintenance`` connect their receivers in their
-``AppConfig.ready()``. Receivers run in the order the apps are installed (``leases`` first, so a
-quarantine rule sees the leases reconciliation left), synchronously, inside the sender's
-transaction when it has one.
+and never imports them. When a sweep or a renewal learns something those apps act on, it sends one
+of these Django signals; the apps above connect their receivers in their ``AppConfig.ready()``.
+Receivers run synchronously, inside the sender's transaction when it has one.
+
+An applied status report is not a signal: its handlers run in an explicit order and may return
+instructions for the node (fleet.instructions, :func:`~fleet.instructions.register_status_report_handler`).
 
 Signals (``sender`` is always :class:`fleet.models.Node`):
-
-``status_report_applied(node, incarnation, leases, usage, agent_version, restarted, actor)``
-    after an applied status report (heartbeat). ``node`` is the updated instance with its pool,
-    ``leases`` the reported ``[{"lease_id", "fencing_token", "state"}]``, ``usage``
-    ``{resource: canonical int}``. A receiver may return a dict of instructions for the node:
-    ``{"stop": [lease ids], "checkpoint": [lease ids], "assigned": [{...}]}`` (leases does);
-    the heartbeat merges what receivers return into its response (docs/api-contract.md).
 
 ``nodes_lost(node_ids, actor, reason)``
     inside the sweep's transaction, once per run, with the ids of nodes that just became ``lost``
@@ -43,22 +37,7 @@ from __future__ import annotations
 
 from django.dispatch import Signal
 
-status_report_applied = Signal()
 nodes_lost = Signal()
 node_revived = Signal()
 device_identity_conflict = Signal()
 device_faulted = Signal()
-
-
-def merged_instructions(responses) -> dict:
-    """Merge the dicts receivers of :data:`status_report_applied` returned (lists are concatenated;
-    the first non-list value of a key wins)."""
-    merged: dict = {}
-    for _receiver, response in responses:
-        for key, value in (response or {}).items():
-            if isinstance(value, list):
-                merged.setdefault(key, [])
-                merged[key] = [*(merged[key] or []), *value]
-            else:
-                merged.setdefault(key, value)
-    return merged

@@ -30,7 +30,8 @@ from django.db.models import CharField, Count, Q, Value
 from django.db.models.fields.json import KT
 from django.db.models.functions import Coalesce
 
-from .choices import Lifecycle, Liveness, NodeEventType
+from . import event_types
+from .choices import Lifecycle, Liveness
 from .events import event_row
 from .models import Node, NodeEvent
 
@@ -196,7 +197,7 @@ def record_guard_changes(*, previous: dict, current: dict, pools: dict, now: dat
         rows.append(
             event_row(
                 None,
-                NodeEventType.GUARD,
+                event_types.GUARD,
                 actor,
                 from_state="" if engaged else "engaged",
                 to_state="engaged" if engaged else "released",
@@ -246,7 +247,7 @@ def record_withheld(*, held: list, verdict: Verdict, state, now: datetime, lost_
         rows.append(
             event_row(
                 node_id,
-                NodeEventType.LIVENESS,
+                event_types.LIVENESS,
                 actor,
                 from_state=liveness,
                 to_state=Liveness.UNREACHABLE,

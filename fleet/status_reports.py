@@ -17,7 +17,8 @@ from datetime import datetime
 
 from django.db import transaction
 
-from .choices import Lifecycle, Liveness, NodeEventType
+from . import event_types
+from .choices import Lifecycle, Liveness
 from .events import Actor, event_row
 from .health import STATUS_REPORT_OVERDUE
 from .instructions import Instruction, post_instructions
@@ -67,7 +68,7 @@ def mark_overdue(*, now: datetime, actor: Actor) -> int:
                 [
                     event_row(
                         pk,
-                        NodeEventType.CONDITION,
+                        event_types.CONDITION,
                         actor,
                         from_state="",
                         to_state="True",

@@ -7,19 +7,18 @@ class LeasesConfig(AppConfig):
 
     def ready(self):
         from fleet import signals as fleet_signals
+        from fleet.instructions import register_status_report_handler
 
         from . import (
             errors,  # noqa: F401  (declares the app's problem codes: the registry is complete)
+            event_types,  # noqa: F401  (declares the app's event types)
             signals,  # registers the queue kick on node saves
         )
 
-        # What fleet publishes and leases acts on (fleet never imports leases).
-        fleet_signals.status_report_applied.connect(
-            signals.reconcile_status_report, dispatch_uid="leases.reconcile_status_report"
-        )
-        fleet_signals.status_report_applied.connect(
-            signals.status_report_kicks_queue, dispatch_uid="leases.status_report_kicks_queue"
-        )
+        # What fleet publishes and leases acts on (fleet never imports leases); the orders are
+        # fleet.instructions' table: leases reconciles first, the quarantine rules see the result.
+        register_status_report_handler("leases.reconcile_status_report", signals.reconcile_status_report, order=100)
+        register_status_report_handler("leases.status_report_kicks_queue", signals.status_report_kicks_queue, order=110)
         fleet_signals.nodes_lost.connect(signals.lose_leases_of_lost_nodes, dispatch_uid="leases.lose_leases")
         from .device_faults import device_faulted
 

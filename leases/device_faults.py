@@ -120,7 +120,7 @@ def record_fault_evidence(*, node, device_pks, actor: Actor, now=None) -> int:
     faulted device, ``to_state="lease_device_fault"`` with the lease id and the devices' health
     as it was, whether or not the lease is evicted. The marketplace's reconciliation reads these
     events to put that lease's usage up for review instead of paying it blindly. Returns how many."""
-    from fleet.choices import NodeEventType
+    from fleet import event_types as fleet_events
     from fleet.events import record_event
 
     now = now or timezone.now()
@@ -139,7 +139,7 @@ def record_fault_evidence(*, node, device_pks, actor: Actor, now=None) -> int:
         entry["devices"].append({"id": device_id, "health": health, "taints": taints, "recent_xids": recent[-4:]})
     for lease_id, entry in by_lease.items():
         record_event(
-            node, NodeEventType.DEVICE, actor, to_state=DEVICE_FAULT_EVIDENCE,
+            node, fleet_events.DEVICE, actor, to_state=DEVICE_FAULT_EVIDENCE,
             reason="a device this lease holds faulted: its usage is up for review",
             data={"lease_id": str(lease_id), "devices": entry["devices"], "at": now.isoformat()},
             lease_id=lease_id, workload_id=entry["workload_id"],

@@ -32,8 +32,9 @@ from datetime import datetime, timedelta
 
 from django.db.models import F, Q
 
+from fleet import event_types as fleet_events
 from fleet import liveness
-from fleet.choices import Liveness, NodeEventType
+from fleet.choices import Liveness
 from fleet.models import LivenessSweepState, NodeEvent
 
 from .choices import EvidenceClose
@@ -150,7 +151,7 @@ def carried(node, since: datetime, now: datetime, grace: timedelta) -> bool:
     return not NodeEvent.objects.filter(
         Q(to_state__in=degraded) | Q(from_state__in=degraded),
         node_id=node.pk,
-        type=NodeEventType.LIVENESS,
+        type=fleet_events.LIVENESS,
         created_at__gt=since,
         created_at__lte=now,
     ).exists()

@@ -16,7 +16,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from fleet import clock
-from fleet.choices import Lifecycle, NodeEventType
+from fleet.choices import Lifecycle
 from fleet.errors import NODE_RETIRED
 from fleet.events import Actor, record_event
 from fleet.instructions import Instruction, post_instructions
@@ -25,6 +25,7 @@ from nodepool.api.errors import CONCURRENT_MODIFICATION
 from nodepool.api.problems import Conflict, Gone, NotFound
 from nodepool.api.strict import refuse_unknown_members
 
+from . import event_types
 from .choices import LIVE_LEASE_STATES, TERMINAL_LEASE_STATES, CheckpointState, LeaseState, WorkloadState
 from .errors import LEASE_EXPIRED, LEASE_NOT_FOUND, LEASE_SUPERSEDED, STALE_FENCING_TOKEN, STALE_INCARNATION
 from .models import FencingSequence, Lease, LeaseCheckpoint
@@ -225,7 +226,7 @@ def lease_report_event(*, lease_id, data: Any, node: Node, actor: Actor, now=Non
             if activated:
                 record_event(
                     lease.node_id,
-                    NodeEventType.LEASE,
+                    event_types.LEASE,
                     actor,
                     from_state=LeaseState.GRANTED,
                     to_state=LeaseState.ACTIVE,
@@ -342,7 +343,7 @@ def request_checkpoint(*, lease: Lease, actor: Actor, now=None) -> int:
             )
             record_event(
                 lease.node_id,
-                NodeEventType.CHECKPOINT,
+                event_types.CHECKPOINT,
                 actor,
                 to_state=CheckpointState.REQUESTED,
                 reason="checkpoint requested",
@@ -397,7 +398,7 @@ def _checkpoint_taken(lease: Lease, *, actor: Actor, message: str, now) -> None:
         )
     record_event(
         lease.node_id,
-        NodeEventType.CHECKPOINT,
+        event_types.CHECKPOINT,
         actor,
         to_state=CheckpointState.TAKEN,
         reason=message or "the node reported checkpointed",

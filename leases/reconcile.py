@@ -14,11 +14,11 @@ from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from fleet.choices import Lifecycle, NodeEventType
+from fleet.choices import Lifecycle
 from fleet.events import record_event
 from fleet.models import Node
 
-from . import evidence, placement
+from . import event_types, evidence, placement
 from .choices import LIVE_LEASE_STATES, LeaseState
 from .models import Lease
 from .secrets import lease_secret
@@ -210,7 +210,7 @@ def revoke_node_leases(node, *, actor, reason: str) -> int:
     leases = Lease.objects.filter(node_id=node_id, state__in=LIVE_LEASE_STATES)
     count = _end_all(leases, to_state=LeaseState.REVOKED, actor=actor, reason=reason)
     if count:
-        record_event(node_id, NodeEventType.LEASE, actor, reason=f"{count} lease(s) revoked: {reason}")
+        record_event(node_id, event_types.LEASE, actor, reason=f"{count} lease(s) revoked: {reason}")
     return count
 
 

@@ -18,10 +18,10 @@ from __future__ import annotations
 from django.db import transaction
 from django.db.models import F
 
-from fleet.choices import NodeEventType
 from fleet.events import Actor, record_event
 from fleet.models import Pool
 
+from . import event_types
 from .choices import LIVE_LEASE_STATES, LeaseRequestState
 from .models import Lease, LeaseRequest
 
@@ -59,7 +59,7 @@ def requeue_lease(lease: Lease, *, pool: Pool | None, actor: Actor, reason: str,
     )
     record_event(
         lease.node_id,
-        NodeEventType.LEASE,
+        event_types.LEASE,
         actor,
         lease_id=lease.pk,
         workload_id=lease.workload_id,
@@ -102,7 +102,7 @@ def on_granted(lease: Lease, lease_request: LeaseRequest | None, *, actor: Actor
             old = Lease.objects.only("node_id", "workload_id").get(pk=old_id)
             record_event(
                 old.node_id,
-                NodeEventType.LEASE,
+                event_types.LEASE,
                 actor,
                 lease_id=old_id,
                 workload_id=old.workload_id,

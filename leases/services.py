@@ -24,7 +24,7 @@ from django.db.models import Case, F, Max, Value, When
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from fleet.choices import Lifecycle, Liveness, NodeEventType
+from fleet.choices import Lifecycle, Liveness
 from fleet.errors import UNKNOWN_POOL
 from fleet.events import Actor, record_event
 from fleet.instructions import Instruction, post_instructions
@@ -38,7 +38,7 @@ from nodepool.api.problems import Conflict, NotFound, Problem, Unprocessable
 from nodepool.db import fetch_rows, insert_row, prepared_cursor
 from nodepool.structured_logs import bind
 
-from . import device_requests, evidence, impossible, placement, requeue
+from . import device_requests, event_types, evidence, impossible, placement, requeue
 from . import devices as lease_devices
 from . import metrics as lease_metrics
 from .choices import LIVE_LEASE_STATES, CheckpointState, LeaseRequestState, LeaseState, WorkloadState
@@ -287,7 +287,7 @@ def _reserve(
             requeue.on_granted(lease, lease_request, actor=actor)
         record_event(
             node.pk,
-            NodeEventType.LEASE,
+            event_types.LEASE,
             actor,
             to_state=LeaseState.GRANTED,
             reason=f"lease granted to {spec.workload_id}",
@@ -619,7 +619,7 @@ def end_lease(
         lease_ended.send(sender=Lease, lease=lease, actor=actor, now=now)
         record_event(
             lease.node_id,
-            NodeEventType.LEASE,
+            event_types.LEASE,
             actor,
             to_state=to_state,
             reason=reason,

@@ -39,7 +39,7 @@ def node_saved(sender, instance: Node, **kwargs):
 
 
 def status_report_kicks_queue(sender, node: Node, **kwargs):
-    """fleet.signals.status_report_applied: a status report is applied by one conditional UPDATE,
+    """A status-report handler (fleet.instructions): a status report is applied by one conditional UPDATE,
     not a save, and it is what turns a node ready (its Ready condition) or alive again: without
     this kick, a node admitted before its first ready report left queued requests to beat's next
     pass (seen in CI's autoscaling run). Returns no instructions.
@@ -58,7 +58,7 @@ def revived_node_kicks_queue(sender, node_id, **kwargs):
 
 
 def reconcile_status_report(sender, node: Node, incarnation: int, leases, restarted: bool, actor, **kwargs):
-    """fleet.signals.status_report_applied: reconcile the leases the node reported; the returned
+    """A status-report handler (fleet.instructions): reconcile the leases the node reported; the returned
     instructions (stop, checkpoint, assigned) go back in the heartbeat response."""
     from . import services  # looked up on each call (tests replace services.reconcile_heartbeat)
 

@@ -19,12 +19,11 @@ from django.utils import timezone
 
 from fleet import clock
 from fleet import taints as taint_times
-from fleet.choices import NodeEventType
 from fleet.events import Actor, record_event
 from fleet.models import NodeResource
 from nodepool.api.problems import Problem
 
-from . import placement
+from . import event_types, placement
 from .choices import LIVE_LEASE_STATES, LeaseRequestState, LeaseState
 from .models import ConsistencyReport, Lease, LeaseRequest
 from .spec import parse_spec
@@ -187,7 +186,7 @@ def check_consistency(*, repair: bool = False, actor: Actor | None = None) -> Co
                     NodeResource.objects.filter(pk=locked[name].pk).update(allocated=sums.get(name, 0))
                 record_event(
                     node_id,
-                    NodeEventType.LEASE,
+                    event_types.LEASE,
                     actor,
                     reason="capacity drift" + (" repaired" if repair else ""),
                     data=item,

@@ -10,19 +10,22 @@ class MaintenanceConfig(AppConfig):
         from . import (
             collectors,
             errors,  # noqa: F401  (declares the app's problem codes: the registry is complete)
+            event_types,  # noqa: F401  (declares the app's event types)
             signals,  # noqa: F401  (pauses drain deadlines and holds across a clock gap)
         )
 
         register_collector("maintenance", collectors.collect)
 
         from fleet import signals as fleet_signals
+        from fleet.instructions import register_status_report_handler
 
-        fleet_signals.status_report_applied.connect(evaluate_status_report, dispatch_uid="maintenance.rules")
+        # After leases reconciled the report (fleet.instructions' table of orders).
+        register_status_report_handler("maintenance.rules", evaluate_status_report, order=200)
         fleet_signals.device_identity_conflict.connect(quarantine_device_claimant, dispatch_uid="maintenance.devices")
 
 
 def evaluate_status_report(sender, node, usage, agent_version, actor, **kwargs):
-    """fleet.signals.status_report_applied: the automatic-quarantine rules (maintenance.rules)."""
+    """A status-report handler (fleet.instructions): the automatic-quarantine rules (maintenance.rules)."""
     from . import rules  # looked up on each call (tests replace rules.evaluate_heartbeat)
 
     rules.evaluate_heartbeat(node, usage=usage, agent_version=agent_version, actor=actor)

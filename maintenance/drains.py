@@ -40,7 +40,6 @@ from django.utils import timezone
 from django_fsm import can_proceed
 
 from fleet import clock
-from fleet.choices import NodeEventType
 from fleet.events import Actor, record_event
 from fleet.instructions import Instruction, post_instructions
 from fleet.models import Node
@@ -51,6 +50,7 @@ from nodepool import metrics
 from nodepool.api.problems import Conflict, NotFound
 from nodepool.api.versioning import check_version
 
+from . import event_types
 from .budgets import ration, statuses_for_groups
 from .choices import DrainState, EvictionKind, EvictionPolicy
 from .errors import DRAIN_ACTIVE, DRAIN_NOT_ACTIVE, DRAIN_NOT_FOUND
@@ -117,7 +117,7 @@ def start_drain(
         record_transition(node, actor, from_state=from_state, reason=reason, data=data)
         place_hold(node, drain_owner(drain.pk), f"drain: {reason}", actor=actor, bump_version=False, now=now)
         record_event(
-            node, NodeEventType.DRAIN, actor, to_state=DrainState.ACTIVE, reason=reason, data={**data, "leases": leases}
+            node, event_types.DRAIN, actor, to_state=DrainState.ACTIVE, reason=reason, data={**data, "leases": leases}
         )
         _evaluate(drain, node, actor=actor, now=now)
         _schedule_deadline(drain)
@@ -247,7 +247,7 @@ def _evaluate(drain: Drain, node: Node, *, actor: Actor, now) -> None:
             _record_evictions(drain, allowed, EvictionKind.CHECKPOINT, now)
             record_event(
                 node,
-                NodeEventType.DRAIN,
+                event_types.DRAIN,
                 actor,
                 reason="checkpoint requested",
                 data={"drain_id": str(drain.pk), "checkpoint_leases": [str(lease.pk) for lease in allowed]},
@@ -282,7 +282,7 @@ def _evaluate(drain: Drain, node: Node, *, actor: Actor, now) -> None:
         # One event per change of what the drain waits on, not one per sweep.
         record_event(
             node,
-            NodeEventType.DRAIN,
+            event_types.DRAIN,
             actor,
             reason="waiting on: " + (", ".join(sorted(after)) or "nothing"),
             data={"drain_id": str(drain.pk), "waiting_on": progress["waiting_on"]},
@@ -314,7 +314,7 @@ def _enforce(drain: Drain, node: Node, *, actor: Actor, now) -> bool:
     Drain.objects.filter(pk=drain.pk).update(progress=progress, progress_at=now, leases_remaining=0)
     record_event(
         node,
-        NodeEventType.DRAIN,
+        event_types.DRAIN,
         actor,
         from_state=DrainState.ACTIVE,
         to_state=DrainState.FORCED,
@@ -365,7 +365,7 @@ def _finish(drain: Drain, node: Node, *, state: str, actor: Actor, now, progress
         return False
     record_event(
         node,
-        NodeEventType.DRAIN,
+        event_types.DRAIN,
         actor,
         from_state=DrainState.ACTIVE,
         to_state=state,
@@ -427,7 +427,7 @@ def cancel_drain(*, drain_id, expected_version: int, reason: str, actor: Actor, 
         record_transition(node, actor, from_state=from_state, reason=reason, data=data)
         record_event(
             node,
-            NodeEventType.DRAIN,
+            event_types.DRAIN,
             actor,
             from_state=DrainState.ACTIVE,
             to_state=DrainState.CANCELLED,
@@ -501,7 +501,7 @@ def change_drain_deadline(
         Drain.objects.filter(pk=drain.pk).update(deadline=deadline, version=F("version") + 1)
         record_event(
             node,
-            NodeEventType.DRAIN,
+            event_types.DRAIN,
             actor,
             reason=reason,
             data={

@@ -30,7 +30,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from fleet.choices import ActorType, Lifecycle, NodeEventType
+from fleet.choices import ActorType, Lifecycle
 from fleet.errors import NODE_NOT_FOUND
 from fleet.events import Actor, record_event
 from fleet.models import Node, NodeHold
@@ -39,6 +39,7 @@ from nodepool.api.permissions import is_operator
 from nodepool.api.problems import Conflict, Forbidden, NotFound, Unprocessable
 from nodepool.api.versioning import check_version
 
+from . import event_types
 from .errors import FORCE_REQUIRES_OPERATOR, HOLD_NOT_FOUND, HOLD_OWNED_BY_OTHER, INVALID_HOLD
 
 logger = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ def _user(actor: Actor):
 def _event(node: Node, hold: NodeHold, actor: Actor, *, to_state: str, reason: str, data: dict | None = None):
     record_event(
         node,
-        NodeEventType.HOLD,
+        event_types.HOLD,
         actor,
         from_state="held" if to_state == "removed" else "",
         to_state=to_state,

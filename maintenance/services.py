@@ -22,7 +22,8 @@ from django.utils import timezone
 from django_fsm import can_proceed
 
 from fleet import credentials as fleet_credentials
-from fleet.choices import Lifecycle, NodeEventType
+from fleet import event_types as fleet_events
+from fleet.choices import Lifecycle
 from fleet.errors import NODE_NOT_FOUND
 from fleet.events import Actor, record_event
 from fleet.instructions import Instruction, post_instructions
@@ -34,6 +35,7 @@ from nodepool.api.errors import TRANSITION_NOT_ALLOWED
 from nodepool.api.problems import Conflict, NotFound
 from nodepool.api.versioning import check_version
 
+from . import event_types
 from .choices import DrainState, QuarantineRule
 from .errors import NODE_HAS_LIVE_LEASES
 from .holds import DRAIN_PREFIX, owner_for, place_hold, remove_hold, remove_holds_where
@@ -93,7 +95,7 @@ def save_transition(node: Node, *extra_fields: str) -> None:
 def record_transition(node: Node, actor: Actor, *, from_state: str, reason: str, data: dict):
     """Append (and return) the ``lifecycle`` event of a transition just saved (same transaction)."""
     return record_event(
-        node, NodeEventType.LIFECYCLE, actor, from_state=from_state, to_state=node.lifecycle, reason=reason, data=data
+        node, fleet_events.LIFECYCLE, actor, from_state=from_state, to_state=node.lifecycle, reason=reason, data=data
     )
 
 
@@ -194,7 +196,7 @@ def abort_active_drain(node: Node, *, actor: Actor, reason: str, now) -> Drain |
     )
     record_event(
         node,
-        NodeEventType.DRAIN,
+        event_types.DRAIN,
         actor,
         from_state=DrainState.ACTIVE,
         to_state=DrainState.ABORTED,
@@ -257,7 +259,7 @@ def quarantine_node(
         record_transition(node, actor, from_state=from_state, reason=reason, data=data)
         record_event(
             node,
-            NodeEventType.QUARANTINE,
+            event_types.QUARANTINE,
             actor,
             reason=reason,
             # The event stream is read by the node's owner (and node events by lease clients): it
@@ -271,9 +273,7 @@ def quarantine_node(
             },
         )
         if credentials:
-            record_event(
-                node, NodeEventType.CREDENTIAL, actor, reason="node quarantined", data={"revoked": credentials}
-            )
+            record_event(node, fleet_events.CREDENTIAL, actor, reason="node quarantined", data={"revoked": credentials})
     return quarantine
 
 
@@ -314,7 +314,7 @@ def release_node(
             credential, secret = fleet_credentials.issue_credential(node=node, issuer=f"operator:{actor.name}", now=now)
             record_event(
                 node,
-                NodeEventType.CREDENTIAL,
+                fleet_events.CREDENTIAL,
                 actor,
                 reason="issued by an operator at release",
                 data={"prefix": credential.prefix, "expires_at": credential.expires_at.isoformat()},

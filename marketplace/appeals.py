@@ -12,7 +12,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from fleet.choices import Lifecycle, NodeEventType
+from fleet.choices import Lifecycle
 from fleet.errors import NODE_NOT_FOUND
 from fleet.events import Actor, record_event
 from maintenance import services as maintenance_services
@@ -20,6 +20,7 @@ from maintenance.models import Quarantine
 from nodepool.api.problems import Conflict, NotFound, Problem
 from nodepool.api.versioning import check_version
 
+from . import event_types
 from .choices import APPEAL_OUTCOMES, AppealState
 from .errors import (
     APPEAL_ALREADY_OPEN,
@@ -135,7 +136,7 @@ def appeal_withdraw(*, appeal_id, owner, actor: Actor, now=None) -> Appeal:
 def _event(appeal: Appeal, actor: Actor, *, from_state: str, reason: str) -> None:
     record_event(
         appeal.node_id,
-        NodeEventType.APPEAL,
+        event_types.APPEAL,
         actor,
         from_state=from_state,
         to_state=appeal.state,

@@ -21,6 +21,7 @@ class MarketplaceConfig(AppConfig):
             availability,
             collectors,
             errors,  # noqa: F401  (declares the app's problem codes: the registry is complete)
+            event_types,  # noqa: F401  (declares the app's event types)
             receivers,
             selectors,
         )

@@ -30,14 +30,13 @@ from django.db.models import Sum
 from django.utils import timezone
 from django_fsm import can_proceed
 
-from fleet.choices import NodeEventType
 from fleet.events import Actor, record_event
 from fleet.models import Pool
 from nodepool.api.errors import TRANSITION_NOT_ALLOWED
 from nodepool.api.problems import Conflict, Forbidden, NotFound, Problem
 from nodepool.api.versioning import check_version
 
-from . import statements
+from . import event_types, statements
 from .choices import (
     PAYABLE_STATES,
     HoldReason,
@@ -70,7 +69,7 @@ def _text(value, name: str) -> str:
 def _event(actor: Actor, subject_type: str, subject_id, *, from_state: str, to_state: str, reason: str, data: dict):
     record_event(
         None,
-        NodeEventType.STATEMENT,
+        event_types.STATEMENT,
         actor,
         from_state=from_state,
         to_state=to_state,

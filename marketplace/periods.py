@@ -42,7 +42,6 @@ from django.db.models import F, Q
 from django.utils import timezone
 from django_fsm import can_proceed
 
-from fleet.choices import NodeEventType
 from fleet.events import Actor, record_event
 from fleet.models import Pool
 from leases.models import Lease
@@ -50,7 +49,7 @@ from nodepool.api.errors import TRANSITION_NOT_ALLOWED
 from nodepool.api.problems import Conflict, NotFound, Problem
 from nodepool.api.versioning import check_version
 
-from . import statements
+from . import event_types, statements
 from .choices import OPEN_STATES, PAYABLE_STATES, LineKind, MismatchKind, PoolPeriodState, StatementPeriod, UsageState
 from .errors import INVALID_FIELD, PERIOD_NOT_OVER
 from .models import MismatchItem, NodeAvailability, PoolPeriod, PoolPrice, PoolSettlement, StatementLine, UsageRecord
@@ -365,7 +364,7 @@ def reconcile_period(*, period_id, actor: Actor, now: datetime | None = None) ->
         if from_state != period.state or not unresolved:
             record_event(
                 None,
-                NodeEventType.STATEMENT,
+                event_types.STATEMENT,
                 actor,
                 from_state=from_state,
                 to_state=period.state,
@@ -430,7 +429,7 @@ def resolve_mismatch(
         item.refresh_from_db()
         record_event(
             None,
-            NodeEventType.STATEMENT,
+            event_types.STATEMENT,
             actor,
             from_state="open",
             to_state="resolved",

@@ -28,8 +28,9 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
+from fleet import event_types as fleet_events
 from fleet import liveness
-from fleet.choices import Liveness, NodeEventType
+from fleet.choices import Liveness
 from fleet.events import Actor, record_event
 from fleet.models import Node, NodeEvent, NodeResource
 from leases.choices import EvidenceClose
@@ -39,6 +40,7 @@ from maintenance.rules import impossible_usage
 from nodepool.api.errors import VERSION_MISMATCH
 from nodepool.api.problems import Conflict, NotFound, PreconditionFailed
 
+from . import event_types
 from .choices import OPEN_STATES, PAYABLE_STATES, DisputeDecision, GapReason, UsageState
 from .errors import USAGE_NOT_DISPUTED, USAGE_RECORD_NOT_FOUND
 from .models import PoolSettlement, UsageRecord
@@ -159,7 +161,7 @@ def _gap(record: UsageRecord, start: datetime, end: datetime, reason: str) -> di
         reason == GapReason.SILENCE
         and NodeEvent.objects.filter(
             node_id=record.node_id,
-            type=NodeEventType.LIVENESS,
+            type=fleet_events.LIVENESS,
             to_state__in=[Liveness.UNREACHABLE, Liveness.LOST],
             created_at__gte=start,
             created_at__lte=end,
@@ -310,7 +312,7 @@ def reconcile_usage(record_id, *, actor: Actor, now: datetime | None = None, for
 def _record_outcome(record: UsageRecord, actor: Actor, *, from_state: str, reason: str = "") -> None:
     record_event(
         record.node_id,
-        NodeEventType.USAGE,
+        event_types.USAGE,
         actor,
         from_state=from_state,
         to_state=record.state,

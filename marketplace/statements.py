@@ -20,12 +20,11 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from fleet.choices import NodeEventType
 from fleet.events import Actor, record_event
 from nodepool.api.problems import Conflict, NotFound
 from nodepool.api.versioning import check_version
 
-from . import pricing
+from . import event_types, pricing
 from .choices import PAYABLE_STATES, StatementPeriod, StatementState, UsageState
 from .errors import PERIOD_NOT_OVER, STATEMENT_FINAL, STATEMENT_HAS_UNRECONCILED_LINES, STATEMENT_NOT_FOUND
 from .models import OwnerSettings, Statement, StatementLine, UsageRecord
@@ -212,7 +211,7 @@ def finalize_statement(*, statement_id, expected_version: int, actor: Actor, now
         )
         record_event(
             None,
-            NodeEventType.STATEMENT,
+            event_types.STATEMENT,
             actor,
             from_state=StatementState.OPEN,
             to_state=StatementState.FINAL,

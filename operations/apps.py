@@ -5,7 +5,7 @@ class OperationsConfig(AppConfig):
     """Pool operations: rolling upgrades, autoscaling through providers, spot preemptions.
 
     Sits above maintenance (docs/foundation.md, "Which way dependencies point"); it plugs into the lower apps through
-    the hooks they declare: an admission check, fleet's ``status_report_applied`` signal (whose
+    the hooks they declare: an admission check, fleet's ordered status-report handlers (whose
     answer carries the upgrade instruction) and leases' ``lease_ended`` signal.
     """
 
@@ -14,7 +14,7 @@ class OperationsConfig(AppConfig):
 
     def ready(self):
         from fleet import admission
-        from fleet import signals as fleet_signals
+        from fleet.instructions import register_status_report_handler
         from leases import impossible
         from leases.signals import lease_ended
         from nodepool.metrics import register_collector
@@ -22,6 +22,7 @@ class OperationsConfig(AppConfig):
         from . import (
             capacity,
             errors,  # noqa: F401  (declares the app's problem codes: the registry is complete)
+            event_types,  # noqa: F401  (declares the app's event types)
             preemption,
             targets,
             upgrades,
@@ -31,8 +32,8 @@ class OperationsConfig(AppConfig):
         admission.register_check(
             targets.CHECK_NAME, targets.check_upgrade_target, applies=lambda pool: bool(targets.pool_target(pool))
         )
-        fleet_signals.status_report_applied.connect(
-            upgrades.upgrade_instruction_for_report, dispatch_uid="operations.upgrade_instruction"
+        register_status_report_handler(
+            "operations.upgrade_instruction", upgrades.upgrade_instruction_for_report, order=300
         )
         lease_ended.connect(preemption.requeue_evicted_lease, dispatch_uid="operations.requeue_evicted_lease")
         register_collector("operations", OperationsCollector().collect)

@@ -44,7 +44,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from fleet import services as fleet_services
-from fleet.choices import Lifecycle, NodeEventType
+from fleet.choices import Lifecycle
 from fleet.events import Actor, record_event
 from fleet.models import BootstrapToken, Node, NodeResource, Pool
 from leases.choices import LIVE_LEASE_STATES, LeaseRequestState
@@ -57,7 +57,7 @@ from maintenance.choices import DrainState
 from maintenance.models import Drain
 from nodepool.api.problems import Problem
 
-from . import capacity, conf, disruption, outofservice
+from . import capacity, conf, disruption, event_types, outofservice
 from .choices import (
     ACTIVE_UPGRADE_STATES,
     LIVE_MACHINE_STATES,
@@ -100,7 +100,7 @@ def _decide(pool: Pool, direction: str, outcome: str, count: int, reason: str, a
     )
     record_event(
         None,
-        NodeEventType.SCALE,
+        event_types.SCALE,
         actor,
         pool=pool,
         subject_type="scale_decision",
@@ -166,7 +166,7 @@ def _follow(machine: ProviderMachine, ops: PoolOperations, actor: Actor, now) ->
             seconds = (now - (machine.pending_since or machine.requested_at)).total_seconds()
             record_event(
                 node,
-                NodeEventType.SCALE,
+                event_types.SCALE,
                 actor,
                 subject_type="machine",
                 subject_id=machine.pk,
@@ -269,7 +269,7 @@ def _removed(machine: ProviderMachine, node: Node | None, actor: Actor, *, state
         outofservice.retire(node=node, owner=outofservice.AUTOSCALER, reason=reason)
     record_event(
         machine.node_id,
-        NodeEventType.SCALE,
+        event_types.SCALE,
         actor,
         pool=machine.pool_id,
         subject_type="machine",
@@ -603,7 +603,7 @@ def _finish_decision(
     )
     record_event(
         None,
-        NodeEventType.SCALE,
+        event_types.SCALE,
         actor,
         pool=ops.pool_id,
         subject_type="scale_decision",

@@ -50,7 +50,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from fleet.choices import Lifecycle, Liveness, NodeEventType
+from fleet.choices import Lifecycle, Liveness
 from fleet.events import Actor, record_event
 from fleet.models import Node, NodeHold, Pool
 from fleet.selectors import SCHEDULABLE_HEALTH
@@ -60,7 +60,7 @@ from maintenance.budgets import budget_status, budgets_for_groups
 from maintenance.models import Drain
 from nodepool.api.problems import Problem
 
-from . import outofservice
+from . import event_types, outofservice
 from .choices import BUDGETED_REASONS, DisruptionReason
 from .errors import INVALID_DISRUPTION_BUDGET
 from .models import DisruptionBlock, PoolOperations
@@ -379,7 +379,7 @@ def record_blocked(*, node: Node, reason: str, owner: str, blocker: dict, now) -
     if changed:
         record_event(
             node,
-            NodeEventType.DISRUPTION_BLOCKED,
+            event_types.DISRUPTION_BLOCKED,
             Actor.system(owner),
             pool=node.pool_id,
             subject_type="disruption",

@@ -20,7 +20,7 @@ from django.db.models import Count, F
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
-from fleet.choices import Lifecycle, NodeEventType
+from fleet.choices import Lifecycle
 from fleet.errors import NODE_NOT_FOUND
 from fleet.events import Actor, record_event
 from fleet.models import Node, Pool
@@ -31,7 +31,7 @@ from maintenance.choices import DrainState, EvictionPolicy
 from maintenance.models import Drain
 from nodepool.api.problems import Conflict, NotFound, Unprocessable
 
-from . import conf, outofservice
+from . import conf, event_types, outofservice
 from .choices import PreemptionState
 from .errors import INVALID_DEADLINE_RANGE, POOL_NOT_SPOT
 from .models import Preemption
@@ -92,7 +92,7 @@ def preemption_notice(*, node_id, deadline: datetime, source: str, actor: Actor,
             )
             record_event(
                 node,
-                NodeEventType.PREEMPTION,
+                event_types.PREEMPTION,
                 actor,
                 to_state=PreemptionState.DRAINING,
                 reason=f"preemption notice from the {source}; deadline {deadline.isoformat()}, "
@@ -161,7 +161,7 @@ def _move_deadline_earlier(preemption: Preemption, deadline, actor, now) -> None
         _drain_now(node, drain_deadline(deadline, now), now)
         record_event(
             node,
-            NodeEventType.PREEMPTION,
+            event_types.PREEMPTION,
             actor,
             reason=f"deadline moved earlier to {deadline.isoformat()}",
             data={"preemption_id": preemption.pk},
@@ -239,7 +239,7 @@ def follow(*, preemption_id, actor: Actor, now=None) -> bool:
             continue
         record_event(
             node,
-            NodeEventType.PREEMPTION,
+            event_types.PREEMPTION,
             actor,
             from_state=PreemptionState.DRAINING,
             to_state=PreemptionState.DRAINED,

@@ -11,7 +11,7 @@ from typing import Any
 
 from django.db import transaction
 
-from fleet.choices import NodeEventType
+from fleet import event_types as fleet_events
 from fleet.errors import UNKNOWN_POOL
 from fleet.events import Actor, record_event
 from fleet.models import Pool
@@ -164,7 +164,7 @@ def pool_operations_update(*, pool: Pool, expected_version: int, data: Any, acto
             _apply_spot_taint(pool, spot=ops.spot, actor=actor)
         record_event(
             None,
-            NodeEventType.POLICY,
+            fleet_events.POLICY,
             actor,
             pool=pool,
             reason="pool operation settings changed",

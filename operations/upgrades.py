@@ -17,7 +17,7 @@ from django.db.models import Count, Q
 from django.utils import timezone
 from django_fsm import can_proceed
 
-from fleet.choices import Lifecycle, NodeEventType
+from fleet.choices import Lifecycle
 from fleet.errors import UNKNOWN_POOL
 from fleet.events import Actor, record_event
 from fleet.instructions import Instruction, post_instructions
@@ -31,7 +31,7 @@ from nodepool.api.errors import TRANSITION_NOT_ALLOWED
 from nodepool.api.problems import Conflict, NotFound, Problem
 from nodepool.api.versioning import check_version
 
-from . import capacity, disruption
+from . import capacity, disruption, event_types
 from .choices import (
     MOVING_UPGRADE_STATES,
     NODE_IN_PROGRESS,
@@ -98,7 +98,7 @@ def event(upgrade: Upgrade, actor: Actor, reason: str, *, node=None, from_state=
     """Append one ``upgrade`` event for ``upgrade`` (and ``node`` when it is about one node)."""
     record_event(
         node,
-        NodeEventType.UPGRADE,
+        event_types.UPGRADE,
         actor,
         pool=upgrade.pool_id,
         subject_type="upgrade",
@@ -601,7 +601,7 @@ INSTRUCTED_LIFECYCLES = (Lifecycle.MAINTENANCE, Lifecycle.REJECTED, Lifecycle.PE
 
 
 def upgrade_instruction_for_report(sender, node, **kwargs) -> dict:
-    """``fleet.signals.status_report_applied`` receiver: the instruction for the report's answer."""
+    """A status-report handler (fleet.instructions, order 300): the instruction for the report's answer."""
     return upgrade_instruction(node) if node.lifecycle in INSTRUCTED_LIFECYCLES else {}
 
 

@@ -2,7 +2,7 @@
 
 Scoping: operators see every event; marketplace owners only the events of their own nodes;
 lease clients node events that are not about a lease, and their own leases' events, never the
-owner-private types (:data:`fleet.choices.OWNER_PRIVATE_EVENT_TYPES`: appeals, statements).
+owner-private types (declared ``private`` in :mod:`fleet.event_types`: appeals, statements).
 What a caller reads of an event's ``data`` is redacted too (:func:`data_for`): lease ids listed in
 it (a drain's ``checkpoint_leases``, ``waiting_on[].lease_ids``…) are shown to a lease client only
 when they are its own; operators and the node's owner read them all.
@@ -23,7 +23,7 @@ from nodepool.api.pagination import EventCursorPagination, TimelineCursorPaginat
 from nodepool.api.permissions import is_client, is_operator, is_owner
 from nodepool.api.problems import NotFound
 
-from ..choices import OWNER_PRIVATE_EVENT_TYPES
+from .. import event_types
 from ..errors import NODE_NOT_FOUND
 from ..filtersets import EventFilterSet
 from ..models import NodeEvent
@@ -111,7 +111,7 @@ def events_for(user):
         scope |= Q(node__owner=user)
     if is_client(user):
         client_scope = (Q(node__isnull=False) & ~ABOUT_A_LEASE) | Q(lease_id__in=_own_lease_ids(user))
-        scope |= client_scope & ~Q(type__in=OWNER_PRIVATE_EVENT_TYPES)
+        scope |= client_scope & ~Q(type__in=event_types.private_types())
     # The node's owner, for data_for (one join, no query per event).
     return events.filter(scope).annotate(node_owner_pk=F("node__owner_id"))
 
@@ -229,10 +229,11 @@ def visible_events(user, node, events, cache: dict):
         return event.lease_id is not None or "lease_id" in (event.data or {})
 
     events = list(events)
+    private = event_types.private_types()
     prime_own_leases(user, events, cache, owner_of=lambda event: node.owner_id)
     visible = []
     for event in events:
-        if event.type in OWNER_PRIVATE_EVENT_TYPES or (about_a_lease(event) and str(event.lease_id) not in own):
+        if event.type in private or (about_a_lease(event) and str(event.lease_id) not in own):
             continue
         redacted = data_for(user, event, node_owner_id=node.owner_id, cache=cache)
         if redacted is not event.data:

@@ -86,6 +86,7 @@ class StrictFilterSet(django_filters.FilterSet):
     def _message(self, name: str, error) -> str:
         message = " ".join(error.messages)
         choices = getattr(self.filters.get(name), "extra", {}).get("choices")
+        choices = choices() if callable(choices) else choices  # a registry's (fleet.event_types)
         if error.code == "invalid_choice" and choices:
             message += f" Choose from {', '.join(str(value) for value, _ in choices)}."
         return message

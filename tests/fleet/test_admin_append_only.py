@@ -9,8 +9,9 @@ from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.test import RequestFactory
 from django.utils import timezone
 
+from fleet import event_types as fleet_events
 from fleet.admin import AdmissionCheckInline, NodeCredentialInline, NodeHoldInline
-from fleet.choices import Lifecycle, Liveness, NodeEventType
+from fleet.choices import Lifecycle, Liveness
 from fleet.models import BootstrapToken, Node, NodeEvent
 from leases.models import ConsistencyReport, Lease, LeaseRequest
 from maintenance.admin import EvictionInline
@@ -107,7 +108,7 @@ def test_a_node_stuck_in_draining_without_a_drain_is_repaired_by_a_recorded_oper
     body = response.json()
     assert (body["lifecycle"], body["cordoned"]) == ("ready", True)
     assert [h["owner"] for h in body["holds"]] == ["user:olivia-operator"]
-    event = NodeEvent.objects.get(node=node, type=NodeEventType.LIFECYCLE)
+    event = NodeEvent.objects.get(node=node, type=fleet_events.LIFECYCLE)
     assert (event.from_state, event.to_state, event.actor_name, event.data["action"]) == (
         "draining",
         "ready",

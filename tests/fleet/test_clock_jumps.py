@@ -15,7 +15,7 @@ import pytest
 from django.db import connection
 
 from fleet import clock
-from fleet.choices import NodeEventType
+from fleet import event_types as fleet_events
 from fleet.credentials import issue_credential
 from fleet.events import Actor
 from fleet.liveness import sweep_liveness
@@ -135,7 +135,7 @@ def test_after_a_jump_every_lifetime_counts_from_where_it_stood(time_machine, fl
     assert fleet["node"].holds.get().removed_at is None
     assert post_beat(node_api(fleet["secret"]), fleet["node"], sequence=1).status_code == 200
     assert enroll(anon_api, fleet["token"]).status_code == 201
-    event = NodeEvent.objects.get(type=NodeEventType.CLOCK_JUMP)
+    event = NodeEvent.objects.get(type=fleet_events.CLOCK_JUMP)
     assert (event.node_id, event.data["paused_seconds"]) == (None, paused.total_seconds())
     assert event.data["shifted"]["credentials"] >= 1 and event.data["shifted"]["leases"] == 2
 
@@ -172,7 +172,7 @@ def test_a_backward_jump_pauses_nothing(time_machine, fleet):
     sweep_everything()
 
     assert NodeCredential.objects.get(node=fleet["node"]).expires_at == expires
-    assert not NodeEvent.objects.filter(type=NodeEventType.CLOCK_JUMP).exists()
+    assert not NodeEvent.objects.filter(type=fleet_events.CLOCK_JUMP).exists()
 
 
 def test_an_ordinary_sweep_interval_is_not_a_jump(time_machine, fleet):
@@ -212,4 +212,4 @@ def test_two_sweeps_noticing_the_same_jump_at_once_pause_it_once(time_machine):
     assert sum(1 for gap in gaps if gap is not None) == 1
     lease.refresh_from_db()
     assert lease.expires_at == T0 + seconds(LEASE) + seconds(3 * HOUR - 5)
-    assert NodeEvent.objects.filter(type=NodeEventType.CLOCK_JUMP).count() == 1
+    assert NodeEvent.objects.filter(type=fleet_events.CLOCK_JUMP).count() == 1

@@ -1,7 +1,8 @@
 import pytest
 
 from fleet import admission
-from fleet.choices import CheckStatus, Lifecycle, NodeEventType, PoolKind
+from fleet import event_types as fleet_events
+from fleet.choices import CheckStatus, Lifecycle, PoolKind
 from fleet.events import Actor
 from fleet.models import AdmissionCheck, Node, NodeEvent, NodeResource
 from tests.factories import NodeFactory
@@ -41,7 +42,7 @@ def test_admitted_node_becomes_ready_with_verified_capability_and_inventory(
     assert checks["attestation"].status == CheckStatus.SKIPPED
     assert all(c.status == CheckStatus.PASSED for n, c in checks.items() if n != "attestation")
     assert all(c.started_at and c.finished_at for c in checks.values())
-    transitions = NodeEvent.objects.filter(node=node, type=NodeEventType.LIFECYCLE).order_by("id")
+    transitions = NodeEvent.objects.filter(node=node, type=fleet_events.LIFECYCLE).order_by("id")
     assert [(e.from_state, e.to_state) for e in transitions] == [("pending", "admitting"), ("admitting", "ready")]
     assert transitions[0].actor_name == "olivia-operator" and transitions[0].reason == "rack 4 is wired"
 
@@ -198,7 +199,7 @@ def test_a_crash_midway_leaves_admitting_and_a_retry_finishes(monkeypatch):
 
     monkeypatch.undo()
     assert admission.run_admission(node_id=node.pk, attempt=node.admission_attempt, actor=SYSTEM) == "ready"
-    assert NodeEvent.objects.filter(node=node, type=NodeEventType.ADMISSION_CHECK).count() == 5
+    assert NodeEvent.objects.filter(node=node, type=fleet_events.ADMISSION_CHECK).count() == 5
     assert admission.run_admission(node_id=node.pk, attempt=node.admission_attempt, actor=SYSTEM) == "stale"
 
 
@@ -230,8 +231,8 @@ def test_two_admission_runs_at_once_decide_once(lost_tasks):
     results = outcome.results
     assert Node.objects.get().lifecycle == Lifecycle.READY
     assert results.count("ready") == 1, results
-    assert NodeEvent.objects.filter(node=node, type=NodeEventType.LIFECYCLE, to_state="ready").count() == 1
-    assert NodeEvent.objects.filter(node=node, type=NodeEventType.ADMISSION_CHECK).count() == 5
+    assert NodeEvent.objects.filter(node=node, type=fleet_events.LIFECYCLE, to_state="ready").count() == 1
+    assert NodeEvent.objects.filter(node=node, type=fleet_events.ADMISSION_CHECK).count() == 5
     assert NodeResource.objects.filter(node=node).count() == 3
 
 
@@ -262,7 +263,7 @@ def test_admission_events_name_the_celery_task_as_actor(operator_api, django_cap
     node = NodeFactory()
     with django_capture_on_commit_callbacks(execute=True):
         _admit(operator_api, node)
-    final = NodeEvent.objects.get(node=node, type=NodeEventType.LIFECYCLE, to_state="ready")
+    final = NodeEvent.objects.get(node=node, type=fleet_events.LIFECYCLE, to_state="ready")
     assert (final.actor_type, final.actor_name) == ("system", "fleet.run_admission")
     assert final.request_id  # the Celery task id
 

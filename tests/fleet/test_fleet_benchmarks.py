@@ -4,7 +4,8 @@ import pytest
 from django.utils import timezone
 
 from fleet import admission
-from fleet.choices import BenchmarkStatus, CheckStatus, Lifecycle, NodeEventType, PoolKind
+from fleet import event_types as fleet_events
+from fleet.choices import BenchmarkStatus, CheckStatus, Lifecycle, PoolKind
 from fleet.events import Actor
 from fleet.models import AdmissionCheck, Benchmark, Node, NodeEvent
 from fleet.selectors import pending_benchmark
@@ -45,7 +46,7 @@ def test_admission_waits_for_the_benchmark_and_tells_the_heartbeat(benchmarked):
     assert bench.deadline == bench.requested_at + timedelta(seconds=300)
     check = AdmissionCheck.objects.get(node=node, name="benchmark")
     assert check.status == CheckStatus.PENDING and check.data["nonce"] == bench.nonce
-    assert NodeEvent.objects.filter(node=node, type=NodeEventType.BENCHMARK).count() == 1
+    assert NodeEvent.objects.filter(node=node, type=fleet_events.BENCHMARK).count() == 1
 
 
 def test_a_second_run_requests_no_second_benchmark(benchmarked):

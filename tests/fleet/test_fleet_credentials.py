@@ -1,7 +1,7 @@
 import pytest
 from django.utils import timezone
 
-from fleet.choices import NodeEventType
+from fleet import event_types as fleet_events
 from fleet.models import Node, NodeCredential, NodeEvent
 from tests.factories import NodeFactory, set_lifecycle
 from tests.fleet_support import enroll, fresh_throttles, make_pool, make_token, node_api  # noqa: F401
@@ -38,7 +38,7 @@ def test_rotation_issues_a_new_credential_and_the_old_one_overlaps_briefly(enrol
     assert previous.rotated_at is not None
     assert (previous.expires_at - timezone.now()).total_seconds() == 300
     assert fresh.agent_version == "1.1.0"
-    assert NodeEvent.objects.filter(node=node, type=NodeEventType.CREDENTIAL).count() == 1
+    assert NodeEvent.objects.filter(node=node, type=fleet_events.CREDENTIAL).count() == 1
     # The old one still authenticates during the overlap, but only the newest may rotate.
     assert _rotate(old, node).json()["code"] == "credential_superseded"
     assert _rotate(new, node).status_code == 201
@@ -84,7 +84,7 @@ def test_operator_revokes_one_nodes_credentials_only(enrolled, operator_api):
     assert _rotate(secret, node).status_code == 401
     assert _rotate(other_secret, other).status_code == 201
     assert Node.objects.get(pk=node.pk).version == 2
-    event = NodeEvent.objects.get(node=node, type=NodeEventType.CREDENTIAL)
+    event = NodeEvent.objects.get(node=node, type=fleet_events.CREDENTIAL)
     assert event.reason == "stolen laptop" and event.actor_name == "olivia-operator"
 
 

@@ -1,7 +1,8 @@
 import pytest
 from django.utils import timezone
 
-from fleet.choices import Lifecycle, NodeEventType, PoolKind
+from fleet import event_types as fleet_events
+from fleet.choices import Lifecycle, PoolKind
 from fleet.models import BootstrapToken, Node, NodeCredential, NodeEvent
 from tests.fleet_support import ENROLL, enroll, enrollment, make_pool, make_token
 
@@ -33,7 +34,7 @@ def test_enrollment_creates_a_pending_node_with_a_credential(anon_api):
     credential = NodeCredential.objects.get(node=node)
     assert credential.issuer == "enrollment" and credential.agent_version == "1.0.0"
     assert body["credential"] not in credential.secret_hash
-    assert NodeEvent.objects.filter(node=node, type=NodeEventType.ENROLLED).count() == 1
+    assert NodeEvent.objects.filter(node=node, type=fleet_events.ENROLLED).count() == 1
     assert BootstrapToken.objects.get().uses == 1
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth.models import User
 
-from fleet.choices import NodeEventType
+from fleet import event_types as fleet_events
 from fleet.events import Actor, record_event
 from fleet.fleet_state import refresh as refresh_fleet_state
 from fleet.models import LivenessSweepState, NodeResource
@@ -31,7 +31,7 @@ def fleet():
         pk=1, defaults={"guarded_groups": {"gpu/eu-1": {"scope": "zone", "silent": 4, "total": 5, "fraction": 0.8}}}
     )
     record_event(
-        busy, NodeEventType.LIVENESS, Actor.system("fleet.sweep_liveness"), from_state="alive", to_state="stale"
+        busy, fleet_events.LIVENESS, Actor.system("fleet.sweep_liveness"), from_state="alive", to_state="stale"
     )
     refresh_request_class_fits()
     return gpu
@@ -90,7 +90,7 @@ def test_each_pool_shows_its_own_last_events_newest_first(django_assert_max_num_
     for pool in pools:
         node = NodeFactory(pool=pool, hostname=f"{pool.name}-node")
         for i in range(7):
-            record_event(node, NodeEventType.LIVENESS, Actor.system("test"), from_state=str(i), to_state=str(i + 1))
+            record_event(node, fleet_events.LIVENESS, Actor.system("test"), from_state=str(i), to_state=str(i + 1))
     refresh_fleet_state()
     with django_assert_max_num_queries(5):  # as many with three pools as with one: events in one query
         entries = fleet_overview(events_per_pool=3)

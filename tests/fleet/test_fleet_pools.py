@@ -1,6 +1,6 @@
 import pytest
 
-from fleet.choices import NodeEventType
+from fleet import event_types as fleet_events
 from fleet.models import NodeEvent, NodeResource, Pool
 from nodepool.api.versioning import etag_for
 from tests.factories import NodeFactory, set_capacity
@@ -129,7 +129,7 @@ def test_changing_reservations_recomputes_allocatable(operator_api):
     memory = NodeResource.objects.get(node=node, name="memory")
     assert (cpu.capacity, cpu.reserved, cpu.allocatable, cpu.allocated) == (8000, 1500, 6500, 1000)
     assert (memory.reserved, memory.allocatable) == (2 * 2**30, 30 * 2**30)
-    assert NodeEvent.objects.filter(node=node, type=NodeEventType.POLICY).count() == 1
+    assert NodeEvent.objects.filter(node=node, type=fleet_events.POLICY).count() == 1
     operator_api.patch(f"{POOLS}/general", {"reservations": {}}, format="json", HTTP_IF_MATCH='"2"')
     cpu.refresh_from_db()
     assert (cpu.reserved, cpu.allocatable) == (0, 8000)
@@ -190,4 +190,4 @@ def test_changing_pool_labels_and_taints_reaches_members_but_keeps_operator_chan
     assert node.labels == {"tier": "silver", "team": "b", "rack": "4"}
     assert node.taints == [{"key": "spot", "value": "", "effect": "PreferNoSchedule"}]
     assert node.version == 2
-    assert NodeEvent.objects.filter(node=node, type=NodeEventType.POLICY).count() == 1
+    assert NodeEvent.objects.filter(node=node, type=fleet_events.POLICY).count() == 1

@@ -8,7 +8,8 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from fleet.choices import Health, Lifecycle, Liveness, NodeEventType
+from fleet import event_types as fleet_events
+from fleet.choices import Health, Lifecycle, Liveness
 from fleet.credentials import issue_credential
 from fleet.liveness import sweep_liveness
 from fleet.models import Benchmark, Node, NodeEvent
@@ -49,7 +50,7 @@ def test_first_heartbeat_is_applied_and_makes_a_never_heard_node_alive():
     assert node.liveness == Liveness.ALIVE and node.last_heartbeat_at == T0
     assert node.next_liveness_check_at == T0 + seconds(20)
     assert node.health == Health.HEALTHY and node.ready is True
-    assert [e.to_state for e in events(node, NodeEventType.LIVENESS)] == ["alive"]
+    assert [e.to_state for e in events(node, fleet_events.LIVENESS)] == ["alive"]
 
 
 def test_duplicate_heartbeat_changes_nothing_and_says_so(node_secret, time_machine):
@@ -103,7 +104,7 @@ def test_higher_incarnation_is_a_restart_with_an_event_a_counter_and_lease_recon
     assert response.json()["instructions"]["stop_leases"] == ["11111111-1111-1111-1111-111111111111"]
     node.refresh_from_db()
     assert node.restart_count == 1 and node.incarnation == 2
-    restart = events(node, NodeEventType.RESTART)
+    restart = events(node, fleet_events.RESTART)
     assert len(restart) == 1 and (restart[0].from_state, restart[0].to_state) == ("1", "2")
     assert calls == [(1, [], False), (2, [lease], True)]
 
@@ -138,7 +139,7 @@ def test_node_clock_beyond_the_threshold_sets_clock_skew_and_records_an_event(no
     skew = next(c for c in node.conditions if c["type"] == "ClockSkew")
     assert (skew["status"], skew["reason"]) == ("True", reason)
     assert node.health == Health.DEGRADED  # ClockSkew degrades by default; degraded stays schedulable
-    assert [e.to_state for e in events(node, NodeEventType.CLOCK_SKEW)] == ["True"]
+    assert [e.to_state for e in events(node, fleet_events.CLOCK_SKEW)] == ["True"]
 
 
 def test_clock_skew_clears_once_the_clock_is_back_in_step(node_secret):
@@ -150,7 +151,7 @@ def test_clock_skew_clears_once_the_clock_is_back_in_step(node_secret):
     node.refresh_from_db()
     assert next(c for c in node.conditions if c["type"] == "ClockSkew")["status"] == "False"
     assert node.health == Health.HEALTHY
-    assert [e.to_state for e in reversed(events(node, NodeEventType.CLOCK_SKEW))] == ["True", "False"]
+    assert [e.to_state for e in reversed(events(node, fleet_events.CLOCK_SKEW))] == ["True", "False"]
 
 
 def test_small_skew_adds_no_condition(node_secret):
@@ -158,7 +159,7 @@ def test_small_skew_adds_no_condition(node_secret):
     post_beat(node_api(secret), node, observed_at=T0 - seconds(5))
     node.refresh_from_db()
     assert all(c["type"] != "ClockSkew" for c in node.conditions)
-    assert not events(node, NodeEventType.CLOCK_SKEW)
+    assert not events(node, fleet_events.CLOCK_SKEW)
 
 
 def test_a_node_clock_in_the_future_never_makes_a_node_look_alive_longer(node_secret, time_machine):
@@ -189,7 +190,7 @@ def test_a_stale_node_comes_back_alive_with_one_heartbeat(node_secret, time_mach
     assert post_beat(api, node, sequence=2).json()["liveness"] == "alive"
     node.refresh_from_db()
     assert node.liveness == Liveness.ALIVE and node.liveness_changed_at == T0 + seconds(22)
-    assert [(e.from_state, e.to_state) for e in events(node, NodeEventType.LIVENESS)][0] == ("stale", "alive")
+    assert [(e.from_state, e.to_state) for e in events(node, fleet_events.LIVENESS)][0] == ("stale", "alive")
 
 
 def test_condition_change_appends_an_event_and_an_unchanged_heartbeat_appends_none(node_secret, time_machine):
@@ -207,10 +208,10 @@ def test_condition_change_appends_an_event_and_an_unchanged_heartbeat_appends_no
     ]
     post_beat(api, node, sequence=3, conditions=pressure)
     node.refresh_from_db()
-    condition = events(node, NodeEventType.CONDITION)[0]
+    condition = events(node, fleet_events.CONDITION)[0]
     assert (condition.reason, condition.to_state) == ("MemoryPressure: False → True", "True")
     assert node.health == Health.UNHEALTHY and node.health_reasons == ["MemoryPressure=True (LowMemory)"]
-    assert [(e.from_state, e.to_state) for e in events(node, NodeEventType.HEALTH)][0] == ("healthy", "unhealthy")
+    assert [(e.from_state, e.to_state) for e in events(node, fleet_events.HEALTH)][0] == ("healthy", "unhealthy")
     memory = next(c for c in node.conditions if c["type"] == "MemoryPressure")
     assert memory["last_transition_time"] == (T0 + seconds(10)).isoformat()
 
@@ -222,7 +223,7 @@ def test_readiness_change_appends_an_event(node_secret):
     post_beat(api, node, sequence=2, ready=False, ready_reason="draining local disk")
     node.refresh_from_db()
     assert node.ready is False and node.ready_reason == "draining local disk"
-    event = events(node, NodeEventType.READINESS)[0]
+    event = events(node, fleet_events.READINESS)[0]
     assert (event.from_state, event.to_state, event.reason) == ("true", "false", "draining local disk")
 
 

@@ -7,7 +7,8 @@ from collections import Counter
 
 import pytest
 
-from fleet.choices import Liveness, NodeEventType
+from fleet import event_types as fleet_events
+from fleet.choices import Liveness
 from fleet.liveness import sweep_liveness
 from fleet.models import Node, NodeEvent
 from tests import races
@@ -41,7 +42,7 @@ def test_identical_racing_heartbeats_apply_exactly_once():
 
     codes = Counter(race(work))
     assert codes == {"applied": 1, "duplicate_sequence": THREADS - 1}
-    assert NodeEvent.objects.filter(node=node, type=NodeEventType.READINESS).count() == 1
+    assert NodeEvent.objects.filter(node=node, type=fleet_events.READINESS).count() == 1
 
 
 @pytest.mark.race
@@ -61,7 +62,7 @@ def test_racing_restarts_count_one_restart():
     node.refresh_from_db()
     assert node.incarnation == 2 and node.sequence == THREADS - 1
     assert node.restart_count == 1
-    assert NodeEvent.objects.filter(node=node, type=NodeEventType.RESTART).count() == 1
+    assert NodeEvent.objects.filter(node=node, type=fleet_events.RESTART).count() == 1
 
 
 @pytest.mark.race
@@ -84,7 +85,7 @@ def test_two_sweeps_at_once_give_one_event_per_node_and_one_loss_per_node(time_m
     race(lambda i: sweep_liveness(), count=4)
     assert set(Node.objects.values_list("liveness", flat=True)) == {Liveness.LOST}
     per_node = Counter(
-        str(e.node_id) for e in NodeEvent.objects.filter(type=NodeEventType.LIVENESS, to_state=Liveness.LOST)
+        str(e.node_id) for e in NodeEvent.objects.filter(type=fleet_events.LIVENESS, to_state=Liveness.LOST)
     )
     assert sorted(per_node.values()) == [1] * len(nodes)
     assert sorted(lost_calls) == sorted(str(n.pk) for n in nodes)

@@ -14,7 +14,8 @@ import pytest
 import yaml
 from django.core.management import CommandError, call_command
 
-from fleet.choices import Lifecycle, NodeEventType
+from fleet import event_types as fleet_events
+from fleet.choices import Lifecycle
 from fleet.events import Actor
 from fleet.k8s_import import ImportError_, import_nodes, map_node
 from fleet.models import Node, NodeEvent
@@ -115,8 +116,8 @@ def test_every_node_of_every_dump_becomes_a_pending_node_with_the_sources_values
             assert accelerator["memory"] == int(labels.get("nvidia.com/gpu.memory", 0)) * 2**20
         else:
             assert node.declared["accelerators"] == []
-        event = NodeEvent.objects.get(node=node, type=NodeEventType.ENROLLED)  # devices have events of their own
-        assert event.type == NodeEventType.ENROLLED and event.data["uid"] == meta["uid"]
+        event = NodeEvent.objects.get(node=node, type=fleet_events.ENROLLED)  # devices have events of their own
+        assert event.type == fleet_events.ENROLLED and event.data["uid"] == meta["uid"]
         assert event.data["node_info"]["os_image"] == info["osImage"]
         assert event.data["node_info"]["kubelet_version"] == info["kubeletVersion"]
         assert event.data["node_info"]["container_runtime_version"] == info["containerRuntimeVersion"]
@@ -169,7 +170,7 @@ def test_a_changed_node_is_updated_in_place_and_its_lifecycle_kept(pool):
     assert target.labels["rack"] == "r12" and target.taints == []
     assert target.lifecycle == Lifecycle.MAINTENANCE
     assert target.version == 2
-    event = NodeEvent.objects.filter(node=target, type=NodeEventType.POLICY).get()
+    event = NodeEvent.objects.filter(node=target, type=fleet_events.POLICY).get()
     assert sorted(event.data["changed"]) == ["labels", "taints", "taints_added_at"]
     assert target.taints_added_at == {}
 
@@ -263,7 +264,7 @@ def test_concurrent_imports_of_the_same_dump_create_each_node_once():
 
     assert outcome.errors == []
     assert Node.objects.count() == 6
-    assert NodeEvent.objects.filter(type=NodeEventType.ENROLLED).count() == 6
+    assert NodeEvent.objects.filter(type=fleet_events.ENROLLED).count() == 6
 
 
 def test_a_taints_time_added_comes_from_the_dump_where_it_has_one(pool, time_machine):

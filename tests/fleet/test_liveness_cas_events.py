@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import pytest
 
+from fleet import event_types as fleet_events
 from fleet import heartbeats, renewals
-from fleet.choices import Liveness, NodeEventType
+from fleet.choices import Liveness
 from fleet.liveness import sweep_liveness
 from fleet.models import Node, NodeEvent
 from tests.factories import PoolFactory, make_schedulable_node
@@ -33,7 +34,7 @@ pytestmark = [
 
 
 def liveness_events(node) -> list[tuple[str, str]]:
-    rows = NodeEvent.objects.filter(node=node, type=NodeEventType.LIVENESS).order_by("created_at", "id")
+    rows = NodeEvent.objects.filter(node=node, type=fleet_events.LIVENESS).order_by("created_at", "id")
     return [(e.from_state, e.to_state) for e in rows if not (e.data or {}).get("loss_withheld")]
 
 

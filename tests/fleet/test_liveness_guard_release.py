@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.choices import NodeEventType
+from fleet import event_types as fleet_events
 from fleet.liveness import sweep_liveness
 from fleet.models import LivenessSweepState, Node, NodeEvent
 from tests.factories import PoolFactory, make_schedulable_node
@@ -85,7 +85,7 @@ def test_guard_engaged_and_released_are_events_of_the_pool(time_machine, losses)
     clock.run(until=400, answering=answering)
     clock.run(until=405, answering=[*answering, *nodes[:2]])
 
-    events = list(NodeEvent.objects.filter(type=NodeEventType.GUARD).order_by("created_at", "id"))
+    events = list(NodeEvent.objects.filter(type=fleet_events.GUARD).order_by("created_at", "id"))
     assert [(e.to_state, e.pool_id, e.node_id, e.subject_id) for e in events] == [
         ("engaged", pool.pk, None, f"{pool.name}/*"),
         ("released", pool.pk, None, f"{pool.name}/*"),

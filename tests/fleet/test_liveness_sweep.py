@@ -12,11 +12,13 @@ import pytest
 from django.contrib.auth.models import Group, User
 from django.core.management import call_command
 
+from fleet import event_types as fleet_events
 from fleet import liveness
-from fleet.choices import Lifecycle, Liveness, NodeEventType
+from fleet.choices import Lifecycle, Liveness
 from fleet.liveness import liveness_at, sweep_liveness, timings_for
 from fleet.models import LivenessSweepState, Node, NodeEvent, NodeResource
 from fleet.schedule import BEAT_SCHEDULE
+from leases import event_types as leases_events
 from leases.choices import LIVE_LEASE_STATES, LeaseState
 from leases.models import Lease
 from nodepool.api.permissions import CLIENTS
@@ -60,7 +62,7 @@ def lost_leases(*nodes) -> list[str]:
     for lease in lost:
         assert lease.end_reason == "node lost: no heartbeat past the loss threshold"
         assert NodeResource.objects.get(node_id=lease.node_id, name="cpu").allocated == 0
-        events = NodeEvent.objects.filter(node_id=lease.node_id, type=NodeEventType.LEASE, to_state="lost")
+        events = NodeEvent.objects.filter(node_id=lease.node_id, type=leases_events.LEASE, to_state="lost")
         assert events.count() == 1, "lost exactly once"
     for lease in Lease.objects.exclude(state=LeaseState.LOST):
         assert lease.state in LIVE_LEASE_STATES
@@ -86,7 +88,7 @@ def liveness_of(*nodes):
 def transitions(node):
     return [
         (e.from_state, e.to_state)
-        for e in NodeEvent.objects.filter(node=node, type=NodeEventType.LIVENESS).order_by("created_at", "id")
+        for e in NodeEvent.objects.filter(node=node, type=fleet_events.LIVENESS).order_by("created_at", "id")
         if not e.data.get("loss_withheld")
     ]
 
@@ -121,7 +123,7 @@ def test_a_silent_node_goes_stale_then_unreachable_then_lost_once(time_machine):
     run_sweeps(time_machine, until=330, start=45, keep_alive=[chatty])
     assert liveness_of(quiet, chatty) == ["lost", "alive"]
     assert transitions(quiet) == [("alive", "stale"), ("stale", "unreachable"), ("unreachable", "lost")]
-    liveness_events = NodeEvent.objects.filter(node=quiet, type=NodeEventType.LIVENESS)
+    liveness_events = NodeEvent.objects.filter(node=quiet, type=fleet_events.LIVENESS)
     assert {e.pool_id for e in liveness_events} == {pool.pk}, "each event belongs to the node's pool too"
     assert lost_leases() == [str(quiet.pk)]
     quiet.refresh_from_db()
@@ -211,7 +213,7 @@ def test_zone_wide_silence_keeps_marking_unreachable_but_withholds_lease_loss(ti
     silent, answering = nodes[:4], nodes[4:] + nodes_in(PoolFactory(), 5, zone="b")
     run_sweeps(time_machine, until=400, keep_alive=answering)
     assert liveness_of(*silent) == ["unreachable"] * 4 and lost_leases() == []
-    withheld = NodeEvent.objects.filter(type=NodeEventType.LIVENESS, data__loss_withheld=True)
+    withheld = NodeEvent.objects.filter(type=fleet_events.LIVENESS, data__loss_withheld=True)
     assert sorted(str(e.node_id) for e in withheld) == sorted(str(n.pk) for n in silent)  # once per node
     assert "4/5 nodes" in withheld[0].reason and "55%" in withheld[0].reason
     assert list(LivenessSweepState.objects.get().guarded_groups) == [f"{pool.name}/*"]

@@ -9,7 +9,8 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from fleet.choices import Lifecycle, Liveness, NodeEventType
+from fleet import event_types as fleet_events
+from fleet.choices import Lifecycle, Liveness
 from fleet.credentials import issue_credential, revoke_all_credentials
 from fleet.instructions import Instruction, post_instructions
 from fleet.liveness import sweep_liveness
@@ -84,7 +85,7 @@ def test_a_renewal_keeps_a_node_alive_without_status_reports(node_secret, time_m
         sweep_liveness()
     node.refresh_from_db()
     assert node.liveness == Liveness.ALIVE
-    assert not NodeEvent.objects.filter(node=node, type=NodeEventType.LIVENESS).exists()
+    assert not NodeEvent.objects.filter(node=node, type=fleet_events.LIVENESS).exists()
 
 
 def test_a_renewal_revives_a_stale_node_with_a_liveness_event(node_secret, time_machine):
@@ -95,7 +96,7 @@ def test_a_renewal_revives_a_stale_node_with_a_liveness_event(node_secret, time_
     assert response.json()["applied"] is True
     node.refresh_from_db()
     assert node.liveness == Liveness.ALIVE and node.liveness_changed_at == T0 + seconds(25)
-    revived = NodeEvent.objects.filter(node=node, type=NodeEventType.LIVENESS, to_state=Liveness.ALIVE)
+    revived = NodeEvent.objects.filter(node=node, type=fleet_events.LIVENESS, to_state=Liveness.ALIVE)
     assert [(e.from_state, e.reason) for e in revived] == [(Liveness.STALE, "renewal received")]
 
 

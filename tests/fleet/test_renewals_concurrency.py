@@ -6,7 +6,8 @@ from collections import Counter
 
 import pytest
 
-from fleet.choices import Liveness, NodeEventType
+from fleet import event_types as fleet_events
+from fleet.choices import Liveness
 from fleet.instructions import Instruction, post_instructions
 from fleet.liveness import sweep_liveness
 from fleet.models import Node, NodeEvent
@@ -48,7 +49,7 @@ def test_racing_revivals_of_a_stale_node_write_one_liveness_event():
     Node.objects.filter(pk=node.pk).update(liveness=Liveness.STALE)
     codes = Counter(race(lambda i: renew(node, secret, sequence=5).json()["code"], THREADS).results)
     assert codes["applied"] == 1
-    assert NodeEvent.objects.filter(node=node, type=NodeEventType.LIVENESS, to_state=Liveness.ALIVE).count() == 1
+    assert NodeEvent.objects.filter(node=node, type=fleet_events.LIVENESS, to_state=Liveness.ALIVE).count() == 1
     assert Node.objects.get(pk=node.pk).liveness == Liveness.ALIVE
 
 

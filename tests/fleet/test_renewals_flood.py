@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from fleet.choices import Liveness, NodeEventType
+from fleet import event_types as fleet_events
+from fleet.choices import Liveness
 from fleet.instructions import Instruction
 from fleet.liveness import sweep_liveness
 from fleet.models import Node, NodeEvent, Pool
@@ -151,7 +152,7 @@ def test_a_node_that_renews_but_stops_reporting_gets_status_report_overdue_and_k
     overdue = next(c for c in node.conditions if c["type"] == "StatusReportOverdue")
     assert overdue["status"] == "True"
     assert [r["code"] for r in unschedulable_reasons(node)] == ["status_report_overdue"]
-    events = NodeEvent.objects.filter(node=node, type=NodeEventType.CONDITION, reason__startswith="StatusReportOverdue")
+    events = NodeEvent.objects.filter(node=node, type=fleet_events.CONDITION, reason__startswith="StatusReportOverdue")
     assert events.count() == 1
     # The next renewal asks for the report, and the report clears the condition.
     at(time_machine, 140)
@@ -237,7 +238,7 @@ def test_a_new_incarnation_with_every_report_does_not_flood_through_the_exemptio
     at(time_machine, 2)
     refused = post_beat(api, node, sequence=0, incarnation=3)
     assert refused.status_code == 429 and int(refused["Retry-After"]) >= 1
-    assert NodeEvent.objects.filter(node=node, type=NodeEventType.RESTART).count() == 1
+    assert NodeEvent.objects.filter(node=node, type=fleet_events.RESTART).count() == 1
     assert Node.objects.get(pk=node.pk).incarnation == 2
     at(time_machine, 7)
     assert post_beat(api, node, sequence=0, incarnation=3).status_code == 200  # past the spacing

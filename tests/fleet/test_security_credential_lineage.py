@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from fleet.choices import NodeEventType
+from fleet import event_types as fleet_events
 from fleet.models import Node, NodeCredential, NodeEvent
 from tests.fleet_support import enroll, fresh_throttles, make_pool, make_token, node_api  # noqa: F401
 from tests.heartbeat_support import beat
@@ -54,7 +54,7 @@ def test_a_superseded_credential_used_after_its_overlap_revokes_the_whole_lineag
     assert assert_problem(response, 401, "authentication_failed")["reason"] == "credential_superseded"
     assert not NodeCredential.objects.filter(node=node, revoked_at__isnull=True).exists()
     assert assert_problem(_heartbeat(c2, node, 3), 401)["reason"] == "credential_revoked"
-    event = NodeEvent.objects.get(node=node, type=NodeEventType.SECURITY)
+    event = NodeEvent.objects.get(node=node, type=fleet_events.SECURITY)
     assert event.data["revoked"] == 3 and "lineage revoked" in event.reason
 
 
@@ -64,7 +64,7 @@ def test_a_superseded_credential_within_its_overlap_still_authenticates_but_revo
 
     assert _heartbeat(c0, node, 1).status_code == 200
     assert NodeCredential.objects.filter(node=node, revoked_at__isnull=True).count() == 2
-    assert not NodeEvent.objects.filter(node=node, type=NodeEventType.SECURITY).exists()
+    assert not NodeEvent.objects.filter(node=node, type=fleet_events.SECURITY).exists()
 
 
 def test_an_expired_credential_that_was_never_rotated_is_just_expired(enrolled, time_machine):
@@ -73,7 +73,7 @@ def test_an_expired_credential_that_was_never_rotated_is_just_expired(enrolled, 
     time_machine.shift(24 * 3600 + 1)
 
     assert assert_problem(_heartbeat(c0, node, 1), 401)["reason"] == "credential_expired"
-    assert not NodeEvent.objects.filter(node=node, type=NodeEventType.SECURITY).exists()
+    assert not NodeEvent.objects.filter(node=node, type=fleet_events.SECURITY).exists()
 
 
 def test_rotation_is_throttled_per_node_from_the_database(enrolled, settings, anon_api):

@@ -16,7 +16,7 @@ import itertools
 import pytest
 
 from fleet import clock, liveness
-from fleet.choices import NodeEventType
+from fleet import event_types as fleet_events
 from fleet.liveness import sweep_liveness
 from fleet.models import ControlPlaneClock, LivenessSweepState, Node, NodeCredential, NodeEvent
 from fleet.signals import nodes_lost
@@ -87,7 +87,7 @@ def test_a_forward_clock_jump_restarts_grace_as_before(time_machine, five):
     summary = sweep_liveness()
     assert summary["gap"] == "outage" and summary["moved"] == {}
     assert liveness_of(dead, *others) == ["alive"] * 5
-    assert NodeEvent.objects.filter(type=NodeEventType.CLOCK_JUMP).count() == 1
+    assert NodeEvent.objects.filter(type=fleet_events.CLOCK_JUMP).count() == 1
 
 
 def test_a_stall_of_the_periodic_jobs_pauses_no_deadline(time_machine, five):
@@ -99,7 +99,7 @@ def test_a_stall_of_the_periodic_jobs_pauses_no_deadline(time_machine, five):
         renew(others)
     assert clock.observe() is None
     assert {c.pk: c.expires_at for c in NodeCredential.objects.all()} == expires
-    assert not NodeEvent.objects.filter(type=NodeEventType.CLOCK_JUMP).exists()
+    assert not NodeEvent.objects.filter(type=fleet_events.CLOCK_JUMP).exists()
     assert ControlPlaneClock.objects.get().paused_seconds == 0
 
 
@@ -107,7 +107,7 @@ def test_an_outage_of_the_periodic_jobs_still_pauses_deadlines(time_machine, fiv
     at(time_machine, 120)
     gap = clock.observe()
     assert gap is not None and gap.paused == seconds(120 - 25 - 5)
-    assert NodeEvent.objects.filter(type=NodeEventType.CLOCK_JUMP).count() == 1
+    assert NodeEvent.objects.filter(type=fleet_events.CLOCK_JUMP).count() == 1
 
 
 def test_a_failing_pool_is_logged_counted_and_skipped(time_machine, monkeypatch, caplog):
@@ -129,7 +129,7 @@ def test_a_failing_pool_is_logged_counted_and_skipped(time_machine, monkeypatch,
     summary = sweep_liveness()
     assert summary["failed_pools"] == ["bad"] and summary["moved"] == {"alive->stale": 1}
     assert liveness_of(good_node, bad_node) == ["stale", "alive"]
-    assert not NodeEvent.objects.filter(node=bad_node, type=NodeEventType.LIVENESS).exists()
+    assert not NodeEvent.objects.filter(node=bad_node, type=fleet_events.LIVENESS).exists()
     assert metrics.LIVENESS_SWEEP_POOL_FAILURES.labels(pool="bad")._value.get() == before + 1
     assert "liveness_sweep_pool_failed pool=bad" in caplog.text
     assert LivenessSweepState.objects.get().last_run_at == T0 + seconds(25)

@@ -9,10 +9,12 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from rest_framework.test import APIClient
 
-from fleet.choices import Lifecycle, NodeEventType
+from fleet import event_types as fleet_events
+from fleet.choices import Lifecycle
 from fleet.credentials import issue_credential
 from fleet.models import Node, NodeEvent, NodeHold
 from leases.models import Lease
+from maintenance import event_types as maintenance_events
 from nodepool.api.versioning import etag_for
 from tests.factories import NodeFactory, PoolFactory, make_schedulable_node, set_lifecycle
 from tests.maintenance_support import act, allocated, make_lease
@@ -44,7 +46,7 @@ def test_cordon_places_the_callers_hold_and_records_who_when_and_why(operator_ap
     assert body["allowed_actions"] == ["cordon", "uncordon", "drain", "quarantine", "retire"]
     node.refresh_from_db()
     assert (node.lifecycle, node.cordoned) == ("ready", True)
-    event = NodeEvent.objects.get(node=node, type=NodeEventType.HOLD)
+    event = NodeEvent.objects.get(node=node, type=maintenance_events.HOLD)
     assert (event.to_state, event.actor_name, event.reason, event.data["owner"]) == (
         "held",
         "olivia-operator",
@@ -97,7 +99,7 @@ def test_each_action_is_allowed_from_its_source_states(operator_api, source, act
     assert response.status_code == 200, response.json()
     node.refresh_from_db()
     assert node.lifecycle == target
-    events = NodeEvent.objects.filter(node=node, type=NodeEventType.LIFECYCLE)
+    events = NodeEvent.objects.filter(node=node, type=fleet_events.LIFECYCLE)
     assert events.filter(from_state=source, to_state=target).exists()
 
 
@@ -337,7 +339,7 @@ def test_two_operators_cordoning_the_same_version_exactly_one_wins():
     node.refresh_from_db()
     assert (node.lifecycle, node.cordoned, node.version) == ("ready", True, 2)
     assert node.holds.count() == 1
-    assert NodeEvent.objects.filter(node=node, type=NodeEventType.HOLD).count() == 1
+    assert NodeEvent.objects.filter(node=node, type=maintenance_events.HOLD).count() == 1
 
 
 @pytest.mark.race

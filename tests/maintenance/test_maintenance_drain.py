@@ -7,13 +7,15 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import time_machine
 
-from fleet.choices import NodeEventType
+from fleet import event_types as fleet_events
 from fleet.events import Actor
 from fleet.models import NodeEvent
+from leases import event_types as leases_events
 from leases import fencing
 from leases import services as lease_services
 from leases.models import Lease
 from maintenance import drains, tasks
+from maintenance import event_types as maintenance_events
 from maintenance.models import Drain, Eviction
 from nodepool.api.versioning import etag_for
 from tests.factories import make_schedulable_node
@@ -63,7 +65,7 @@ def test_a_drain_of_a_node_without_leases_completes_at_once_into_maintenance(ope
     node.refresh_from_db()
     assert node.lifecycle == "maintenance"
     transitions = list(
-        NodeEvent.objects.filter(node=node, type=NodeEventType.LIFECYCLE)
+        NodeEvent.objects.filter(node=node, type=fleet_events.LIFECYCLE)
         .order_by("id")
         .values_list("from_state", "to_state")
     )
@@ -252,8 +254,8 @@ def test_the_deadline_fired_twice_enforces_exactly_once(operator_api, node, cloc
     assert drain.version == 2
     assert Eviction.objects.filter(drain=drain, kind="deadline").count() == 2
     assert {le.state for le in Lease.objects.filter(pk__in=[le.pk for le in leases])} == {"revoked"}
-    assert NodeEvent.objects.filter(node=node, type=NodeEventType.DRAIN, to_state="forced").count() == 1
-    assert NodeEvent.objects.filter(node=node, type=NodeEventType.LEASE, to_state="revoked").count() == 2
+    assert NodeEvent.objects.filter(node=node, type=maintenance_events.DRAIN, to_state="forced").count() == 1
+    assert NodeEvent.objects.filter(node=node, type=leases_events.LEASE, to_state="revoked").count() == 2
     node.refresh_from_db()
     assert node.lifecycle == "maintenance"
     assert allocated(node) == 0
@@ -319,8 +321,8 @@ def test_the_deadline_fired_concurrently_by_task_and_sweep_enforces_exactly_once
     drain.refresh_from_db()
     assert drain.state == "forced"
     assert Eviction.objects.filter(drain=drain).count() == 3
-    assert NodeEvent.objects.filter(node=node, type=NodeEventType.DRAIN, to_state="forced").count() == 1
-    assert NodeEvent.objects.filter(node=node, type=NodeEventType.LIFECYCLE, to_state="maintenance").count() == 1
+    assert NodeEvent.objects.filter(node=node, type=maintenance_events.DRAIN, to_state="forced").count() == 1
+    assert NodeEvent.objects.filter(node=node, type=fleet_events.LIFECYCLE, to_state="maintenance").count() == 1
 
 
 def test_moving_the_deadline_later_makes_the_old_timer_harmless(operator_api, node, clock):

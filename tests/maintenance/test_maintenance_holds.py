@@ -12,10 +12,11 @@ from django.contrib.auth.models import Permission, User
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from fleet.choices import Lifecycle, NodeEventType
+from fleet.choices import Lifecycle
 from fleet.events import Actor
 from fleet.models import Node, NodeEvent, NodeHold
 from fleet.selectors import schedulable_nodes, unschedulable_reasons
+from maintenance import event_types as maintenance_events
 from maintenance import holds
 from nodepool.tokens import create_user_token
 from tests.factories import NodeFactory, make_schedulable_node, set_lifecycle
@@ -104,7 +105,7 @@ def test_an_operator_may_force_another_actors_hold_off_and_it_is_recorded(operat
     assert response.json()["cordoned"] is False
     hold = NodeHold.objects.get(node=node)
     assert (hold.forced, hold.removed_by_name, hold.removal_reason) == (True, "olivia-operator", "controller is stuck")
-    event = NodeEvent.objects.get(node=node, type=NodeEventType.HOLD, to_state="removed")
+    event = NodeEvent.objects.get(node=node, type=maintenance_events.HOLD, to_state="removed")
     assert (event.actor_name, event.data["owner"], event.data["forced"]) == (
         "olivia-operator",
         "user:upgrade-bot",

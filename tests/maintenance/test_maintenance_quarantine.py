@@ -5,11 +5,13 @@ from __future__ import annotations
 import pytest
 from rest_framework.test import APIClient
 
-from fleet.choices import NodeEventType
+from fleet import event_types as fleet_events
 from fleet.credentials import issue_credential
 from fleet.events import Actor
 from fleet.models import Node, NodeEvent
+from leases import event_types as leases_events
 from leases.models import Lease
+from maintenance import event_types as maintenance_events
 from maintenance import rules
 from maintenance.models import Drain, Quarantine
 from tests.factories import PoolFactory, make_schedulable_node, set_lifecycle
@@ -45,7 +47,12 @@ def test_quarantine_revokes_credentials_and_leases_at_once_and_blocks_artifacts(
     assert {lease.state for lease in Lease.objects.filter(pk__in=[le.pk for le in leases])} == {"revoked"}
     assert allocated(node) == 0
     kinds = set(NodeEvent.objects.filter(node=node).values_list("type", flat=True))
-    assert {NodeEventType.LIFECYCLE, NodeEventType.QUARANTINE, NodeEventType.CREDENTIAL, NodeEventType.LEASE} <= kinds
+    assert {
+        fleet_events.LIFECYCLE,
+        maintenance_events.QUARANTINE,
+        fleet_events.CREDENTIAL,
+        leases_events.LEASE,
+    } <= kinds
 
 
 def test_a_quarantined_nodes_credential_is_refused(operator_api, node):

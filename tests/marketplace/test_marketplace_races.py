@@ -7,12 +7,12 @@ from datetime import timedelta
 import pytest
 import time_machine
 
-from fleet.choices import NodeEventType
 from fleet.events import Actor
 from fleet.models import NodeEvent
 from leases.services import lease_release
 from maintenance import services as maintenance
 from marketplace import appeals, statements
+from marketplace import event_types as marketplace_events
 from marketplace.choices import UsageState
 from marketplace.models import Appeal, Statement, UsageRecord
 from marketplace.reconciliation import reconcile_usage
@@ -49,7 +49,7 @@ def test_two_reconcilers_at_once_give_one_outcome_and_one_event(owner, client_us
     assert hold.max_inside == 1
     record.refresh_from_db()
     assert (record.state, record.version) == (UsageState.RECONCILED, 2)
-    assert NodeEvent.objects.filter(type=NodeEventType.USAGE, subject_id=str(record.pk)).count() == 1
+    assert NodeEvent.objects.filter(type=marketplace_events.USAGE, subject_id=str(record.pk)).count() == 1
 
 
 def test_two_operators_finalizing_one_statement_at_once_finalize_it_once(owner, client_user):
@@ -72,7 +72,7 @@ def test_two_operators_finalizing_one_statement_at_once_finalize_it_once(owner, 
     assert outcome.count("final") == 1
     assert set(outcome.results) - {"final"} <= {"version_mismatch", "statement_final"}
     assert hold.max_inside == 1
-    assert NodeEvent.objects.filter(type=NodeEventType.STATEMENT, subject_id=str(statement.pk)).count() == 1
+    assert NodeEvent.objects.filter(type=marketplace_events.STATEMENT, subject_id=str(statement.pk)).count() == 1
 
 
 def test_two_appeals_of_one_quarantine_at_once_open_one(owner, client_user):

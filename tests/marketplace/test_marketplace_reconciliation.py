@@ -8,11 +8,11 @@ from decimal import Decimal
 import pytest
 import time_machine
 
-from fleet.choices import NodeEventType
 from fleet.events import Actor
 from fleet.models import NodeEvent, NodeResource
 from leases.services import lease_release
 from maintenance import services as maintenance
+from marketplace import event_types as marketplace_events
 from marketplace.choices import GapReason, UsageState
 from marketplace.models import PoolSettlement, UsageRecord
 from marketplace.reconciliation import reconcile_due, reconcile_usage, resolve_usage, settlement_window
@@ -73,7 +73,7 @@ def test_normal_work_reconciles_with_billable_time_equal_to_the_evidenced_time(n
     assert (record.evidenced_seconds, record.billable_seconds) == (Decimal(60), Decimal(60))
     assert [g["reason"] for g in record.gaps] == [GapReason.NOT_STARTED, GapReason.AFTER_LAST_REPORT]
     assert [g["seconds"] for g in record.gaps] == [10.0, 5.0]
-    event = NodeEvent.objects.get(type=NodeEventType.USAGE, subject_type="usage_record", subject_id=str(record.pk))
+    event = NodeEvent.objects.get(type=marketplace_events.USAGE, subject_type="usage_record", subject_id=str(record.pk))
     assert (event.from_state, event.to_state, event.lease_id) == ("pending", "reconciled", lease.pk)
 
 
@@ -206,7 +206,7 @@ def test_reconciling_twice_is_idempotent_and_writes_one_event(node, pool, client
     first = settle(record)
     second = settle(record)
     assert (first.state, second.state, second.version) == (UsageState.RECONCILED, UsageState.RECONCILED, 2)
-    assert NodeEvent.objects.filter(type=NodeEventType.USAGE, subject_id=str(record.pk)).count() == 1
+    assert NodeEvent.objects.filter(type=marketplace_events.USAGE, subject_id=str(record.pk)).count() == 1
 
 
 def test_resolving_a_record_that_is_not_disputed_is_a_conflict(node, pool, client_user):

@@ -10,9 +10,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import time_machine
 
-from fleet.choices import Lifecycle, NodeEventType
+from fleet.choices import Lifecycle
 from fleet.models import Node, NodeEvent, NodeHold
 from operations import disruption, outofservice, rollout
+from operations import event_types as operations_events
 from operations.choices import DisruptionReason, UpgradeNodeState, UpgradeState
 from operations.models import DisruptionBlock, PoolOperations, Upgrade, UpgradeNode
 from tests.metrics_support import scrape, value
@@ -155,7 +156,7 @@ def test_a_blackout_window_holds_the_upgrade_says_why_and_releases_it_when_the_w
 
         # Said on the node (one event however many ticks), on the pool, and in /metrics.
         first = UpgradeNode.objects.filter(upgrade_id=upgrade_id).order_by("position").first().node_id
-        events = NodeEvent.objects.filter(type=NodeEventType.DISRUPTION_BLOCKED)
+        events = NodeEvent.objects.filter(type=operations_events.DISRUPTION_BLOCKED)
         assert events.count() == 1 and events.get().node_id == first
         assert events.get().data["blocker"]["kind"] == "window"
         node_view = operator_api.get(f"/api/v1/nodes/{first}/disruption").json()

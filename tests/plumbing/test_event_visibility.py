@@ -13,7 +13,7 @@ import json
 import pytest
 from django.contrib.auth.models import Group, User
 
-from fleet.choices import NodeEventType
+from fleet import event_types as fleet_events
 from fleet.events import Actor, record_event
 from fleet.models import NodeEvent
 from maintenance import services as maintenance
@@ -59,7 +59,7 @@ def test_a_client_reads_node_events_and_its_own_lease_events_but_not_another_cli
     theirs = grant(rival, "their-job", cpu="1")
     mine = grant(client_user, "my-job", cpu="1")
     assert theirs.node_id == mine.node_id == node.pk
-    record_event(node, NodeEventType.LIVENESS, Actor.system("test"), from_state="alive", to_state="stale")
+    record_event(node, fleet_events.LIVENESS, Actor.system("test"), from_state="alive", to_state="stale")
 
     for text in texts(client_api, node):
         assert "their-job" not in text and str(theirs.pk) not in text

@@ -9,9 +9,10 @@ from urllib.parse import urlencode
 import pytest
 from django.utils import timezone
 
-from fleet.choices import NodeEventType
+from fleet import event_types as fleet_events
 from fleet.events import Actor, record_event
 from fleet.models import NodeEvent
+from leases import event_types as leases_events
 from tests.factories import NodeFactory, PoolFactory
 
 pytestmark = pytest.mark.django_db
@@ -32,11 +33,11 @@ def story(owner, other_owner):
     theirs = NodeFactory(pool=cpu, owner=other_owner, hostname="theirs")
     lease_id = uuid.uuid4()
     events = {
-        "enrolled": at(record_event(mine, NodeEventType.ENROLLED, Actor.for_node(mine)), now - timedelta(hours=5)),
+        "enrolled": at(record_event(mine, fleet_events.ENROLLED, Actor.for_node(mine)), now - timedelta(hours=5)),
         "admitted": at(
             record_event(
                 mine,
-                NodeEventType.LIFECYCLE,
+                fleet_events.LIFECYCLE,
                 Actor.system("fleet.run_admission"),
                 from_state="admitting",
                 to_state="ready",
@@ -47,7 +48,7 @@ def story(owner, other_owner):
         "lease": at(
             record_event(
                 mine,
-                NodeEventType.LEASE,
+                leases_events.LEASE,
                 Actor.system("test"),
                 to_state="granted",
                 lease_id=lease_id,
@@ -57,16 +58,16 @@ def story(owner, other_owner):
             now - timedelta(hours=3),
         ),  # fmt: skip
         "gap": at(
-            record_event(mine, NodeEventType.LIVENESS, SYSTEM, from_state="alive", to_state="stale"),
+            record_event(mine, fleet_events.LIVENESS, SYSTEM, from_state="alive", to_state="stale"),
             now - timedelta(hours=2),
         ),
         "recovered": at(
-            record_event(mine, NodeEventType.LIVENESS, Actor.for_node(mine), from_state="stale", to_state="alive"),
+            record_event(mine, fleet_events.LIVENESS, Actor.for_node(mine), from_state="stale", to_state="alive"),
             now - timedelta(hours=1),
         ),
-        "theirs": at(record_event(theirs, NodeEventType.ENROLLED, Actor.for_node(theirs)), now - timedelta(minutes=30)),
+        "theirs": at(record_event(theirs, fleet_events.ENROLLED, Actor.for_node(theirs)), now - timedelta(minutes=30)),
         "guard": at(
-            record_event(None, NodeEventType.GUARD, SYSTEM, pool=cpu, to_state="engaged"), now - timedelta(minutes=10)
+            record_event(None, fleet_events.GUARD, SYSTEM, pool=cpu, to_state="engaged"), now - timedelta(minutes=10)
         ),
     }
     return {"mine": mine, "theirs": theirs, "lease_id": lease_id, "events": events, "now": now}
@@ -111,7 +112,7 @@ def test_events_filter_by_node_lease_and_time_window(operator_api, story):
 def test_cursor_pagination_walks_every_event_once_even_as_new_ones_arrive(operator_api, story):
     first = get(operator_api, page_size=3).json()
     assert len(first["results"]) == 3 and first["next"]
-    record_event(story["mine"], NodeEventType.HEALTH, SYSTEM, to_state="healthy")  # arrives mid-walk
+    record_event(story["mine"], fleet_events.HEALTH, SYSTEM, to_state="healthy")  # arrives mid-walk
     seen = [e["id"] for e in first["results"]]
     url = first["next"]
     while url:

@@ -14,9 +14,9 @@ from django.forms.models import model_to_dict
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from fleet.choices import NodeEventType
 from fleet.events import Actor, record_event
 from fleet.models import Node, NodeEvent, Pool
+from leases import event_types as leases_events
 from leases.models import Lease
 from nodepool.api.permissions import CLIENTS, OPERATORS, in_group
 from nodepool.db import PREPARE_THRESHOLD, fetch_rows, insert_row
@@ -66,7 +66,7 @@ def test_insert_row_stores_what_save_stores(node):
     before = timezone.now()
     for i in range(ROUNDS):
         event = record_event(
-            node, NodeEventType.LEASE, actor, reason=f"r{i}", data={"i": i, "nested": [1, {"a": None}]}
+            node, leases_events.LEASE, actor, reason=f"r{i}", data={"i": i, "nested": [1, {"a": None}]}
         )
         assert event.pk is not None and event._state.adding is False  # the auto-increment key is read back
         stored = NodeEvent.objects.get(pk=event.pk)

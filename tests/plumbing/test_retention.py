@@ -9,13 +9,14 @@ import pytest
 from django.db.models import Q
 from django.utils import timezone
 
-from fleet.choices import NodeEventType
+from fleet import event_types as fleet_events
 from fleet.events import Actor, record_event
 from fleet.models import NodeEvent
 from fleet.retention import prune_events
 from leases.choices import LeaseState
 from leases.models import Lease
 from leases.retention import prune_ended_leases
+from marketplace import event_types as marketplace_events
 from nodepool import retention
 from tests.factories import NodeFactory, PoolFactory
 
@@ -40,7 +41,7 @@ def clean_hooks(monkeypatch):
     monkeypatch.setattr(retention, "_lease_hooks", [])
 
 
-def aged(node, days: float, type=NodeEventType.LIVENESS, **fields) -> NodeEvent:
+def aged(node, days: float, type=fleet_events.LIVENESS, **fields) -> NodeEvent:
     event = record_event(node, type, ACTOR, **fields)
     NodeEvent.objects.filter(pk=event.pk).update(created_at=timezone.now() - timedelta(days=days))
     return event
@@ -63,9 +64,9 @@ def test_evidence_types_and_hooked_events_are_kept(policy, clean_hooks):
     node = NodeFactory()
     for _ in range(3):
         aged(node, days=1)
-    usage = aged(node, days=400, type=NodeEventType.USAGE)
-    appeal = aged(None, days=400, type=NodeEventType.APPEAL, pool=node.pool)
-    guard = aged(None, days=400, type=NodeEventType.GUARD, pool=node.pool)
+    usage = aged(node, days=400, type=marketplace_events.USAGE)
+    appeal = aged(None, days=400, type=marketplace_events.APPEAL, pool=node.pool)
+    guard = aged(None, days=400, type=fleet_events.GUARD, pool=node.pool)
     hooked = aged(node, days=400, reason="kept for an unfinalized statement")
     plain = aged(node, days=400)
     retention.keep_events(lambda: Q(reason__startswith="kept for"))

@@ -2,7 +2,7 @@
 ``recent_events`` of ``GET /nodes/{id}``.
 
 * Appeal events carry the owner's statement and the operator's resolution (free text): they are
-  for the node's owner and operators only (fleet.choices.OWNER_PRIVATE_EVENT_TYPES).
+  for the node's owner and operators only (declared ``private=True`` in fleet.event_types).
 * Drain events list the node's lease ids (``checkpoint_leases``, ``waiting_on[].lease_ids``): a
   client reads only its own there; operators and the node's owner read them all.
 """
@@ -14,11 +14,12 @@ import json
 import pytest
 from django.contrib.auth.models import Group, User
 
-from fleet.choices import NodeEventType
 from fleet.events import Actor, record_event
 from fleet.models import NodeEvent
+from maintenance import event_types as maintenance_events
 from maintenance import services as maintenance
 from marketplace import appeals
+from marketplace import event_types as marketplace_events
 from nodepool.api.permissions import CLIENTS
 from tests.conftest import _api
 from tests.factories import make_schedulable_node
@@ -65,7 +66,7 @@ def appealed(owned_node, owner):
     appeals.appeal_resolve(
         appeal_id=appeal.pk, outcome="upheld", resolution=RESOLUTION, expected_version=1, actor=Actor.system("op")
     )
-    assert NodeEvent.objects.filter(type=NodeEventType.APPEAL).count() == 2
+    assert NodeEvent.objects.filter(type=marketplace_events.APPEAL).count() == 2
     return owned_node
 
 
@@ -106,7 +107,7 @@ def drained(operator_api, owned_node, client_user, second_client):
         operator_api, owned_node, "drain", {"reason": "rack move", "policy": "checkpoint", "deadline_in": 3600}
     )
     assert response.status_code == 201, response.json()
-    events = NodeEvent.objects.filter(node=owned_node, type=NodeEventType.DRAIN)
+    events = NodeEvent.objects.filter(node=owned_node, type=maintenance_events.DRAIN)
     assert any("checkpoint_leases" in e.data for e in events)
     assert any("waiting_on" in e.data for e in events)
     return owned_node, mine, theirs
@@ -152,7 +153,7 @@ def test_a_client_does_not_read_another_clients_spread_group_named_by_a_budget(o
     mine.__class__.objects.filter(pk=mine.pk).update(client=client_user)
     record_event(
         owned_node,
-        NodeEventType.DRAIN,
+        maintenance_events.DRAIN,
         Actor.system("t"),
         reason="waiting on: disruption_budget",
         data={
@@ -180,7 +181,6 @@ def test_a_clients_events_cost_a_bounded_number_of_queries(client_api, client_us
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from fleet.choices import NodeEventType
     from fleet.events import Actor, record_event
     from tests.factories import PoolFactory, make_schedulable_node
     from tests.maintenance_support import make_lease
@@ -188,7 +188,7 @@ def test_a_clients_events_cost_a_bounded_number_of_queries(client_api, client_us
     node, _ = make_schedulable_node(PoolFactory())
     for i in range(30):
         lease = make_lease(node, f"w-{i}")
-        record_event(node, NodeEventType.DRAIN, Actor.system("t"), reason="x",
+        record_event(node, maintenance_events.DRAIN, Actor.system("t"), reason="x",
                      data={"drain_id": "d", "checkpoint_leases": [str(lease.pk)]})  # fmt: skip
     with CaptureQueriesContext(connection) as few:
         client_api.get("/api/v1/events?page_size=5")

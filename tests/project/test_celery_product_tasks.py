@@ -12,9 +12,11 @@ import pytest
 from django.utils import timezone
 from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
-from fleet.choices import Lifecycle, Liveness, NodeEventType
+from fleet import event_types as fleet_events
+from fleet.choices import Lifecycle, Liveness
 from fleet.events import Actor
 from fleet.models import AdmissionCheck, Node, NodeEvent, NodeResource
+from leases import event_types as leases_events
 from leases.models import Lease
 from maintenance import drains, tasks
 from maintenance.models import Drain
@@ -44,7 +46,7 @@ def test_admission_is_retried_after_a_database_error_and_admits_the_node(broker)
     assert "Retry in" in log and "OperationalError" in log, log[-3000:]
     checks = AdmissionCheck.objects.filter(node=node, attempt=1)
     assert checks.exists() and {c.status for c in checks} <= {"passed", "skipped"}
-    assert NodeEvent.objects.filter(node=node, type=NodeEventType.LIFECYCLE, to_state=Lifecycle.READY).count() == 1
+    assert NodeEvent.objects.filter(node=node, type=fleet_events.LIFECYCLE, to_state=Lifecycle.READY).count() == 1
 
 
 def test_the_drain_deadline_is_enforced_by_its_eta_message_on_the_worker(broker, monkeypatch):
@@ -102,7 +104,7 @@ def test_beat_sends_the_liveness_sweep_and_the_worker_loses_a_silent_nodes_lease
     node.refresh_from_db()
     assert node.liveness == Liveness.LOST
     assert NodeResource.objects.get(node=node, name="cpu").allocated == 0
-    assert NodeEvent.objects.filter(node=node, type=NodeEventType.LEASE, to_state="lost").count() == 1
+    assert NodeEvent.objects.filter(node=node, type=leases_events.LEASE, to_state="lost").count() == 1
     # Beat's own record that it sent the task (its "Sending due task" line is DEBUG chatter now).
     assert PeriodicTask.objects.get(name=f"test-sweep-{broker.queue}").total_run_count >= 1
     assert "fleet.sweep_liveness" in broker.log_text()

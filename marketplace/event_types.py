@@ -1,0 +1,9 @@
+"""The marketplace's event types (fleet.event_types explains the registry): stored values never
+change. Statements and appeals are private: they carry the owner's money and words, so only the
+node's owner and operators read them (fleet.api.events)."""
+
+from fleet.event_types import declare
+
+USAGE = declare("usage", "usage evidence or reconciliation")
+STATEMENT = declare("statement", "owner statement", private=True)
+APPEAL = declare("appeal", "quarantine appeal", private=True)

@@ -1,0 +1,10 @@
+"""Operations' event types (fleet.event_types explains the registry): stored values never change."""
+
+from fleet.event_types import declare
+
+UPGRADE = declare("upgrade", "upgrade step")
+SCALE = declare("scale", "autoscaling decision")
+PREEMPTION = declare("preemption", "preemption notice")
+DISRUPTION_BLOCKED = declare(
+    "disruption_blocked", "automated disruption blocked (pool budget, window, workload budget)"
+)
