@@ -39,6 +39,7 @@ order  handler                               what it does, what it returns
 110    leases.status_report_kicks_queue      a report may free capacity: kicks the lease queue
 200    maintenance.rules                     automatic quarantine, after leases reconciled
 300    operations.upgrade_instruction        a parked node's ``upgrade`` instruction
+400    marketplace.availability              availability evidence (returns nothing)
 =====  ====================================  ==================================================
 """
 

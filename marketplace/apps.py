@@ -6,13 +6,13 @@ class MarketplaceConfig(AppConfig):
 
     Sits above maintenance (it reads quarantines); lower apps reach it only through hooks
     connected here: the lease's end (leases.signals.lease_ended), the retention guard and the
-    status report (fleet.signals.status_report_applied: availability evidence)."""
+    status report (a status-report handler, fleet.instructions: availability evidence)."""
 
     name = "marketplace"
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from fleet import signals as fleet_signals
+        from fleet.instructions import register_status_report_handler
         from leases.signals import lease_ended
         from nodepool import retention
         from nodepool.metrics import register_collector
@@ -35,6 +35,4 @@ class MarketplaceConfig(AppConfig):
         register_collector("marketplace", collectors.collect)
         register_collector("marketplace_money", collectors.collect_money)
         # Availability evidence (what each node offered) from every applied status report.
-        fleet_signals.status_report_applied.connect(
-            availability.record_status_report, dispatch_uid="marketplace.availability"
-        )
+        register_status_report_handler("marketplace.availability", availability.record_status_report, order=400)

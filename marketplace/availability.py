@@ -54,7 +54,7 @@ def _node(node_id):
 
 
 def record_status_report(sender, node: Node, incarnation: int, **kwargs) -> None:
-    """``fleet.signals.status_report_applied``: extend or open the node's availability interval.
+    """A status-report handler (fleet.instructions, order 400): extend or open the node's availability interval.
 
     ``node`` is the heartbeat's updated node (``last_status_report_at`` is this report's receipt
     time). Returns no instructions. Safe under concurrent reports of one node: the conditional

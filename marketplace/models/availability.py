@@ -1,7 +1,7 @@
 """Node availability evidence: the intervals in which a node offered its allocatable capacity
 (docs/marketplace.md, "Availability evidence").
 
-Recorded from status reports (``fleet.signals.status_report_applied``, connected in
+Recorded from status reports (a status-report handler of ``fleet.instructions``, registered in
 MarketplaceConfig.ready()): pool periods (marketplace.periods) split what nodes offered into
 owners' lease usage, idle capacity and an unallocated remainder.
 """

@@ -60,4 +60,5 @@ def test_the_apps_register_their_handlers_at_their_documented_orders():
         ("leases.status_report_kicks_queue", 110),
         ("maintenance.rules", 200),
         ("operations.upgrade_instruction", 300),
+        ("marketplace.availability", 400),
     ]
