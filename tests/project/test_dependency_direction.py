@@ -54,7 +54,6 @@ def test_fleet_declares_the_hooks_the_higher_apps_connect():
         "maintenance.rules",
         "operations.upgrade_instruction",
         "marketplace.availability",
-        "marketplace.availability",
     ]
     assert uids(signals.nodes_lost) == ["leases.lose_leases"]
     assert uids(signals.node_revived) == ["leases.revived_node_kicks"]
