@@ -13,11 +13,11 @@ from fleet.models import NodeEvent
 STORED = {
     "fleet": {
         "enrolled", "lifecycle", "admission_check", "benchmark", "liveness", "readiness", "condition",
-        "health", "restart", "clock_skew", "credential", "policy", "guard", "clock_jump", "security",
+        "health", "restart", "clock_skew", "credential", "policy", "guard", "clock_jump", "security", "device",
     },
     "leases": {"lease", "checkpoint"},
     "maintenance": {"drain", "quarantine", "hold"},
-    "operations": {"upgrade", "scale", "preemption"},
+    "operations": {"upgrade", "scale", "preemption", "disruption_blocked"},
     "marketplace": {"usage", "statement", "appeal"},
 }  # fmt: skip
 
