@@ -17,6 +17,8 @@ from typing import Any
 
 from nodepool.quantity import CPU, MEMORY, QuantityError, parse_resources, to_canonical
 
+from .errors import INVALID_QUANTITY
+
 # Kubernetes label syntax: an optional DNS-subdomain prefix, a name of at most 63 characters,
 # and a value of at most 63 characters (k8s.io/apimachinery/pkg/util/validation).
 _LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
@@ -144,7 +146,7 @@ def parse_accelerators(raw: Any, *, field: str = "accelerators") -> list[dict[st
         try:
             memory = to_canonical(MEMORY, item.get("memory", 0))
         except QuantityError as exc:
-            raise CapabilityError(f"{where}.memory", str(exc), "invalid_quantity") from exc
+            raise CapabilityError(f"{where}.memory", str(exc), INVALID_QUANTITY) from exc
         out.append(
             {
                 "type": _short_string(item.get("type", ""), f"{where}.type"),
@@ -173,7 +175,7 @@ def parse_capability(raw: Any, *, field: str = "capability") -> dict[str, Any]:
         resources = parse_resources(raw.get("resources") or {}, field=f"{field}.resources")
     except QuantityError as exc:
         path, _, message = str(exc).partition(": ")
-        raise CapabilityError(path, message or str(exc), "invalid_quantity") from exc
+        raise CapabilityError(path, message or str(exc), INVALID_QUANTITY) from exc
     return {
         "resources": resources,
         "accelerators": parse_accelerators(raw.get("accelerators"), field=f"{field}.accelerators"),

@@ -15,6 +15,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from nodepool.quantity import QuantityError, parse_resources
 
 from .capability import CapabilityError, parse_features, parse_labels
+from .errors import INVALID_QUANTITY
 
 RESERVATION_CLASSES = ("system", "runtime", "monitoring", "failure_margin")
 
@@ -39,7 +40,7 @@ def parse_reservations(raw: Any, *, field: str = "reservations") -> dict[str, di
             out[cls] = parse_resources(resources or {}, field=f"{field}.{cls}")
         except QuantityError as exc:
             path, _, message = str(exc).partition(": ")
-            raise CapabilityError(path, message or str(exc), "invalid_quantity") from exc
+            raise CapabilityError(path, message or str(exc), INVALID_QUANTITY) from exc
     return out
 
 
@@ -55,7 +56,7 @@ def parse_required_capabilities(raw: Any, *, field: str = "required_capabilities
             out["resources"] = parse_resources(raw["resources"] or {}, field=f"{field}.resources")
         except QuantityError as exc:
             path, _, message = str(exc).partition(": ")
-            raise CapabilityError(path, message or str(exc), "invalid_quantity") from exc
+            raise CapabilityError(path, message or str(exc), INVALID_QUANTITY) from exc
     if "features" in raw:
         out["features"] = parse_features(raw["features"], field=f"{field}.features")
     return out

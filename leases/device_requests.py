@@ -34,6 +34,8 @@ from typing import Any
 
 from nodepool.comparison import NUMERIC_OPERATORS, Comparison, ComparisonError
 
+from .errors import INVALID_COLOCATION, INVALID_DEVICE_CONSTRAINT, INVALID_DEVICE_REQUEST, UNKNOWN_DEVICE_TYPE
+
 MAX_DEVICE_REQUESTS = 8
 MAX_CONSTRAINTS = 16
 MAX_COUNT = 64
@@ -100,7 +102,7 @@ class DeviceRequest:
 
 
 class DeviceRequestError(ValueError):
-    def __init__(self, field_name: str, message: str, code: str = "invalid_device_request"):
+    def __init__(self, field_name: str, message: str, code: str = INVALID_DEVICE_REQUEST):
         super().__init__(f"{field_name}: {message}")
         self.field = field_name
         self.message = message
@@ -109,36 +111,34 @@ class DeviceRequestError(ValueError):
 
 def _constraint(raw: Any, where: str) -> Constraint:
     if not isinstance(raw, dict) or set(raw) - {"attribute", "operator", "value"}:
-        raise DeviceRequestError(where, "a constraint is {attribute, operator, value}", "invalid_device_constraint")
+        raise DeviceRequestError(where, "a constraint is {attribute, operator, value}", INVALID_DEVICE_CONSTRAINT)
     attribute, operator, value = raw.get("attribute"), raw.get("operator"), raw.get("value")
     if attribute not in ATTRIBUTES:
         raise DeviceRequestError(
-            f"{where}.attribute", f"must be one of {', '.join(sorted(ATTRIBUTES))}", "invalid_device_constraint"
+            f"{where}.attribute", f"must be one of {', '.join(sorted(ATTRIBUTES))}", INVALID_DEVICE_CONSTRAINT
         )
     if operator not in OPERATORS:
         raise DeviceRequestError(
-            f"{where}.operator", f"must be one of {', '.join(OPERATORS)}", "invalid_device_constraint"
+            f"{where}.operator", f"must be one of {', '.join(OPERATORS)}", INVALID_DEVICE_CONSTRAINT
         )
     numeric = attribute in NUMERIC_ATTRIBUTES
     if operator == "glob":
         if numeric:
             raise DeviceRequestError(f"{where}.operator", f"glob applies to text attributes, not {attribute}",
-                                     "invalid_device_constraint")  # fmt: skip
+                                     INVALID_DEVICE_CONSTRAINT)  # fmt: skip
         if not isinstance(value, str) or not 0 < len(value) <= 200:
-            raise DeviceRequestError(
-                f"{where}.value", "a glob pattern of 1-200 characters", "invalid_device_constraint"
-            )
+            raise DeviceRequestError(f"{where}.value", "a glob pattern of 1-200 characters", INVALID_DEVICE_CONSTRAINT)
         return Constraint(attribute, operator, value)
     if numeric:
         try:
             return Constraint(attribute, operator, value, Comparison.parse(operator, value))
         except ComparisonError as exc:
-            raise DeviceRequestError(f"{where}.value", str(exc), "invalid_device_constraint") from exc
+            raise DeviceRequestError(f"{where}.value", str(exc), INVALID_DEVICE_CONSTRAINT) from exc
     if operator not in ("=", "!="):
         raise DeviceRequestError(f"{where}.operator", f"{attribute} is text: use =, != or glob",
-                                 "invalid_device_constraint")  # fmt: skip
+                                 INVALID_DEVICE_CONSTRAINT)  # fmt: skip
     if not isinstance(value, str) or len(value) > 200:
-        raise DeviceRequestError(f"{where}.value", "a string of at most 200 characters", "invalid_device_constraint")
+        raise DeviceRequestError(f"{where}.value", "a string of at most 200 characters", INVALID_DEVICE_CONSTRAINT)
     return Constraint(attribute, operator, value)
 
 
@@ -159,24 +159,22 @@ def parse_device_requests(raw: Any, *, known_type=None) -> tuple[DeviceRequest, 
             raise DeviceRequestError(where, "a device request is {type, count, constraints, colocate}")
         kind = item.get("type")
         if not isinstance(kind, str) or "/" not in kind or len(kind) > 253:
-            raise DeviceRequestError(
-                f"{where}.type", "required: a device type '<domain>/<name>'", "unknown_device_type"
-            )
+            raise DeviceRequestError(f"{where}.type", "required: a device type '<domain>/<name>'", UNKNOWN_DEVICE_TYPE)
         if kind not in KNOWN_DEVICE_TYPES and not (known_type and known_type(kind)):
             raise DeviceRequestError(f"{where}.type", f"no device of type {kind!r} is known to the fleet",
-                                     "unknown_device_type")  # fmt: skip
+                                     UNKNOWN_DEVICE_TYPE)  # fmt: skip
         count = item.get("count", 1)
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_COUNT:
             raise DeviceRequestError(f"{where}.count", f"an integer from 1 to {MAX_COUNT}")
         constraints_raw = item.get("constraints") or []
         if not isinstance(constraints_raw, list) or len(constraints_raw) > MAX_CONSTRAINTS:
             raise DeviceRequestError(f"{where}.constraints", f"a list of at most {MAX_CONSTRAINTS} constraints",
-                                     "invalid_device_constraint")  # fmt: skip
+                                     INVALID_DEVICE_CONSTRAINT)  # fmt: skip
         constraints = tuple(_constraint(c, f"{where}.constraints[{j}]") for j, c in enumerate(constraints_raw))
         colocate = item.get("colocate") or ""
         if colocate not in ("", *COLOCATE):
             raise DeviceRequestError(f"{where}.colocate", f"must be one of {', '.join(COLOCATE)}",
-                                     "invalid_colocation")  # fmt: skip
+                                     INVALID_COLOCATION)  # fmt: skip
         out.append(DeviceRequest(kind, count, constraints, colocate))
     return tuple(out)
 

@@ -14,6 +14,10 @@ INVALID_TOLERATION = declare("invalid_toleration", 400, "Invalid toleration", do
 INVALID_SPREAD = declare("invalid_spread", 400, "Invalid spread", doc=DOC)
 UNKNOWN_RESOURCE = declare("unknown_resource", 400, "Unknown resource", doc=DOC)
 UNKNOWN_SHAPE = declare("unknown_shape", 400, "Unknown shape", doc=DOC)
+INVALID_DEVICE_REQUEST = declare("invalid_device_request", 400, "Invalid device request", doc=DOC)
+INVALID_DEVICE_CONSTRAINT = declare("invalid_device_constraint", 400, "Invalid device constraint", doc=DOC)
+UNKNOWN_DEVICE_TYPE = declare("unknown_device_type", 400, "Unknown device type", doc=DOC)
+INVALID_COLOCATION = declare("invalid_colocation", 400, "Invalid device colocation", doc=DOC)
 INVALID_COUNT = declare("invalid_count", 400, "Invalid count", doc="docs/observability.md")
 # Merged into validation_error (docs/api-contract.md, "Changelog of problem codes").
 INVALID_REQUEST = declare("invalid_request", 400, doc=DOC, replaced_by=VALIDATION_ERROR)

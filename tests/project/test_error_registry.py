@@ -22,8 +22,9 @@ PROBLEM_CALLS = {
     "PayloadTooLarge": 1, "TooManyRequests": 1, "ServiceUnavailable": 1, "Unprocessable": 1,
     "Forbidden": 1, "NotFound": 1, "problem_response": 1, "problem_body": 1,
 }  # fmt: skip
-# Helpers whose name says they build a refusal (leases.spec.bad, operations' _bad, _problem…).
-HELPER = re.compile(r"(^|_)(bad|problem|refused?)$")
+# Helpers whose name says they build a refusal (leases.spec.bad, operations' _bad, _problem…), and
+# exceptions later turned into problems (DeviceRequestError, SignatureError…).
+HELPER = re.compile(r"((^|_)(bad|problem|refused?)|Error)$")
 
 
 def _product_modules():
@@ -45,7 +46,11 @@ def _spelled_codes(path: Path) -> list[str]:
             index = PROBLEM_CALLS.get(name)
             if index is not None and len(node.args) > index:
                 literals.append(node.args[index])
-            literals += [kw.value for kw in node.keywords if kw.arg == "code"]
+            # code=… elsewhere may be another vocabulary (placement reasons): only declared names count.
+            code_kw = [kw.value for kw in node.keywords if kw.arg == "code"]
+            literals += [
+                v for v in code_kw if index is not None or (isinstance(v, ast.Constant) and v.value in declared)
+            ]
             if HELPER.search(name):
                 literals += [arg for arg in node.args if isinstance(arg, ast.Constant) and arg.value in declared]
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
