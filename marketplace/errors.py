@@ -29,5 +29,23 @@ APPEAL_ALREADY_OPEN = declare("appeal_already_open", 409, "Appeal already open",
 APPEAL_NOT_OPEN = declare("appeal_not_open", 409, "Appeal not open", doc=DOC)
 INVALID_OUTCOME = declare("invalid_outcome", 400, "Invalid outcome", doc=DOC)
 
+# Pool periods, payouts, payout holds, line appeals
+APPROVAL_BY_REQUESTER = declare("approval_by_requester", 403, doc=DOC)
+HOLD_RELEASED = declare("hold_released", 409, doc=DOC)
+LINE_APPEAL_EXISTS = declare("line_appeal_exists", 409, doc=DOC)
+LINE_APPEAL_NOT_FOUND = declare("line_appeal_not_found", 404, doc=DOC)
+LINE_NOT_FOUND = declare("line_not_found", 404, doc=DOC)
+LINE_PAID = declare("line_paid", 409, doc=DOC)
+MISMATCH_NOT_FOUND = declare("mismatch_not_found", 404, doc=DOC)
+MISMATCH_RESOLVED = declare("mismatch_resolved", 409, doc=DOC)
+NOTHING_TO_PAY = declare("nothing_to_pay", 409, doc=DOC)
+PAYOUT_EXISTS = declare("payout_exists", 409, doc=DOC)
+PAYOUT_HOLD_NOT_FOUND = declare("payout_hold_not_found", 404, doc=DOC)
+PAYOUT_NOT_FOUND = declare("payout_not_found", 404, doc=DOC)
+PERIOD_NOT_RECONCILED = declare("period_not_reconciled", 409, doc=DOC)
+POOL_PERIOD_NOT_FOUND = declare("pool_period_not_found", 404, doc=DOC)
+STATEMENT_NOT_FINAL = declare("statement_not_final", 409, doc=DOC)
+STATEMENT_ON_HOLD = declare("statement_on_hold", 409, doc=DOC)
+
 # Merged into validation_error (docs/api-contract.md, "Changelog of problem codes").
 INVALID_FIELD = declare("invalid_field", 400, doc=DOC, replaced_by=VALIDATION_ERROR)

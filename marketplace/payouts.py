@@ -47,7 +47,26 @@ from .choices import (
     StatementState,
     UsageState,
 )
-from .errors import INVALID_CURRENCY, INVALID_DECIMAL, INVALID_FIELD, INVALID_OUTCOME, STATEMENT_NOT_FOUND
+from .errors import (
+    APPROVAL_BY_REQUESTER,
+    HOLD_RELEASED,
+    INVALID_CURRENCY,
+    INVALID_DECIMAL,
+    INVALID_FIELD,
+    INVALID_OUTCOME,
+    LINE_APPEAL_EXISTS,
+    LINE_APPEAL_NOT_FOUND,
+    LINE_NOT_FOUND,
+    LINE_PAID,
+    NOTHING_TO_PAY,
+    PAYOUT_EXISTS,
+    PAYOUT_HOLD_NOT_FOUND,
+    PAYOUT_NOT_FOUND,
+    PERIOD_NOT_RECONCILED,
+    STATEMENT_NOT_FINAL,
+    STATEMENT_NOT_FOUND,
+    STATEMENT_ON_HOLD,
+)
 from .models import LineAppeal, Payout, PayoutHold, PoolPeriod, PoolSettlement, Statement, StatementLine
 from .periods import pool_period_kind
 
@@ -229,10 +248,10 @@ def hold_release(*, hold_id, reason, expected_version: int, actor: Actor, now=No
     with transaction.atomic():
         hold = PayoutHold.objects.select_for_update().filter(pk=hold_id).first()
         if hold is None:
-            raise NotFound("No such payout hold.", "payout_hold_not_found")
+            raise NotFound("No such payout hold.", PAYOUT_HOLD_NOT_FOUND)
         check_version(hold.version, expected_version)
         if hold.released_at is not None:
-            raise Conflict("The hold is released already.", "hold_released")
+            raise Conflict("The hold is released already.", HOLD_RELEASED)
         hold.released_at, hold.released_by, hold.release_reason = now, actor.user, text
         hold.version += 1
         hold.save(update_fields=["released_at", "released_by", "release_reason", "version"])
@@ -248,7 +267,7 @@ def _refuse_if_held(statement_id) -> None:
     if open_holds:
         raise Conflict(
             "The statement has a payout hold; an operator must release it first.",
-            "statement_on_hold",
+            STATEMENT_ON_HOLD,
             holds=open_holds,
         )
 
@@ -272,12 +291,12 @@ def payout_request(*, statement_id, currency, actor: Actor, now=None) -> Payout:
         if statement is None:
             raise NotFound("No such statement.", STATEMENT_NOT_FOUND)
         if statement.state != StatementState.FINAL:
-            raise Conflict("Only a final statement is paid.", "statement_not_final")
+            raise Conflict("Only a final statement is paid.", STATEMENT_NOT_FINAL)
         missing = unreconciled_periods(statement)
         if missing:
             raise Conflict(
                 f"{len(missing)} pool period(s) overlapping the statement are not reconciled.",
-                "period_not_reconciled",
+                PERIOD_NOT_RECONCILED,
                 periods=missing,
             )
         _refuse_if_held(statement.pk)
@@ -288,7 +307,7 @@ def payout_request(*, statement_id, currency, actor: Actor, now=None) -> Payout:
         if existing is not None:
             if not can_proceed(existing.request_again):
                 raise Conflict(
-                    f"A payout of this statement in {currency} exists ({existing.state}).", "payout_exists",
+                    f"A payout of this statement in {currency} exists ({existing.state}).", PAYOUT_EXISTS,
                     payout=str(existing.uid),
                 )  # fmt: skip
             from_state = existing.state
@@ -301,7 +320,7 @@ def payout_request(*, statement_id, currency, actor: Actor, now=None) -> Payout:
             _payout_event(existing, actor, from_state, "requested again")
             return existing
         if amount <= 0:
-            raise Conflict(f"Nothing to pay in {currency} ({amount}).", "nothing_to_pay")
+            raise Conflict(f"Nothing to pay in {currency} ({amount}).", NOTHING_TO_PAY)
         try:
             with transaction.atomic():
                 payout = Payout.objects.create(
@@ -314,7 +333,7 @@ def payout_request(*, statement_id, currency, actor: Actor, now=None) -> Payout:
                     requested_at=now,
                 )
         except IntegrityError as exc:
-            raise Conflict(f"A payout of this statement in {currency} exists.", "payout_exists") from exc
+            raise Conflict(f"A payout of this statement in {currency} exists.", PAYOUT_EXISTS) from exc
         _payout_event(payout, actor, "", f"requested: {amount} {currency}")
     return payout
 
@@ -340,7 +359,7 @@ def _payout_event(payout: Payout, actor: Actor, from_state: str, reason: str) ->
 def _locked_payout(payout_id, expected_version: int) -> Payout:
     payout = Payout.objects.select_for_update().filter(pk=payout_id).first()
     if payout is None:
-        raise NotFound("No such payout.", "payout_not_found")
+        raise NotFound("No such payout.", PAYOUT_NOT_FOUND)
     check_version(payout.version, expected_version)
     return payout
 
@@ -363,7 +382,7 @@ def payout_approve(*, payout_id, expected_version: int, actor: Actor, now=None) 
         payout = _locked_payout(payout_id, expected_version)
         if actor.user is None or actor.user.pk == payout.requested_by_id:
             raise Forbidden(
-                "The payout must be approved by another operator than its requester.", "approval_by_requester"
+                "The payout must be approved by another operator than its requester.", APPROVAL_BY_REQUESTER
             )
         _refuse_if_held(payout.statement_id)
         from_state = _move(payout, "approve", "approved")
@@ -456,12 +475,12 @@ def line_appeal_create(*, owner, line_id, message, actor: Actor, now=None) -> Li
     with transaction.atomic():
         line = StatementLine.objects.select_related("statement").filter(pk=line_id, statement__owner=owner).first()
         if line is None:
-            raise NotFound("No such statement line.", "line_not_found")
+            raise NotFound("No such statement line.", LINE_NOT_FOUND)
         # The statement row: a payout request holds it while it computes the amount.
         Statement.objects.select_for_update().filter(pk=line.statement_id).first()
         if line.statement.state != StatementState.FINAL:
             raise Conflict(
-                "Only a line of a final statement is appealed; an open one may still change.", "statement_not_final"
+                "Only a line of a final statement is appealed; an open one may still change.", STATEMENT_NOT_FINAL
             )
         paying = Payout.objects.filter(
             statement_id=line.statement_id,
@@ -469,14 +488,14 @@ def line_appeal_create(*, owner, line_id, message, actor: Actor, now=None) -> Li
             state__in=[PayoutState.APPROVED, PayoutState.PAID, PayoutState.REVERSED],
         ).first()
         if paying is not None:
-            raise Conflict(f"The line's payout is {paying.state}; it can no longer be appealed.", "line_paid")
+            raise Conflict(f"The line's payout is {paying.state}; it can no longer be appealed.", LINE_PAID)
         if LineAppeal.objects.filter(line=line).exclude(state=LineAppealState.WITHDRAWN).exists():
-            raise Conflict("This line has been appealed already.", "line_appeal_exists")
+            raise Conflict("This line has been appealed already.", LINE_APPEAL_EXISTS)
         try:
             with transaction.atomic():
                 appeal = LineAppeal.objects.create(line=line, owner=owner, message=text, created_at=now)
         except IntegrityError as exc:
-            raise Conflict("This line has been appealed already.", "line_appeal_exists") from exc
+            raise Conflict("This line has been appealed already.", LINE_APPEAL_EXISTS) from exc
         _appeal_event(appeal, actor, "", text)
     return appeal
 
@@ -505,7 +524,7 @@ def line_appeal_resolve(
     with transaction.atomic():
         appeal = LineAppeal.objects.select_for_update().select_related("line__statement").filter(pk=appeal_id).first()
         if appeal is None:
-            raise NotFound("No such line appeal.", "line_appeal_not_found")
+            raise NotFound("No such line appeal.", LINE_APPEAL_NOT_FOUND)
         check_version(appeal.version, expected_version)
         verb = appeal.correct if outcome == LineAppealState.CORRECTED else appeal.reject
         if not can_proceed(verb):
@@ -551,7 +570,7 @@ def line_appeal_withdraw(*, appeal_id, owner, actor: Actor) -> LineAppeal:
     with transaction.atomic():
         appeal = LineAppeal.objects.select_for_update().filter(pk=appeal_id, owner=owner).first()
         if appeal is None:
-            raise NotFound("No such line appeal.", "line_appeal_not_found")
+            raise NotFound("No such line appeal.", LINE_APPEAL_NOT_FOUND)
         if not can_proceed(appeal.withdraw):
             raise Conflict(f"The appeal is {appeal.state} already.", TRANSITION_NOT_ALLOWED, state=appeal.state)
         appeal.withdraw()

@@ -51,7 +51,7 @@ from nodepool.api.versioning import check_version
 
 from . import event_types, statements
 from .choices import OPEN_STATES, PAYABLE_STATES, LineKind, MismatchKind, PoolPeriodState, StatementPeriod, UsageState
-from .errors import INVALID_FIELD, PERIOD_NOT_OVER
+from .errors import INVALID_FIELD, MISMATCH_NOT_FOUND, MISMATCH_RESOLVED, PERIOD_NOT_OVER, POOL_PERIOD_NOT_FOUND
 from .models import MismatchItem, NodeAvailability, PoolPeriod, PoolPrice, PoolSettlement, StatementLine, UsageRecord
 from .pricing import CENT, HOUR, QUANTITY, intervals_of, unit_of
 
@@ -308,7 +308,7 @@ def reconcile_period(*, period_id, actor: Actor, now: datetime | None = None) ->
         # period reconciled (or re-run a mismatched one to the same outcome, with no new items).
         period = PoolPeriod.objects.select_for_update().select_related("pool").filter(pk=period_id).first()
         if period is None:
-            raise NotFound("No such pool period.", "pool_period_not_found")
+            raise NotFound("No such pool period.", POOL_PERIOD_NOT_FOUND)
         if period.state == PoolPeriodState.RECONCILED:
             return period
         if period.period_end > now:
@@ -419,10 +419,10 @@ def resolve_mismatch(
     with transaction.atomic():
         item = MismatchItem.objects.select_for_update().filter(pk=item_id).first()
         if item is None:
-            raise NotFound("No such mismatch item.", "mismatch_not_found")
+            raise NotFound("No such mismatch item.", MISMATCH_NOT_FOUND)
         check_version(item.version, expected_version)
         if item.resolved_at is not None:
-            raise Conflict("The item is resolved already.", "mismatch_resolved")
+            raise Conflict("The item is resolved already.", MISMATCH_RESOLVED)
         MismatchItem.objects.filter(pk=item.pk, version=item.version).update(
             resolution=text, resolved_by=actor.user, resolved_at=now, version=F("version") + 1
         )

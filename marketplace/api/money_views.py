@@ -27,7 +27,7 @@ from nodepool.api.versioning import ETagMixin, expected_version
 
 from .. import payouts, periods
 from ..choices import LineAppealState, PayoutState, PoolPeriodState
-from ..errors import INVALID_DECIMAL, INVALID_FIELD, UNKNOWN_EXPORT_FORMAT
+from ..errors import INVALID_DECIMAL, INVALID_FIELD, PAYOUT_NOT_FOUND, POOL_PERIOD_NOT_FOUND, UNKNOWN_EXPORT_FORMAT
 from ..models import LineAppeal, MismatchItem, Payout, PayoutHold, PoolPeriod
 from .views import IsOperator, IsOperatorOrOwner, _body, _text
 
@@ -198,7 +198,7 @@ class PoolPeriodDetail(ETagMixin, APIView):
             rows = rows.filter(pool__nodes__owner=request.user).distinct()
         period = rows.filter(pk=pk).first()
         if period is None:
-            raise NotFound("No such pool period.", "pool_period_not_found")
+            raise NotFound("No such pool period.", POOL_PERIOD_NOT_FOUND)
         return Response(period_dict(period, request.user))
 
 
@@ -287,7 +287,7 @@ class PayoutDetail(ETagMixin, APIView):
     def get(self, request, pk):
         payout = _payouts(request).filter(pk=pk).first()
         if payout is None:
-            raise NotFound("No such payout.", "payout_not_found")
+            raise NotFound("No such payout.", PAYOUT_NOT_FOUND)
         return Response(payout_dict(payout))
 
 

@@ -92,7 +92,7 @@ def test_the_payout_lifecycle_through_the_api(final_statement, operator_api, sec
     approved = second_operator_api.post(f"{url}/approve", HTTP_IF_MATCH='"1"')
     assert approved.json()["state"] == "approved"
     before = stored()
-    refused(operator_api.post(f"{url}/paid", {}, format="json", HTTP_IF_MATCH='"2"'), 400, "invalid_field", before)
+    refused(operator_api.post(f"{url}/paid", {}, format="json", HTTP_IF_MATCH='"2"'), 400, "validation_error", before)
     paid = operator_api.post(f"{url}/paid", {"external_reference": "SEPA-77"}, format="json", HTTP_IF_MATCH='"2"')
     assert (paid.json()["state"], paid.json()["external_reference"]) == ("paid", "SEPA-77")
     # The owner sees it; the line of a paid statement can no longer be appealed.
@@ -167,10 +167,10 @@ def test_pool_period_settings_through_the_settlement_endpoint(operator_api):
         "5.00",
     )
     bad = [
-        ({"period": "year"}, "invalid_field"),
+        ({"period": "year"}, "validation_error"),
         ({"hold_multiple": 5.0}, "invalid_decimal"),
         ({"hold_multiple": "0.5"}, "invalid_decimal"),
-        ({"idle_paid": "yes"}, "invalid_field"),
+        ({"idle_paid": "yes"}, "validation_error"),
     ]
     for body, code in bad:
         assert_problem(operator_api.put(url, body, format="json"), 400, code)
