@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from humanunits import quantity
 
 TOO_LARGE = "too_large"  # leases.choices.UnschedulableCause.TOO_LARGE
+IMPOSSIBLE_REQUEST = "impossible_request"  # the 422 code of a queued request that could never be placed
 
 # Higher apps register how their pool could grow: ``source(pool) -> [{resource: allocatable}]``, one
 # mapping per node shape a pool may add (operations: the autoscaling template). Connected in the

@@ -45,6 +45,7 @@ from .choices import LIVE_LEASE_STATES, CheckpointState, LeaseRequestState, Leas
 from .errors import (
     EMPTY_REQUEST,
     IDEMPOTENCY_KEY_REUSED,
+    IMPOSSIBLE_REQUEST,
     LEASE_REQUEST_NOT_FOUND,
     LEASE_REQUEST_NOT_PENDING,
     UNKNOWN_SHAPE,
@@ -553,7 +554,7 @@ def _refuse_impossible(pool: Pool, explanation: dict) -> None:
     message = impossible.TooLarge(pool=pool.name, **too_large).message
     raise Unprocessable(
         f"{message[0].upper()}{message[1:]}: this request could never be placed, so it is not queued.",
-        impossible.IMPOSSIBLE_REQUEST,
+        IMPOSSIBLE_REQUEST,
         field=f"resources.{exceeds[0]}" if exceeds else "resources",
         cause=explanation["cause"],
         too_large=too_large,
