@@ -25,8 +25,10 @@ from fleet.models import Node
 from maintenance import drains
 from maintenance.choices import DrainState
 from maintenance.models import Drain
+from nodepool.api.errors import TRANSITION_NOT_ALLOWED
 from nodepool.api.problems import Conflict, Unprocessable
 
+from .errors import INVALID_DEADLINE_RANGE
 from .outofservice import SHUTDOWN
 from .upgrades import pool_operations
 
@@ -43,7 +45,7 @@ def shutdown_drain(*, node: Node, deadline: datetime | None, reason: str, now=No
     ops = pool_operations(node.pool)
     latest = now + timedelta(seconds=ops.drain_timeout)
     if deadline is not None and deadline <= now:
-        raise Unprocessable("deadline must be in the future.", "invalid_deadline")
+        raise Unprocessable("deadline must be in the future.", INVALID_DEADLINE_RANGE)
     deadline = min(deadline or latest, latest)
     actor = Actor.system(SHUTDOWN)
     with transaction.atomic():
@@ -62,7 +64,7 @@ def shutdown_drain(*, node: Node, deadline: datetime | None, reason: str, now=No
         if locked.lifecycle != Lifecycle.READY:
             raise Conflict(
                 f"The node is {locked.lifecycle}: only a ready node drains for a shutdown.",
-                "transition_not_allowed",
+                TRANSITION_NOT_ALLOWED,
                 lifecycle=locked.lifecycle,
             )
         drain = drains.start_drain(

@@ -280,7 +280,7 @@ class NodeShutdownDrainView(APIView):
         data = refuse_unknown_members(request.data, {"deadline", "reason"})
         reason = data.get("reason", "")
         if not isinstance(reason, str) or len(reason) > 2000:
-            raise Problem("reason must be a string of at most 2000 characters.", "invalid_reason")
+            raise Problem("reason must be a string of at most 2000 characters.", INVALID_REASON)
         deadline = _deadline(data) if data.get("deadline") is not None else None
         drain, created = shutdown.shutdown_drain(node=node, deadline=deadline, reason=reason)
         body = {

@@ -45,7 +45,7 @@ def test_the_deadline_is_capped_by_the_pools_drain_timeout_and_must_be_in_the_fu
     PoolOperations.objects.create(pool=pool, drain_timeout=120)
     node, secret = nodes[0]
     past = shutdown(secret, node, deadline=(timezone.now() - timedelta(seconds=5)).isoformat())
-    assert past.status_code == 422 and past.json()["code"] == "invalid_deadline"
+    assert past.status_code == 422 and past.json()["code"] == "deadline_out_of_range"
     make_lease(node, "job-1")
     late = shutdown(secret, node, deadline=(timezone.now() + timedelta(hours=5)).isoformat())
     assert late.status_code == 201
