@@ -36,8 +36,10 @@ from django.db.models import (
     FilteredRelation,
     OuterRef,
     Q,
+    TextField,
     When,
 )
+from django.db.models.lookups import Exact
 
 from fleet.choices import Lifecycle, SchedulingPolicy
 from fleet.models import Node, NodeResource, Pool
@@ -670,36 +672,77 @@ def _with_devices(found: list, spec: PlacementSpec) -> list:
     ]  # fmt: skip
 
 
-def device_census(pool: Pool, spec: PlacementSpec, *, now=None, counts=None) -> tuple[Counter, dict[str, str]]:
-    """Why the nodes that pass every other filter cannot give ``spec.devices``: ``(reasons, phrases)``
-    with one count per node under the first device rule it fails (leases.device_requests.choose),
-    and the "node(s) had …" phrase of each code as the request words it."""
+def device_census(spec: PlacementSpec, groups: list[tuple[Any, int]]) -> tuple[Counter, dict[str, str]]:
+    """Why nodes that pass every other filter cannot give ``spec.devices``: ``(reasons, phrases)``.
+
+    ``groups``: ``[(representative node id, nodes)]``, nodes :func:`diagnose` grouped by
+    :func:`device_fingerprint` (alike devices, as the request sees them). Each group counts under
+    the first device rule its representative fails (leases.device_requests.choose); the "node(s)
+    had …" phrase of each code as the request words it. Two queries whatever the number of nodes.
+    """
     from . import devices as lease_devices
     from .device_requests import choose
 
-    if counts is None:
-        counts = group_counts(spec, pool)
-    read = _page_reader(pool, spec, now=now)
+    rows, taken = lease_devices.node_devices([pk for pk, _ in groups], lease_devices.device_types(spec.devices))
+    tolerates = _device_tolerance(spec)
     reasons: Counter = Counter()
     phrases: dict[str, str] = {}
-    tolerates = _device_tolerance(spec)
-    offset = 0
-    while True:
-        page = read(offset, PAGE_SIZE)
-        offset += PAGE_SIZE
-        found, _ = feasible_rows(page, pool, spec, counts, limit=len(page) + 1)
-        if found:
-            rows, taken = lease_devices.node_devices(
-                [c.node.pk for c in found], lease_devices.device_types(spec.devices)
-            )
-            for candidate in found:
-                pk = candidate.node.pk
-                choice = choose(spec.devices, rows.get(pk, []), taken.get(pk, set()), tolerates=tolerates)
-                if choice.reason:
-                    reasons[choice.code] += 1
-                    phrases.setdefault(choice.code, choice.reason)
-        if len(page) < PAGE_SIZE:
-            return reasons, phrases
+    for pk, count in groups:
+        choice = choose(spec.devices, rows.get(pk, []), taken.get(pk, set()), tolerates=tolerates)
+        if choice.reason:
+            reasons[choice.code] += count
+            phrases.setdefault(choice.code, choice.reason)
+    return reasons, phrases
+
+
+# The columns of a device that leases.device_requests.choose reads (constraints, colocation,
+# usability), in the order of device_fingerprint's text; JSON taints only when tolerations matter.
+_FINGERPRINT_COLUMNS = (
+    "type",
+    "index",
+    "model",
+    "memory_bytes",
+    "mig_profile",
+    "numa_node",
+    "interconnect_group",
+    "driver_version",
+    "cuda_version",
+    "pci_bus_id",
+    "held",
+    "health",
+    "hard_tainted",
+)
+
+
+def device_fingerprint(spec: PlacementSpec):
+    """A correlated SQL expression over a ``fleet_node`` row: the text of its live devices of the
+    requested types, each as the columns :func:`leases.device_requests.choose` reads plus whether
+    it is verified and taken (held by a live lease, or the parent of a held MIG instance), sorted,
+    so that two nodes whose devices the request cannot tell apart get the same text. NULL for a
+    node without such devices. PostgreSQL and SQLite alike (``string_agg`` / ``group_concat``).
+    """
+    from django.db.models.expressions import RawSQL
+
+    columns = [*_FINGERPRINT_COLUMNS, "taints"] if spec.tolerations else list(_FINGERPRINT_COLUMNS)
+    parts = [f"COALESCE(CAST(d.\"{c}\" AS TEXT), '~')" for c in columns]
+    parts.append("CASE WHEN d.verified_at IS NULL THEN 'u' ELSE 'v' END")
+    parts.append(
+        "CASE WHEN EXISTS (SELECT 1 FROM leases_leasedevice ld WHERE ld.device_id = d.id AND ld.live)"
+        " OR EXISTS (SELECT 1 FROM leases_leasedevice ld INNER JOIN fleet_device c ON c.id = ld.device_id"
+        " WHERE ld.live AND c.node_id = d.node_id AND c.parent_device_id = d.device_id) THEN 't' ELSE 'f' END"
+    )
+    text = " || '¦' || ".join(parts)
+    types = sorted({r.type for r in spec.devices})
+    placeholders = ", ".join(["%s"] * len(types))
+    where = f"d.node_id = fleet_node.id AND d.retired_at IS NULL AND d.type IN ({placeholders})"
+    # string_agg sorts in the aggregate; SQLite (before 3.44) concatenates in the subquery's order.
+    aggregate, order = (
+        ("string_agg(x, '§' ORDER BY x)", "")
+        if connection.vendor == "postgresql"
+        else ("group_concat(x, '§')", " ORDER BY x")
+    )
+    sql = f"(SELECT {aggregate} FROM (SELECT {text} AS x FROM fleet_device d WHERE {where}{order}) s)"  # noqa: S608 (column names from the model; types bound)
+    return RawSQL(sql, types, output_field=TextField())  # noqa: S611
 
 
 # --- explanation -----------------------------------------------------------------------------------
@@ -775,10 +818,15 @@ def diagnose(
         fits.append(~short)
         holds.append(Q(**{f"alloc{i}__gte": spec.resources[name]}))
     aggregates["holds"] = Sum(Case(When(Q(*holds), then=Value(1)), default=Value(0)))
+    signature = _signature(pool, spec, counts)
+    if spec.devices:
+        # Nodes with the same devices (as the request sees them) in one group, so that the device
+        # rules run once per group below; computed for schedulable nodes only.
+        signature["g_devices"] = Case(
+            When(Exact(first_reason, Value("")), then=device_fingerprint(spec)), default=Value(None)
+        )
     groups = _hash_grouped(
-        nodes.values(g_reason=first_reason, g_lifecycle=F("lifecycle"), **_signature(pool, spec, counts))
-        .annotate(**aggregates)
-        .order_by()
+        nodes.values(g_reason=first_reason, g_lifecycle=F("lifecycle"), **signature).annotate(**aggregates).order_by()
     )
     schedulable_groups = [g for g in groups if not g["g_reason"]]
     representatives = {
@@ -790,25 +838,32 @@ def diagnose(
     reasons: Counter = Counter()
     pooled_free: Counter = Counter()
     a_candidate_holds = False  # a schedulable node passing the constraints would hold it once freed
+    device_groups: list[tuple[uuid.UUID, int]] = []  # (representative, nodes passing every other filter)
     for row in groups:
         if row["g_reason"]:
             reasons[row["g_reason"]] += row["n"]
             continue
-        code = constraint_failure(representatives[uuid.UUID(row["representative"])], pool, spec, counts)
+        representative = uuid.UUID(row["representative"])
+        code = constraint_failure(representatives[representative], pool, spec, counts)
         if code is not None:
             reasons[code] += row["n"]
             continue
+        short = 0
         for i, name in enumerate(names):
             if row[f"short{i}"]:
                 reasons[insufficient_code(name)] += row[f"short{i}"]
+                short += row[f"short{i}"]
             pooled_free[name] += row[f"free_sum{i}"] or 0
         a_candidate_holds = a_candidate_holds or bool(row["holds"])
+        if spec.devices and row["n"] > short:
+            device_groups.append((representative, row["n"] - short))
     total = sum(g["n"] for g in groups)
     schedulable = sum(g["n"] for g in schedulable_groups)
     device_phrases: dict[str, str] = {}
-    if spec.devices and sum(reasons.values()) < total:
-        # Nodes that pass every other filter: counted per node under their first failed device rule.
-        device_reasons, device_phrases = device_census(pool, spec, now=now, counts=counts)
+    if device_groups:
+        # Nodes that pass every other filter: counted under their first failed device rule, decided
+        # once per device group on its representative's devices (two queries).
+        device_reasons, device_phrases = device_census(spec, device_groups)
         reasons.update(device_reasons)
     pending = sum(g["n"] for g in groups if g["g_lifecycle"] in (Lifecycle.PENDING, Lifecycle.ADMITTING))
 
