@@ -726,10 +726,13 @@ def device_fingerprint(spec: PlacementSpec):
     columns = [*_FINGERPRINT_COLUMNS, "taints"] if spec.tolerations else list(_FINGERPRINT_COLUMNS)
     parts = [f"COALESCE(CAST(d.\"{c}\" AS TEXT), '~')" for c in columns]
     parts.append("CASE WHEN d.verified_at IS NULL THEN 'u' ELSE 'v' END")
+    # Uncorrelated, so each is read once (a hashed subplan), not probed per device: live holds
+    # are few next to the fleet's devices.
     parts.append(
-        "CASE WHEN EXISTS (SELECT 1 FROM leases_leasedevice ld WHERE ld.device_id = d.id AND ld.live)"
-        " OR EXISTS (SELECT 1 FROM leases_leasedevice ld INNER JOIN fleet_device c ON c.id = ld.device_id"
-        " WHERE ld.live AND c.node_id = d.node_id AND c.parent_device_id = d.device_id) THEN 't' ELSE 'f' END"
+        "CASE WHEN d.id IN (SELECT ld.device_id FROM leases_leasedevice ld WHERE ld.live)"
+        " OR (d.node_id, d.device_id) IN (SELECT c.node_id, c.parent_device_id FROM leases_leasedevice ld"
+        " INNER JOIN fleet_device c ON c.id = ld.device_id WHERE ld.live AND c.parent_device_id <> '')"
+        " THEN 't' ELSE 'f' END"
     )
     text = " || '¦' || ".join(parts)
     types = sorted({r.type for r in spec.devices})
