@@ -780,7 +780,9 @@ def diagnose(
 
     The constraint filters (:func:`constraint_failure`) then run once per group, on its
     representative, not once per node: a request's 409 costs about the same on 100 or 100,000
-    alike nodes.
+    alike nodes. A request for devices also groups the schedulable nodes by
+    :func:`device_fingerprint` (their devices as the request sees them), and the device rules run
+    once per group that passes every other filter (:func:`device_census`, two more queries).
     """
     from django.db.models import CharField, Count, Max, Min, Sum, Value
     from django.db.models.functions import Cast, Coalesce, Greatest

@@ -191,3 +191,41 @@ def test_the_409_counts_device_reasons_per_node(client_api):
     assert problem["reasons"] == {"device_unmatched": 2, "device_not_colocated": 1}
     assert "2 node(s) had no nvidia.com/gpu matching model=*H100*" in problem["detail"]
     assert "1 node(s) had free nvidia.com/gpu only in different interconnect groups" in problem["detail"]
+
+
+def test_the_409_decides_device_reasons_per_device_group_in_queries_that_do_not_grow_with_nodes(client_user):
+    """Nodes whose devices differ only in which are held fall in different groups (the held ones
+    fail on freedom, the other on colocation); more alike nodes cost no more queries."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from fleet.models import NodeResource
+    from leases import placement
+    from leases.services import resolve_shape
+    from leases.spec import parse_spec
+
+    pool = PoolFactory(name="gpu")
+    for tag in ("h1", "h2"):
+        make_gpu_node(pool, tag=tag, count=4)
+    Device.objects.filter(index__gte=2).update(interconnect_group="nvlink-1")
+    make_gpu_node(pool, tag="a1", count=4, model=A100, memory=40 * 2**30)
+    h100 = {"attribute": "model", "operator": "glob", "value": "*H100*"}
+    _, status = grant(client_user, "two", devices=[{"type": "nvidia.com/gpu", "count": 2, "constraints": [h100]}])
+    assert status == 201
+    NodeResource.objects.filter(name="nvidia.com/gpu").update(allocated=0)  # only the held devices stand in the way
+    three = {"type": "nvidia.com/gpu", "count": 3, "constraints": [h100], "colocate": "interconnect_group"}
+    spec = resolve_shape(parse_spec({"workload_id": "w", "pool": "gpu", "devices": [three]}))[0]
+
+    def explain():
+        with CaptureQueriesContext(connection) as queries:
+            answer = placement.diagnose(pool, spec)
+        return answer, len(queries.captured_queries)
+
+    answer, few = explain()
+    assert answer["reasons"] == {"device_not_colocated": 1, "device_not_free": 1, "device_unmatched": 1}
+    assert "1 node(s) had no free nvidia.com/gpu matching model=*H100*" in answer["message"]
+    for tag in ("a2", "a3", "a4"):
+        make_gpu_node(pool, tag=tag, count=4, model=A100, memory=40 * 2**30)
+    answer, more = explain()
+    assert answer["reasons"] == {"device_not_colocated": 1, "device_not_free": 1, "device_unmatched": 4}
+    assert more == few
