@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from django.db import IntegrityError
+from django.db.models import BooleanField, Case, Q, Value, When
 
 from fleet.models import Device
 
@@ -51,29 +52,28 @@ def node_devices(node_ids, types, *, usable_only: bool = False) -> tuple[dict, d
     (None: every type). ``usable_only``: only verified, healthy, untainted, unheld devices (what a
     request without tolerations can use; the explanation needs the others to say why).
 
-    Two indexed queries whatever the number of nodes. ``taken`` holds devices live leases hold
-    (implied MIG rows included) and the parents of held MIG instances (a whole GPU whose slice is
-    in use is not free either).
+    One indexed query whatever the number of nodes: ``taken`` (of the devices read) holds devices
+    live leases hold and the parents of held MIG instances (a whole GPU whose slice is in use is
+    not free either), each decided by an uncorrelated subquery over the live holds of these nodes.
     """
+    node_ids = list(node_ids)
     devices: dict = defaultdict(list)
-    rows = Device.objects.filter(node_id__in=list(node_ids), retired_at__isnull=True)
+    taken: dict = defaultdict(set)
+    holds = LeaseDevice.objects.filter(live=True, device__node_id__in=node_ids)
+    held = Q(pk__in=holds.values("device_id")) | Q(
+        device_id__in=holds.exclude(device__parent_device_id="").values("device__parent_device_id")
+    )
+    rows = Device.objects.filter(node_id__in=node_ids, retired_at__isnull=True)
     if types is not None:
         rows = rows.filter(type__in=list(types))
     if usable_only:
         rows = rows.filter(verified_at__isnull=False, held=False, hard_tainted=False, health__in=("healthy", "unknown"))
-    by_device_id: dict = {}
-    for values in rows.values_list(*DEVICE_FIELDS):
-        device = dict(zip(DEVICE_FIELDS, values, strict=True))
+    rows = rows.annotate(taken=Case(When(held, then=Value(True)), default=Value(False), output_field=BooleanField()))
+    for values in rows.values_list(*DEVICE_FIELDS, "taken"):
+        device = dict(zip(DEVICE_FIELDS, values[:-1], strict=True))
         devices[device["node_id"]].append(device)
-        by_device_id[device["device_id"]] = device
-    taken: dict = defaultdict(set)
-    held = LeaseDevice.objects.filter(live=True, device__node_id__in=list(node_ids)).values_list(
-        "device__node_id", "device_id", "device__parent_device_id"
-    )
-    for node_id, pk, parent in held:
-        taken[node_id].add(pk)
-        if parent and parent in by_device_id:
-            taken[node_id].add(by_device_id[parent]["id"])
+        if values[-1]:
+            taken[device["node_id"]].add(device["id"])
     return devices, taken
 
 
