@@ -61,6 +61,9 @@ class ProblemSerializer(serializers.Serializer):
     status = serializers.IntegerField()
     detail = serializers.CharField()
     code = serializers.CharField(help_text="stable, machine-readable (snake_case)")
+    deprecated_code = serializers.CharField(
+        required=False, help_text="the older name of a renamed code, for one release (docs/api-contract.md)"
+    )
     request_id = serializers.CharField(required=False)
     errors = FieldErrorSerializer(many=True, required=False)
 
