@@ -160,7 +160,8 @@ def test_the_admin_repairs_a_stuck_drain_through_a_form_with_a_reason(admin_clie
 
 def test_a_lost_node_is_not_shown_with_a_green_ready_tick(admin_client):
     node, _ = make_schedulable_node()
-    Node.objects.filter(pk=node.pk).update(liveness=Liveness.LOST, ready=True)
+    # "reported" is the last status report's time (not the last renewal's)
+    Node.objects.filter(pk=node.pk).update(liveness=Liveness.LOST, ready=True, last_status_report_at=timezone.now())
 
     page = admin_client.get("/admin/fleet/node/").content.decode()
 
@@ -173,7 +174,9 @@ def test_a_lost_node_is_not_shown_with_a_green_ready_tick(admin_client):
 def test_the_api_labels_readiness_as_reported_with_its_time_and_leads_with_schedulable(operator_api):
     node, _ = make_schedulable_node()
     now = timezone.now()
-    Node.objects.filter(pk=node.pk).update(liveness=Liveness.LOST, ready=True, last_heartbeat_at=now)
+    Node.objects.filter(pk=node.pk).update(
+        liveness=Liveness.LOST, ready=True, last_heartbeat_at=now, last_status_report_at=now
+    )
 
     body = operator_api.get(f"/api/v1/nodes/{node.pk}").json()
 
