@@ -462,21 +462,54 @@ def request_replacement(*, pool_id, preemption_id, node_id, actor: Actor, now=No
     """Replacement capacity for a preempted node, asked at once (not when its evicted work comes
     back as pending requests): one node of the pool's template, or of its ``fallback_pool``'s when
     the pool has no provider or no room. The preempted node does not count against ``max_nodes``:
-    it is going away. Once per preemption. Returns machines requested (0 or 1)."""
-    ops = PoolOperations.objects.select_related("fallback_pool").get(pool_id=pool_id)
+    it is going away. A pool without autoscaling (no operations settings, or no provider) cannot
+    replace; when neither pool can, the preempted pool records why (a held-back decision) and
+    nothing is requested. Once per preemption. Returns machines requested (0 or 1)."""
+    ops = PoolOperations.objects.select_related("pool", "fallback_pool").filter(pool_id=pool_id).first()
     key = {"preemption_id": preemption_id}
     why = "replacement for a preempted node: {count} node(s) at once"
     got = request_extra(pool_id=pool_id, count=1, why=why, key=key, actor=actor, now=now, leaving=[node_id])
-    if got or not ops.fallback_pool_id:
+    if got:
         return got
-    return request_extra(
-        pool_id=ops.fallback_pool_id,
-        count=1,
-        why=why + f" (fallback of {ops.pool.name})",
-        key=key,
-        actor=actor,
-        now=now,
-    )
+    fallback = ops.fallback_pool if ops is not None else None
+    if fallback is not None:
+        pool_name = ops.pool.name
+        got = request_extra(
+            pool_id=fallback.pk,
+            count=1,
+            why=why + f" (fallback of {pool_name})",
+            key=key,
+            actor=actor,
+            now=now,
+        )
+        if got:
+            return got
+    # Neither pool asked its provider. Say why, once, unless a pool already did (e.g. at max_nodes).
+    if not ScaleDecision.objects.filter(data__preemption_id=preemption_id).exists():
+        pool = ops.pool if ops is not None else Pool.objects.filter(pk=pool_id).first()
+        if pool is not None:
+            reasons = [f"pool {pool.name}: {_no_replacement(ops)}"]
+            if fallback is not None:
+                fallback_ops = PoolOperations.objects.filter(pool_id=fallback.pk).first()
+                reasons.append(f"fallback pool {fallback.name}: {_no_replacement(fallback_ops)}")
+            else:
+                reasons.append("no fallback pool")
+            _decide(
+                pool,
+                ScaleDirection.UP,
+                ScaleOutcome.BLOCKED,
+                0,
+                why.format(count=0) + "; held back: " + "; ".join(reasons),
+                actor,
+                **key,
+            )
+    return 0
+
+
+def _no_replacement(ops: PoolOperations | None) -> str:
+    if ops is None or ops.provider == ProviderKind.NONE:
+        return "no autoscaling (no provider)"
+    return "no replacement"
 
 
 def request_extra(*, pool_id, count: int, why: str, key: dict, actor: Actor, now=None, leaving=()) -> int:
@@ -487,8 +520,13 @@ def request_extra(*, pool_id, count: int, why: str, key: dict, actor: Actor, now
     now = now or timezone.now()
     ((name, value),) = key.items()
     with transaction.atomic():
-        ops = PoolOperations.objects.select_for_update(of=("self",)).select_related("pool").get(pool_id=pool_id)
-        if ops.provider == ProviderKind.NONE:
+        ops = (
+            PoolOperations.objects.select_for_update(of=("self",))
+            .select_related("pool")
+            .filter(pool_id=pool_id)
+            .first()
+        )
+        if ops is None or ops.provider == ProviderKind.NONE:  # no autoscaling here
             return 0
         if ScaleDecision.objects.filter(pool_id=pool_id, **{f"data__{name}": value}).exists():
             return 0

@@ -157,6 +157,55 @@ def test_a_preemption_notice_asks_for_replacement_capacity_at_once(
     assert abs((Preemption.objects.get().deadline - drain.deadline).total_seconds() - 12) < 1
 
 
+def test_a_replacement_is_not_asked_of_pools_without_autoscaling_and_says_why(
+    operator_api, django_capture_on_commit_callbacks
+):
+    # The spot pool has no provider; its fallback has no operations settings at all (never
+    # configured: no autoscaling). Neither can replace the node: nothing is asked, no traceback,
+    # and the preempted pool says why, once.
+    pool = PoolFactory(name="spot")
+    fallback = PoolFactory(name="ondemand")
+    node, _ = make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})
+    configure(operator_api, pool, spot=True, fallback_pool="ondemand")
+    assert not PoolOperations.objects.filter(pool=fallback).exists()
+    deadline = (timezone.now() + timedelta(seconds=120)).isoformat()
+    with django_capture_on_commit_callbacks(execute=True):
+        response = operator_api.post("/api/v1/pools/spot/preemption-notices",
+                                     {"node_id": str(node.pk), "deadline": deadline}, format="json")  # fmt: skip
+    assert response.status_code == 201, response.content
+    preemption_id = response.json()["id"]
+    decision = ScaleDecision.objects.get(data__preemption_id=preemption_id)
+    assert (decision.pool, decision.outcome, decision.count) == (pool, "blocked", 0)
+    assert "pool spot: no autoscaling" in decision.reason
+    assert "fallback pool ondemand: no autoscaling" in decision.reason
+    assert not ProviderMachine.objects.exists()
+    assert not PoolOperations.objects.filter(pool=fallback).exists()  # not created as a side effect
+    # Once per preemption: asked again (a retried task), nothing more is recorded.
+    assert autoscaler.request_replacement(pool_id=pool.pk, preemption_id=preemption_id, node_id=str(node.pk),
+                                          actor=ACTOR) == 0  # fmt: skip
+    assert ScaleDecision.objects.filter(data__preemption_id=preemption_id).count() == 1
+
+
+def test_a_replacement_for_a_pool_at_max_nodes_skips_a_fallback_without_autoscaling(
+    operator_api, receiver, django_capture_on_commit_callbacks
+):
+    pool = PoolFactory(name="spot")
+    PoolFactory(name="ondemand")
+    node, _ = make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})
+    make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})
+    configure(operator_api, pool, provider="webhook", provider_url=receiver.url, provider_secret="hook-secret",
+              spot=True, fallback_pool="ondemand", min_nodes=0, max_nodes=1)  # fmt: skip
+    deadline = (timezone.now() + timedelta(seconds=120)).isoformat()
+    with django_capture_on_commit_callbacks(execute=True):
+        response = operator_api.post("/api/v1/pools/spot/preemption-notices",
+                                     {"node_id": str(node.pk), "deadline": deadline}, format="json")  # fmt: skip
+    assert response.status_code == 201, response.content
+    assert receiver.requests == []
+    (decision,) = ScaleDecision.objects.filter(data__preemption_id=response.json()["id"])
+    assert (decision.pool, decision.outcome) == (pool, "blocked")
+    assert "at max_nodes 1" in decision.reason
+
+
 def test_scale_up_is_bounded_by_max_nodes_and_the_cool_down_and_says_why(operator_api, client_api, receiver):
     pool = PoolFactory(name="general")
     make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})
