@@ -18,13 +18,24 @@ errors.STRICT = True
 
 @pytest.fixture(autouse=True)
 def _eager_celery(settings):
-    """Unit tests run tasks inline; tests/plumbing/test_celery_worker.py starts real workers instead."""
+    """Unit tests run tasks inline; tests/plumbing/test_celery_worker.py starts real workers instead.
+
+    An eager task runs inside celery's ``denied_join_result()``, which saves and restores a
+    process-global flag (``celery._state._task_join_will_block``), not a per-thread one. Eager
+    tasks that overlap in threads (the concurrency and race tests) restore it out of order and can
+    leave it True; from then on every ``result.get()`` in that process raises "Never call
+    result.get() within a task!" (the real-worker tests later in the same xdist worker). So each
+    test starts and ends with it False."""
+    from celery import _state
+
     from nodepool.celery import app
 
+    _state._set_task_join_will_block(False)
     app.conf.task_always_eager = True
     app.conf.task_eager_propagates = True
     yield
     app.conf.task_always_eager = False
+    _state._set_task_join_will_block(False)
 
 
 @pytest.fixture(autouse=True)

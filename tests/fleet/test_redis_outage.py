@@ -112,7 +112,7 @@ def test_renewals_answer_200_before_during_and_after_a_redis_outage(redis_proxy)
 
 
 def test_status_reports_and_the_queue_kick_they_cause_answer_200_with_the_broker_down(
-    redis_proxy, client_api, django_capture_on_commit_callbacks
+    redis_proxy, client_api, django_capture_on_commit_callbacks, monkeypatch
 ):
     """A status report that makes a stale node alive kicks the lease queue (a task published after
     commit): with the broker behind a stopped proxy it is sent once, fails open, and the report
@@ -131,6 +131,10 @@ def test_status_reports_and_the_queue_kick_they_cause_answer_200_with_the_broker
     Node.objects.filter(pk=node.pk).update(liveness=Liveness.STALE)
 
     redis_proxy.stop()
+    # Celery reads these variables before app.conf (celery.app.utils.Settings): with the suite's
+    # CELERY_BROKER_URL set, the kick would go to the real Redis and never meet the stopped proxy.
+    for variable in ("CELERY_BROKER_URL", "CELERY_BROKER_WRITE_URL", "CELERY_BROKER_READ_URL"):
+        monkeypatch.delenv(variable, raising=False)
     saved = (app.conf.broker_url, app.conf.broker_transport_options, app.conf.task_always_eager)
     app.conf.broker_url = f"redis://127.0.0.1:{redis_proxy.port}/0"
     app.conf.broker_transport_options = {"socket_timeout": 1.0, "socket_connect_timeout": 1.0, "max_retries": 0}

@@ -71,7 +71,9 @@ def test_beat_sends_a_one_second_schedule_that_the_worker_executes(broker):
         f"--schedule={broker.tmp / 'beat-schedule'}",
     ]
     env = broker.env()
-    with running(broker.worker_args(), env, broker.log), running(beat_args, env, broker.log):
+    # Beat's "Sending due task" lines are at DEBUG (nodepool.logs); its log level is LOG_LEVEL's.
+    beat_env = {**env, "LOG_LEVEL": "DEBUG"}
+    with running(broker.worker_args(), env, broker.log), running(beat_args, beat_env, broker.log):
         started = time.monotonic()
         wait_for(lambda: Pool.objects.get(pk=pool.pk).version >= 4, 25, "three beat ticks", broker.log)
         elapsed = time.monotonic() - started
