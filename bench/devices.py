@@ -196,37 +196,10 @@ def device_audit() -> dict:
     }
 
 
-DEVICE_LUA = r"""
-local mode = os.getenv("BENCH_MODE")
-local token = os.getenv("BENCH_TOKEN")
-local run = os.getenv("BENCH_RUN")
-local ids, n = {}, 0
-function init(args)
-  for line in io.lines(os.getenv("BENCH_RESOURCES")) do table.insert(ids, line) end
-  math.randomseed(tonumber(os.getenv("BENCH_SEED")) + 7919 * (tid or 0))
-end
-function request()
-  n = n + 1
-  local workload = string.format("%s-%s-%d-%d", mode, run, tid or 0, n)
-  if mode == "baseline" then
-    return wrk.format("POST", "/bench/one-grant", {["Content-Type"] = "application/json"},
-      string.format('{"workload_id": "%s", "resource": %s, "amount": 100}', workload, ids[math.random(#ids)]))
-  end
-  local gpu = ""
-  if mode == "device" then gpu = ', "nvidia.com/gpu": 1' end
-  return wrk.format("POST", "/api/v1/node-leases",
-    {["Content-Type"] = "application/json", ["Authorization"] = "Token " .. token},
-    string.format('{"workload_id": "%s", "pool": "bench", "resources": {"cpu": "100m", "memory": "64Mi"%s}}',
-      workload, gpu))
-end
-function response(status, headers, body)
-  counters[tostring(status)] = (counters[tostring(status)] or 0) + 1
-end
-"""
+def http_device_part(args, pool, user, *, Gunicorn, wrk, lua) -> dict:
+    """Count-only grants, device grants and the bare view on one gunicorn, in rotating rounds.
 
-
-def http_device_part(args, pool, user, *, Gunicorn, wrk, lua_lib) -> dict:
-    """Count-only grants, device grants and the bare view on one gunicorn, in rotating rounds."""
+    ``lua`` is bench/placement.py's grant script (modes ``baseline``, ``count`` and ``device``)."""
     from fleet.models import NodeResource
     from nodepool.tokens import create_user_token
 
@@ -245,7 +218,7 @@ def http_device_part(args, pool, user, *, Gunicorn, wrk, lua_lib) -> dict:
             def run(mode: str, seconds: float) -> dict:
                 env = {"BENCH_MODE": mode, "BENCH_TOKEN": token, "BENCH_RUN": uuid.uuid4().hex[:8],
                        "BENCH_RESOURCES": ids_file, "BENCH_SEED": str(random.randrange(1 << 30))}  # fmt: skip
-                return wrk(server.base, DEVICE_LUA + lua_lib, duration=seconds, connections=args.clients, env=env)
+                return wrk(server.base, lua, duration=seconds, connections=args.clients, env=env)
 
             for mode in modes:
                 run(mode, 1 if args.quick else 2)

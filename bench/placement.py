@@ -496,9 +496,12 @@ function request()
     return wrk.format("POST", "/bench/one-grant", {["Content-Type"] = "application/json"},
       string.format('{"workload_id": "%s", "resource": %s, "amount": 100}', workload, ids[math.random(#ids)]))
   end
+  local gpu = ""
+  if mode == "device" then gpu = ', "nvidia.com/gpu": 1' end  -- bench/devices.py's device grants
   return wrk.format("POST", "/api/v1/node-leases",
     {["Content-Type"] = "application/json", ["Authorization"] = "Token " .. token},
-    string.format('{"workload_id": "%s", "pool": "bench", "resources": {"cpu": "100m", "memory": "64Mi"}}', workload))
+    string.format('{"workload_id": "%s", "pool": "bench", "resources": {"cpu": "100m", "memory": "64Mi"%s}}',
+      workload, gpu))
 end
 function response(status, headers, body)
   counters[tostring(status)] = (counters[tostring(status)] or 0) + 1
@@ -632,7 +635,8 @@ def device_part(args, audits: list) -> dict:
           f"409 with device reasons p50 {result['device_409_p50_ms']} ms, p99 {result['device_409_p99_ms']} ms"
           f"{conflict_goal} {result['device_409_reasons']}", flush=True)  # fmt: skip
     if args.http_seconds > 0:
-        result.update(devices.http_device_part(args, pool, user, Gunicorn=Gunicorn, wrk=wrk, lua_lib=WRK_LUA_LIB))
+        lua = GRANT_LUA + WRK_LUA_LIB
+        result.update(devices.http_device_part(args, pool, user, Gunicorn=Gunicorn, wrk=wrk, lua=lua))
         goal = verdict(result["device_vs_count"], devices.GOAL_DEVICE_VS_COUNT)
         print(f"devices over HTTP: count-only {result['count_grants_per_s']} grants/s (ratio {result['count_ratio']}), "
               f"with a GPU {result['device_grants_per_s']} grants/s (ratio {result['device_ratio']}) to the bare view "
