@@ -725,12 +725,6 @@ def recover_devices(*, now: datetime | None = None, actor: Actor | None = None) 
     return returned
 
 
-def retire_node_devices(*, node_id, reason: str, now: datetime | None = None) -> int:
-    """Retire every live device of a node (the node is retired): their ids may be handed over."""
-    now = now or timezone.now()
-    return Device.objects.filter(node_id=node_id, retired_at__isnull=True).update(retired_at=now, retired_reason=reason)
-
-
 # Models /metrics names (a bounded label: marketplace models are self-reported); anything else "other".
 KNOWN_MODELS = ("B200", "B100", "GH200", "H200", "H100", "H800", "A100", "A800", "A40", "A30", "A10", "L40S", "L40",
                 "L4", "V100", "T4", "MI300X", "MI250X", "Gaudi2", "Gaudi3")  # fmt: skip

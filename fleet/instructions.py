@@ -71,11 +71,6 @@ class Instruction(enum.IntFlag):
     SECRET = 1024
 
 
-def flag_names(flags: int) -> list[str]:
-    """``[name, ...]`` of the known bits set in ``flags`` (lower case), for logs and the agent."""
-    return [member.name.lower() for member in Instruction if flags & member]
-
-
 def post_instructions(node_ids: Iterable, flags: int, *, on_commit: bool = True) -> None:
     """Raise ``flags`` on the pending-instructions marker of every node in ``node_ids``.
 

@@ -6,7 +6,7 @@ A heartbeat brings a node back to ``alive`` (fleet.heartbeats); this module degr
 
 Two halves:
 
-* pure functions of ``now`` (:func:`timings_for`, :func:`liveness_at`, :func:`next_heartbeat_in`);
+* pure functions of ``now`` (:func:`timings_for`, :func:`next_heartbeat_in`);
 * :func:`sweep_liveness`, the periodic set-based sweep. It selects due rows through
   ``Node.next_liveness_check_at`` and its partial index ``node_liveness_due`` (the deadline of
   the node's next degradation, healthchecks' ``alert_after``), and moves them with one
@@ -133,27 +133,6 @@ def next_heartbeat_in(timings: Timings, *, node_id, now: datetime) -> float:
     if error >= interval / 2:
         error -= interval
     return round(interval + 2 * SLOT_SPREAD * error, 3)
-
-
-def liveness_at(
-    *, last_heartbeat_at: datetime | None, now: datetime, timings: Timings, since: datetime | None = None
-) -> str:
-    """The liveness a node should have at ``now`` (a pure function; both times are server times).
-
-    ``since`` is the control plane's recovery time after its own outage: silence before it is
-    not counted. A ``last_heartbeat_at`` in the future (the server's clock jumped back) is ``alive``.
-    """
-    if last_heartbeat_at is None:
-        return Liveness.UNKNOWN
-    reference = max(last_heartbeat_at, since) if since else last_heartbeat_at
-    silent = (now - reference).total_seconds()
-    if silent >= timings.lost_after:
-        return Liveness.LOST
-    if silent >= timings.unreachable_after:
-        return Liveness.UNREACHABLE
-    if silent >= timings.stale_after:
-        return Liveness.STALE
-    return Liveness.ALIVE
 
 
 def heartbeat_population(*, fresh: bool = False) -> int:

@@ -382,10 +382,6 @@ class NodeHold(models.Model):
     def __str__(self) -> str:
         return f"hold of {self.node_id} by {self.owner}"
 
-    @property
-    def is_active(self) -> bool:
-        return self.removed_at is None
-
 
 class NodeResource(models.Model):
     """Capacity inventory of one resource on one node, in canonical units.

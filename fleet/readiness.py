@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-from django.db.models import Case, CharField, F, Value, When
-
 from .choices import SIGNALS_UNKNOWN_LIVENESS, Health, Readiness
 
 
@@ -33,25 +31,6 @@ def readiness_state(*, liveness: str, ready: bool) -> str:
 def health_state(*, liveness: str, health: str) -> str:
     """The judged health while signals are current, else ``unknown``."""
     return health if signals_current(liveness) else Health.UNKNOWN
-
-
-def readiness_expression() -> Case:
-    """:func:`readiness_state` as a SQL expression over the node table (for GROUP BY counts)."""
-    return Case(
-        When(liveness__in=SIGNALS_UNKNOWN_LIVENESS, then=Value(Readiness.UNKNOWN.value)),
-        When(ready=True, then=Value(Readiness.READY.value)),
-        default=Value(Readiness.NOT_READY.value),
-        output_field=CharField(),
-    )
-
-
-def health_expression() -> Case:
-    """:func:`health_state` as a SQL expression over the node table."""
-    return Case(
-        When(liveness__in=SIGNALS_UNKNOWN_LIVENESS, then=Value(Health.UNKNOWN.value)),
-        default=F("health"),
-        output_field=CharField(),
-    )
 
 
 def shown_counts(figures: dict) -> tuple[Counter, Counter]:

@@ -17,7 +17,7 @@ from django.db.models import BooleanField, Case, Q, Value, When
 
 from fleet.models import Device
 
-from .device_requests import Choice, DeviceRequest, choose
+from .device_requests import DeviceRequest, choose
 from .models import LeaseDevice
 
 DEVICE_FIELDS = (
@@ -79,11 +79,6 @@ def node_devices(node_ids, types, *, usable_only: bool = False) -> tuple[dict, d
 
 def device_types(requests: tuple[DeviceRequest, ...]) -> set[str]:
     return {r.type for r in requests}
-
-
-def choose_on(node_id, requests: tuple[DeviceRequest, ...], *, tolerates=None) -> Choice:
-    devices, taken = node_devices([node_id], device_types(requests))
-    return choose(requests, devices.get(node_id, []), taken.get(node_id, set()), tolerates=tolerates)
 
 
 def claim(*, lease, node_id, requests: tuple[DeviceRequest, ...], tolerates=None) -> list[dict]:

@@ -157,18 +157,6 @@ def carried(node, since: datetime, now: datetime, grace: timedelta) -> bool:
     ).exists()
 
 
-def record_renewal(*, node, incarnation: int, now: datetime) -> int:
-    """Carry the node's open intervals of ``incarnation`` forward to ``now`` (a renewal: the node
-    is alive and, until its next status report says otherwise, runs what it last listed).
-
-    An interval last extended more than the grace ago is left alone: the next status report closes
-    it as ``silence``. Returns how many intervals were extended (one UPDATE)."""
-    grace = timedelta(seconds=grace_seconds(node.pool))
-    return EvidenceInterval.objects.filter(
-        node_id=node.pk, closed_at__isnull=True, node_incarnation=incarnation, last_seen_at__gte=now - grace
-    ).update(last_seen_at=now, renewals=F("renewals") + 1)
-
-
 def close_for_lease(lease_id, *, now: datetime, reason: str = EvidenceClose.LEASE_ENDED) -> int:
     """Close the lease's open interval (its end); the evidenced span stays ``[started, last_seen]``."""
     return EvidenceInterval.objects.filter(lease_id=lease_id, closed_at__isnull=True).update(

@@ -119,10 +119,6 @@ class Lease(models.Model):
     def __str__(self) -> str:
         return f"{self.workload_id}#{self.fencing_token} on {self.node_id} ({self.state})"
 
-    @property
-    def is_live(self) -> bool:
-        return self.state in LIVE_LEASE_STATES
-
 
 class LeaseDevice(models.Model):
     """One device a lease holds, written in the grant's transaction.

@@ -62,10 +62,6 @@ class Drain(models.Model):
     def __str__(self) -> str:
         return f"drain of {self.node_id} ({self.state})"
 
-    @property
-    def is_active(self) -> bool:
-        return self.state == DrainState.ACTIVE
-
 
 class Eviction(models.Model):
     """A disruption a drain caused to one lease; the disruption-budget accounting counts these."""

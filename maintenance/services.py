@@ -23,7 +23,6 @@ from django_fsm import can_proceed
 
 from fleet import credentials as fleet_credentials
 from fleet import event_types as fleet_events
-from fleet.choices import Lifecycle
 from fleet.errors import NODE_NOT_FOUND
 from fleet.events import Actor, record_event
 from fleet.instructions import Instruction, post_instructions
@@ -102,19 +101,6 @@ def record_transition(node: Node, actor: Actor, *, from_state: str, reason: str,
 def _check_expected(node: Node, expected_version: int | None) -> None:
     if expected_version is not None:
         check_version(node.version, expected_version)
-
-
-def _simple_action(
-    *, node_id, transition: str, action: str, expected_version: int, reason: str, actor: Actor, now=None
-) -> Node:
-    now = now or timezone.now()
-    with transaction.atomic():
-        node = lock_node(node_id)
-        _check_expected(node, expected_version)
-        from_state = apply_transition(node, transition, action=action, reason=reason, now=now)
-        save_transition(node)
-        record_transition(node, actor, from_state=from_state, reason=reason, data={"action": action})
-    return node
 
 
 def cordon_node(*, node_id, expected_version: int, reason: str, actor: Actor, expires_at=None, now=None) -> Node:
@@ -405,7 +391,3 @@ def retire_node(*, node_id, expected_version: int, reason: str, actor: Actor, fo
             node, actor, from_state=from_state, reason=reason, data={"action": "retire", "leases_revoked": len(revoked)}
         )
     return node
-
-
-def is_terminal(node: Node) -> bool:
-    return node.lifecycle == Lifecycle.RETIRED

@@ -15,7 +15,7 @@ from django.core.management import call_command
 from fleet import event_types as fleet_events
 from fleet import liveness
 from fleet.choices import Lifecycle, Liveness
-from fleet.liveness import liveness_at, sweep_liveness, timings_for
+from fleet.liveness import sweep_liveness, timings_for
 from fleet.models import LivenessSweepState, Node, NodeEvent, NodeResource
 from fleet.schedule import BEAT_SCHEDULE
 from leases import event_types as leases_events
@@ -93,16 +93,9 @@ def transitions(node):
     ]
 
 
-def test_liveness_is_a_pure_function_of_the_server_clock():
+def test_timings_default_to_kubernetes_grace_and_eviction():
     t = timings_for(PoolFactory(), fleet_size=10)
     assert (t.stale_after, t.unreachable_after, t.lost_after) == (20, 40, 300)
-    assert liveness_at(last_heartbeat_at=None, now=T0, timings=t) == Liveness.UNKNOWN
-    assert liveness_at(last_heartbeat_at=T0, now=T0 + seconds(19), timings=t) == Liveness.ALIVE
-    assert liveness_at(last_heartbeat_at=T0, now=T0 + seconds(20), timings=t) == Liveness.STALE
-    assert liveness_at(last_heartbeat_at=T0, now=T0 + seconds(40), timings=t) == Liveness.UNREACHABLE
-    assert liveness_at(last_heartbeat_at=T0, now=T0 + seconds(300), timings=t) == Liveness.LOST
-    assert liveness_at(last_heartbeat_at=T0 + seconds(60), now=T0, timings=t) == Liveness.ALIVE
-    assert liveness_at(last_heartbeat_at=T0, now=T0 + seconds(50), timings=t, since=T0 + seconds(45)) == "alive"
 
 
 def test_timings_scale_with_the_fleet_like_nomads_rate_scaled_interval():

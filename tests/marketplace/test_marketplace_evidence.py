@@ -123,32 +123,6 @@ def test_a_node_without_live_leases_pays_no_evidence_query(node, django_assert_n
         record_status_report(node=node, incarnation=1, live={}, listed=set(), mismatched=set(), now=at(6))
 
 
-def test_renewals_of_the_same_incarnation_carry_the_interval_until_the_next_status_report(node, pool, client_user):
-    from leases.evidence import record_renewal
-
-    lease = grant_at(0, client_user, pool, "job-r")
-    reporter = Reporter(node)
-    reporter.report(5, [lease])
-    for t in (30, 60, 90):  # renewals every 30 s (< 40 s grace) carry it
-        assert record_renewal(node=node, incarnation=1, now=at(t)) == 1
-    assert record_renewal(node=node, incarnation=2, now=at(95)) == 0  # another incarnation carries nothing
-    reporter.report(100, [])  # the next status report omits it: closed where the renewals left it
-    assert spans(lease) == [(at(5), at(90), EvidenceClose.NOT_REPORTED)]
-    [interval] = intervals(lease)
-    assert (interval.renewals, interval.status_reports) == (3, 1)
-
-
-def test_a_renewal_after_more_than_the_grace_carries_nothing(node, pool, client_user):
-    from leases.evidence import record_renewal
-
-    lease = grant_at(0, client_user, pool, "job-s")
-    reporter = Reporter(node)
-    reporter.report(5, [lease])
-    assert record_renewal(node=node, incarnation=1, now=at(60)) == 0  # 55 s > 40 s grace
-    reporter.report(65, [lease])
-    assert spans(lease) == [(at(5), at(5), EvidenceClose.SILENCE), (at(65), at(65), "")]
-
-
 def _renewals(node, secret, reporter, times, *, sweep_at=()):
     """Renew at each of ``times`` through the real renewal service, sweeping liveness at ``sweep_at``."""
     from fleet.liveness import sweep_liveness
