@@ -40,6 +40,7 @@ class EvidenceIntervalInline(_ReadOnlyInline):
         "status_reports",
         "renewals",
         "usage_max",
+        "devices",
     )
     readonly_fields = fields
 

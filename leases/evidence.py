@@ -15,6 +15,12 @@ Rules (one status report = today's heartbeat, which lists the leases the node ru
 An interval's evidenced span is ``[started_at, last_seen_at]``: only time between two pieces of
 evidence counts, so a lease reported once has none.
 
+A lease holding devices has them recorded on its interval with their health while it ran
+(``EvidenceInterval.devices``, KEP-4680 in spirit): each status report (whose device part is
+applied before this) updates each device's last health, the worst health seen
+(:data:`HEALTH_RANK`) and the last fault inside the interval. Marketplace reconciliation puts a
+usage whose device turned unhealthy up for review.
+
 Renewals (the cheap liveness signal, which does not list leases) carry an open interval of the
 same incarnation forward until the next status report: a status report that lists the lease more
 than the grace after the last one extends the interval over the gap when the node stayed alive
@@ -40,6 +46,9 @@ from fleet.models import LivenessSweepState, NodeEvent
 from .choices import EvidenceClose
 from .models import EvidenceInterval
 
+# Worse is higher: the ``worst`` health an interval records for a device.
+HEALTH_RANK = {"healthy": 0, "unknown": 1, "missing": 2, "unhealthy": 3}
+
 
 def grace_seconds(pool) -> float:
     """The pool's heartbeat grace as liveness scales it at the current fleet size (seconds)."""
@@ -60,13 +69,15 @@ def record_status_report(
     Args:
         node: the fleet.Node (its ``usage`` is this report's, canonical units).
         incarnation: the report's incarnation.
-        live: the node's live leases, ``{lease id: {"fencing_token", ...}}``.
+        live: the node's live leases, ``{lease id: {"fencing_token", "devices" (optional), ...}}``.
         listed: live leases the report listed with their own token.
         mismatched: live leases the report listed with another token.
         now: the server's receipt time.
 
     Cost: nothing when the node holds no live lease; else one SELECT of its open intervals, one
-    UPDATE extending them, and writes only when an interval opens or closes or a usage peak grows.
+    UPDATE extending them, and writes only when an interval opens or closes, a usage peak grows or
+    a device's health changes; one more SELECT (of the node's devices the leases hold) only when a
+    live lease holds devices.
     """
     if not live:
         return
@@ -74,9 +85,10 @@ def record_status_report(
     open_rows = {
         row["lease_id"]: row
         for row in EvidenceInterval.objects.filter(node_id=node.pk, closed_at__isnull=True).values(
-            "pk", "lease_id", "node_incarnation", "fencing_token", "last_seen_at", "usage_max"
+            "pk", "lease_id", "node_incarnation", "fencing_token", "last_seen_at", "usage_max", "devices"
         )
     }
+    health = _device_health(node, live)
     usage = {k: v for k, v in (node.usage or {}).items() if isinstance(v, int) and not isinstance(v, bool)}
     extend: list[int] = []
     close: dict[str, list[int]] = {}
@@ -96,8 +108,9 @@ def record_status_report(
                 if reason is None:
                     extend.append(row["pk"])
                     peak = _peak(row["usage_max"], usage)
-                    if peak != row["usage_max"]:
-                        peaks.append((row["pk"], peak))
+                    seen = _devices_seen(row["devices"], lease, health)
+                    if peak != row["usage_max"] or seen != row["devices"]:
+                        peaks.append((row["pk"], peak, seen))
                     continue
                 close.setdefault(reason, []).append(row["pk"])
             opened.append(
@@ -109,6 +122,7 @@ def record_status_report(
                     started_at=now,
                     last_seen_at=now,
                     usage_max=usage,
+                    devices=_devices_seen([], lease, health),
                 )
             )
         elif row is not None:
@@ -123,8 +137,8 @@ def record_status_report(
         EvidenceInterval.objects.filter(pk__in=extend, closed_at__isnull=True).update(
             last_seen_at=now, status_reports=F("status_reports") + 1
         )
-    for pk, peak in peaks:
-        EvidenceInterval.objects.filter(pk=pk).update(usage_max=peak)
+    for pk, peak, seen in peaks:
+        EvidenceInterval.objects.filter(pk=pk).update(usage_max=peak, devices=seen)
     for reason, pks in close.items():
         EvidenceInterval.objects.filter(pk__in=pks, closed_at__isnull=True).update(closed_at=now, close_reason=reason)
     if opened:
@@ -162,6 +176,58 @@ def close_for_lease(lease_id, *, now: datetime, reason: str = EvidenceClose.LEAS
     return EvidenceInterval.objects.filter(lease_id=lease_id, closed_at__isnull=True).update(
         closed_at=now, close_reason=reason
     )
+
+
+def _device_health(node, live: dict) -> dict:
+    """``{device id: {"type", "model", "health", "last_fault_at"}}`` of the devices the live leases
+    hold (one SELECT; none when no lease holds a device)."""
+    ids = {d.get("id") for lease in live.values() for d in (lease.get("devices") or []) if isinstance(d, dict)}
+    ids.discard(None)
+    if not ids:
+        return {}
+    from fleet.models import Device
+
+    rows = Device.objects.filter(node_id=node.pk, device_id__in=ids, retired_at__isnull=True).values_list(
+        "device_id", "type", "model", "health", "last_fault_at"
+    )
+    return {
+        device_id: {"type": kind, "model": model, "health": health, "last_fault_at": fault}
+        for device_id, kind, model, health, fault in rows
+    }
+
+
+def _devices_seen(before: list, lease: dict, health: dict) -> list[dict]:
+    """The interval's device list after one more report: each device of the lease with its
+    health now, the worst seen since the interval opened, and its last fault since the lease's
+    grant (``faulted_at``); a device the node no longer has is ``missing``."""
+    previous = {d.get("id"): d for d in before or [] if isinstance(d, dict)}
+    seen = []
+    for device in lease.get("devices") or []:
+        if not isinstance(device, dict) or not device.get("id"):
+            continue
+        device_id = device["id"]
+        old = previous.get(device_id) or {}
+        now = health.get(device_id) or {"type": device.get("type", ""), "model": "", "health": "missing"}
+        worst = max(
+            (h for h in (old.get("worst"), now["health"]) if h in HEALTH_RANK),
+            key=HEALTH_RANK.__getitem__,
+            default=now["health"],
+        )
+        entry = {
+            "id": device_id,
+            "type": now["type"] or old.get("type", ""),
+            "model": now["model"] or old.get("model", ""),
+            "health": now["health"],
+            "worst": worst,
+        }
+        fault = now.get("last_fault_at")
+        granted = lease.get("granted_at")
+        if fault is not None and (granted is None or fault >= granted):
+            entry["faulted_at"] = fault.isoformat()  # the device's last fault since the grant
+        elif old.get("faulted_at"):
+            entry["faulted_at"] = old["faulted_at"]
+        seen.append(entry)
+    return seen
 
 
 def _peak(before: dict, usage: dict) -> dict:

@@ -223,7 +223,9 @@ class EvidenceInterval(models.Model):
     renewals of the same incarnation), closed by the events in :class:`EvidenceClose`. The
     evidenced span is ``[started_at, last_seen_at]``; ``closed_at`` marks when the control plane
     decided it was over. ``usage_max`` is the largest node-reported usage per resource (canonical
-    units) seen while it was open: reconciliation compares it with the allocation.
+    units) seen while it was open: reconciliation compares it with the allocation. ``devices`` are
+    the lease's devices with their health while it was open (marketplace reconciliation flags a
+    usage whose device was unhealthy for review).
     """
 
     lease = models.ForeignKey(Lease, on_delete=models.CASCADE, related_name="evidence_intervals")
@@ -237,6 +239,11 @@ class EvidenceInterval(models.Model):
     status_reports = models.PositiveIntegerField(default=1)
     renewals = models.PositiveIntegerField(default=0)
     usage_max = models.JSONField(default=dict, blank=True)
+    # The lease's devices and their health while the interval was open (KEP-4680 in spirit):
+    # [{"id", "type", "model", "health", "worst", "faulted_at"?}]; ``health`` as last reported,
+    # ``worst`` the worst seen (leases.evidence.HEALTH_RANK), ``faulted_at`` the device's last fault
+    # since the lease's grant.
+    devices = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["started_at", "id"]

@@ -11,7 +11,11 @@ and by a beat sweep that catches anything the task missed. Reconciliation compar
    the lease (absent) loses those intervals (``adjusted``), or, when that is all its evidence,
    ``disputed``;
 3. the node's quarantines: a quarantine overlapping the lease that is not yet released → ``held``
-   (re-run once an operator releases it).
+   (re-run once an operator releases it);
+4. the lease's devices: a device fault that tainted one of them while it ran (the ``device`` event
+   ``lease_device_fault``, leases.device_faults) or a device its evidence saw unhealthy adds the
+   ``device_fault`` finding; the state stays what 1–3 decide, and the finding flags the record's
+   statement line for review, which holds the payout (marketplace.payouts.REVIEW_FINDINGS).
 
 Otherwise ``reconciled``. Only evidenced time is billable. A record is claimed under a row lock
 plus a compare-and-swap on its version, so two reconcilers at once give one outcome and one event.
@@ -196,6 +200,23 @@ def _impossible(record: UsageRecord, peaks: list[dict]) -> list[str]:
     return sorted(over)
 
 
+def _device_faults(record: UsageRecord, intervals: list[EvidenceInterval]) -> list[str]:
+    """Ids of the lease's devices that faulted while it ran: named by a ``lease_device_fault``
+    event of the lease (the fault tainted the device) or seen unhealthy in its evidence."""
+    from leases.device_faults import DEVICE_FAULT_EVIDENCE
+
+    ids: set[str] = set()
+    for data in NodeEvent.objects.filter(
+        type=fleet_events.DEVICE, to_state=DEVICE_FAULT_EVIDENCE, lease_id=record.lease_id
+    ).values_list("data", flat=True):
+        ids.update(str(d.get("id")) for d in (data or {}).get("devices") or [] if isinstance(d, dict) and d.get("id"))
+    for interval in intervals:
+        for device in interval.devices or []:
+            if isinstance(device, dict) and device.get("id") and device.get("worst") == "unhealthy":
+                ids.add(str(device["id"]))
+    return sorted(ids)
+
+
 def evaluate(record: UsageRecord) -> dict:
     """What reconciliation concludes for ``record`` now (changes nothing)."""
     lease = record.lease
@@ -222,6 +243,15 @@ def evaluate(record: UsageRecord) -> dict:
         kept = [k for k in kept if k not in absent]
         adjusted_why.append(f"{seconds} s in which the node reported no use of the allocated resources removed")
         findings.append({"code": "absent_usage_partial", "message": adjusted_why[-1]})
+
+    faulty = _device_faults(record, intervals)
+    if faulty:
+        findings.append(
+            _finding(
+                "device_fault",
+                f"device(s) {', '.join(faulty)} faulted while the lease ran: its usage is up for review",
+            )
+        )
 
     quarantine = (
         Quarantine.objects.filter(node_id=record.node_id, created_at__lte=record.ended_at)

@@ -27,6 +27,7 @@ class EvidenceIntervalSerializer(serializers.ModelSerializer):
             "status_reports",
             "renewals",
             "usage_max",
+            "devices",
         ]
         read_only_fields = fields
 
