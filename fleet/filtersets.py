@@ -18,24 +18,24 @@ from nodepool.api.problems import Problem
 
 from . import event_types
 from .choices import Lifecycle, Liveness
-from .labelselector import SelectorError, filter_by_selector
+from .labelselector import NODE_DECLARED, PLACEMENT, SelectorError, filter_nodes, parse_selector
 from .models import BootstrapToken, Node, NodeEvent
 from .selectors import schedulable_q
 
 
-def _label_filter(queryset, column: str, values: list[str]):
-    """Each value a Kubernetes label selector (``zone=a,gpu``, ``zone in (a,b)``, ``!spot``…; see
-    :mod:`fleet.labelselector`) on a JSON label column; repeated values must all hold (AND).
+def _label_filter(queryset, values: list[str], view: str):
+    """Each value a Kubernetes label selector (``zone=a,gpu``, ``zone in (a,b)``, ``!spot``, ``gen>3``…;
+    see :mod:`fleet.labelselector`) on the node label set ``view``; repeated values must all hold (AND).
 
     Raises:
         Problem: 400 ``invalid_filter`` for a malformed selector (nothing is filtered then).
     """
-    for index, raw in enumerate(values):
+    for raw in values:
         try:
-            queryset = filter_by_selector(queryset, column, raw, alias_prefix=str(index))
+            parse_selector(raw)
         except SelectorError as exc:
             raise Problem(f"label selector {raw[:200]!r}: {exc}", INVALID_FILTER) from exc
-    return queryset
+    return filter_nodes(queryset, values, view=view)
 
 
 class NodeFilterSet(StrictFilterSet):
@@ -46,9 +46,15 @@ class NodeFilterSet(StrictFilterSet):
     hostname = django_filters.CharFilter(field_name="hostname")
     label = django_filters.CharFilter(
         method="filter_label",
-        help_text="Kubernetes label selector on platform labels: k=v,k!=v,k in (a,b),k notin (a),k,!k; repeat for AND",
+        help_text=(
+            "Kubernetes label selector (all of its grammar: k=v,k!=v,k in (a,b),k notin (a),k,!k,k>1,k<7) on the "
+            "labels placement matches: platform, pool, identity and verified-feature labels, and node-declared "
+            "labels where the pool trusts them; repeat for AND"
+        ),
     )
-    node_label = django_filters.CharFilter(method="filter_node_label", help_text="the same, on node-declared labels")
+    node_label = django_filters.CharFilter(
+        method="filter_node_label", help_text="the same grammar, on the labels the node declares (trusted or not)"
+    )
     # A strict choice, not BooleanFilter: "perhaps" must be a 400, not silently ignored.
     schedulable = django_filters.TypedChoiceFilter(
         choices=[("true", "true"), ("false", "false")], coerce=lambda v: v == "true", method="filter_schedulable"
@@ -62,10 +68,10 @@ class NodeFilterSet(StrictFilterSet):
         return [v for v in self.data.getlist(name) if v] if hasattr(self.data, "getlist") else [self.data[name]]
 
     def filter_label(self, queryset, name, value):
-        return _label_filter(queryset, "labels", self._values("label"))
+        return _label_filter(queryset, self._values("label"), PLACEMENT)
 
     def filter_node_label(self, queryset, name, value):
-        return _label_filter(queryset, "node_labels", self._values("node_label"))
+        return _label_filter(queryset, self._values("node_label"), NODE_DECLARED)
 
     @extend_schema_field(OpenApiTypes.BOOL)
     def filter_schedulable(self, queryset, name, value):

@@ -42,6 +42,8 @@ from django.db.models import (
 from django.db.models.lookups import Exact
 
 from fleet.choices import Lifecycle, SchedulingPolicy
+from fleet.labels import HOSTNAME_LABEL
+from fleet.labelview import FEATURE_LABELS, NODE_ID_LABEL, identity_labels, label_view
 from fleet.models import Node, NodeResource, Pool
 from fleet.selectors import schedulable_q, valid_credential_exists
 from nodepool.db import prepared_cursor
@@ -102,13 +104,7 @@ def phrase(code: str, resources: dict[str, int], extra: dict[str, str] | None = 
 
 # --- what a node looks like to the filters ---------------------------------------------------------
 # Labels whose value is each node's own (node_label_view), and labels derived from a verified feature.
-HOSTNAME_LABEL, NODE_ID_LABEL, POOL_LABEL = "kubernetes.io/hostname", "nodepool.dev/node-id", "nodepool.dev/pool"
-FEATURE_LABELS = {"kubernetes.io/arch": "arch", "kubernetes.io/os": "os"}
-
-
-def identity_labels(pk, hostname: str, pool_name: str) -> dict[str, str]:
-    """The labels every node has from its identity, the weakest layer of :func:`node_label_view`."""
-    return {HOSTNAME_LABEL: hostname or str(pk), NODE_ID_LABEL: str(pk), POOL_LABEL: pool_name}
+# (fleet.labelview holds them: the node list's label selector reads the same view.)
 
 
 def reads_as_index(key: str) -> bool:
@@ -123,24 +119,15 @@ def reads_as_index(key: str) -> bool:
 
 
 def node_label_view(node: Node, pool: Pool) -> dict[str, str]:
-    """Labels placement matches on: well-known labels, scalar verified features, pool labels,
-    node-declared labels only when ``pool.trust_node_labels``, then platform labels (which win)."""
+    """Labels placement matches on (:func:`fleet.labelview.label_view`): well-known labels, scalar
+    verified features, pool labels, node-declared labels only when ``pool.trust_node_labels``, then
+    platform labels (which win)."""
     cached = getattr(node, "_label_view", None)
     if cached is not None:
         return cached
-    labels = identity_labels(node.pk, node.hostname, pool.name)
-    features = (node.verified or {}).get("features") or {}
-    for key, value in features.items():
-        if isinstance(value, str | int | bool) and not isinstance(value, dict):
-            labels[key] = str(value)
-    if "arch" in features:
-        labels["kubernetes.io/arch"] = str(features["arch"])
-    if "os" in features:
-        labels["kubernetes.io/os"] = str(features["os"])
-    labels.update({k: str(v) for k, v in (pool.labels or {}).items()})
-    if pool.trust_node_labels:
-        labels.update({k: str(v) for k, v in (node.node_labels or {}).items()})
-    labels.update({k: str(v) for k, v in (node.labels or {}).items()})
+    labels = label_view(pk=node.pk, hostname=node.hostname, pool_name=pool.name, pool_labels=pool.labels,
+                        trust_node_labels=pool.trust_node_labels, node_labels=node.node_labels, labels=node.labels,
+                        verified=node.verified)  # fmt: skip
     if isinstance(node, NodeView):
         node._label_view = labels  # filters and scores of one request read it several times
     return labels
