@@ -30,9 +30,12 @@ KIND_ALIASES = {
     "drain": "drain", "drains": "drain",
     "quarantine": "quarantine", "quarantines": "quarantine",
     "device": "device", "devices": "device",
+    "event": "event", "events": "event", "ev": "event",
 }  # fmt: skip
 PATHS = {"node": "/nodes", "pool": "/pools", "lease": "/node-leases", "drain": "/drains", "quarantine": "/quarantines",
-         "device": "/nodes/{node}/devices"}  # fmt: skip
+         "device": "/nodes/{node}/devices", "event": "/events"}  # fmt: skip
+NODE_REFS = {"lease": "node_id", "quarantine": "node", "event": "node_id"}  # tables that name a node by its id
+EVENTS_SHOWN = 50  # get events: the newest this many (--limit)
 DURATION = re.compile(r"^(\d+)([smhd])$")
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 OUTPUTS = click.Choice(["wide", "json", "yaml", "name"])
@@ -43,9 +46,25 @@ def console() -> Console:
     return Console(highlight=False, soft_wrap=True)
 
 
+NAME_LOOKUPS = 20  # up to this many distinct nodes are read one by one; more: the node list once
+
+
 class Context:
     def __init__(self, url: str | None, token: str | None):
         self._url, self._token, self._api = url, token, None
+
+    def node_names(self, ids: set[str]) -> dict[str, str]:
+        """Node id → name (hostname) for ``ids``: each node read by id when there are few, else
+        the whole node list once; a node the caller may not read keeps its id."""
+        names: dict[str, str] = {}
+        if len(ids) <= NAME_LOOKUPS:
+            for node_id in ids:
+                try:
+                    names[node_id] = self.api.get(f"/nodes/{node_id}").get("hostname") or node_id
+                except ApiError:
+                    names[node_id] = node_id
+            return names
+        return {n["id"]: n.get("hostname") or n["id"] for n in self.api.iter("/nodes") if n["id"] in ids}
 
     @property
     def api(self) -> Api:
@@ -103,7 +122,7 @@ def _kind(value: str) -> str:
         raise click.BadParameter(f"one of {', '.join(sorted(set(KIND_ALIASES.values())))}") from None
 
 
-def _show(kind: str, objects: list[dict], output: str | None) -> None:
+def _show(kind: str, objects: list[dict], output: str | None, obj: Context | None = None) -> None:
     if output in ("json", "yaml"):
         click.echo(render.dump(objects, output))
     elif output == "name":
@@ -111,20 +130,43 @@ def _show(kind: str, objects: list[dict], output: str | None) -> None:
     elif not objects:
         click.echo("No resources found.", err=True)
     else:
-        render.print_whole(console(), render.table(kind, objects, wide=output == "wide"))
+        if obj is not None and kind in NODE_REFS:  # tables name nodes by name, not by id
+            key = NODE_REFS[kind]
+            names = obj.node_names({str(o[key]) for o in objects if o.get(key)})
+            objects = [{**o, render.NODE_NAME_KEY: names.get(str(o.get(key)), "")} for o in objects]
+        width = None if output == "wide" else render.fit_width()
+        render.print_whole(console(), render.table(kind, objects, wide=output == "wide", width=width))
 
 
 @cli.command()
 @click.argument("kind", metavar="KIND", shell_complete=lambda c, p, i: [k for k in PATHS if k.startswith(i)])
 @click.argument("name", required=False)
 @click.option("-o", "--output", type=OUTPUTS, default=None, help="wide, json, yaml or name (default: a table).")
-@click.option("-l", "--selector", default=None, help="Label selector (nodes): k=v,k!=v,k in (a,b),k notin (a),k,!k.")
+@click.option(
+    "-l",
+    "--selector",
+    default=None,
+    help="Label selector (nodes), Kubernetes' grammar: k=v,k!=v,k in (a,b),k notin (a),k,!k,k>1,k<7.",
+)
 @click.option("--pool", default=None, help="Only this pool.")
+@click.option("--node", "node_ref", default=None, help="Events: only this node's (name or id).")
+@click.option("--limit", type=click.IntRange(1, 500), default=EVENTS_SHOWN, show_default=True,
+              help="Events: the newest this many, shown oldest first.")  # fmt: skip
 @click.pass_obj
-def get(obj: Context, kind, name, output, selector, pool):
-    """List nodes, pools, leases, drains or quarantines (or show one by NAME); devices of node NAME."""
+def get(obj: Context, kind, name, output, selector, pool, node_ref, limit):
+    """List nodes, pools, leases, drains, quarantines or events (or show one by NAME); devices of node NAME."""
     kind = _kind(kind)
     api = obj.api
+    if kind == "event":  # the newest --limit events, oldest first (kubectl get events)
+        if name and not node_ref:
+            node_ref = name
+        node_id = api.node(node_ref)["id"] if node_ref else None
+        if pool:
+            api.get(f"/pools/{pool}")  # an unknown pool is an error (404), not "No resources"
+        page = api.get("/events", pool=pool, node=node_id, page_size=limit)
+        events = sorted(page.get("results") or [], key=lambda e: e.get("created_at") or "")
+        _show(kind, events, output, obj)
+        return
     if kind == "device":  # the devices of one node: `get devices NODE`
         if not name:
             raise click.UsageError("get devices needs a NODE (name or id)")
@@ -141,7 +183,7 @@ def get(obj: Context, kind, name, output, selector, pool):
         objects = api.list(PATHS[kind], pool=pool, label=selector)
         if pool and not objects:
             api.get(f"/pools/{pool}")  # an unknown pool is an error (404 pool_not_found, rc 1), not "No resources"
-    _show(kind, objects, output)
+    _show(kind, objects, output, obj)
 
 
 @cli.group()
@@ -155,10 +197,15 @@ def describe():
 def describe_node(obj: Context, node):
     """A node: state, conditions in order, capacity, holds, leases, events last."""
     found = obj.api.node(node)
+    try:  # whether the pool trusts node labels (describe marks them untrusted otherwise)
+        pool = obj.api.get(f"/pools/{found['pool']}") if found.get("pool") else None
+    except ApiError:
+        pool = None
     leases = obj.api.list("/node-leases", node=found["id"], state=["granted", "active"])
     # The general event timeline (GET /events, newest first): the last DESCRIBE_EVENTS of them.
     page = obj.api.get("/events", node=found["id"], page_size=describe_mod.DESCRIBE_EVENTS)
-    render.print_whole(console(), describe_mod.describe_node(found, leases, page.get("results") or []))
+    described = describe_mod.describe_node(found, leases, page.get("results") or [], pool=pool)
+    render.print_whole(console(), described)
 
 
 @describe.command("pool")
@@ -353,6 +400,28 @@ def top_pool(obj: Context, output):
         click.echo(render.dump(rows, output))
     else:
         render.print_whole(console(), describe_mod.top_table(rows))
+
+
+@top.command("node")
+@click.argument("name", required=False)
+@click.option("-l", "--selector", default=None, help="Label selector, as `get nodes -l`.")
+@click.option("--pool", default=None, help="Only this pool.")
+@click.option("-o", "--output", type=click.Choice(["json", "yaml"]), default=None)
+@click.pass_obj
+def top_node(obj: Context, name, selector, pool, output):
+    """Per node: cpu and memory in use as its agent last reported them (and % of allocatable),
+    allocated to leases (and %), free GPUs. ``<unknown>`` for a node that has not reported usage."""
+    api = obj.api
+    nodes = [api.node(name)] if name else api.list("/nodes", pool=pool, label=selector)
+    if pool and not nodes:
+        api.get(f"/pools/{pool}")  # an unknown pool is an error (404), not "No resources"
+    rows = [describe_mod.node_usage(node) for node in nodes]
+    if output:
+        click.echo(render.dump(rows, output))
+    elif not rows:
+        click.echo("No resources found.", err=True)
+    else:
+        render.print_whole(console(), describe_mod.top_node_table(rows, width=render.fit_width()))
 
 
 from .leases import lease  # noqa: E402  (the lease command group)

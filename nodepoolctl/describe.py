@@ -61,11 +61,22 @@ def _status_report(node: dict) -> str:
     return f"{at} ({age(at)} ago)" if at else "never"
 
 
-def describe_node(node: dict, leases: list[dict], events: list[dict]) -> Group:
+def _node_labels(node: dict, pool: dict | None) -> str:
+    """The labels the node declares, marked when its pool does not trust them: placement and the
+    ``-l`` selector then ignore them (only platform, pool and identity labels count)."""
+    pairs = _pairs(node.get("node_labels"))
+    if not node.get("node_labels") or pool is None or pool.get("trust_node_labels", True):
+        return pairs
+    name = pool.get("name") or node.get("pool")
+    return f"{pairs} (untrusted: pool {name} does not trust node labels; placement and -l ignore them)"
+
+
+def describe_node(node: dict, leases: list[dict], events: list[dict], *, pool: dict | None = None) -> Group:
     """The node as sections, events last (oldest first, as kubectl lists them).
 
     ``events`` are items of ``GET /events?node=`` (``created_at``, ``type``, ``from_state``,
-    ``to_state``, ``actor``, ``reason``), in any order.
+    ``to_state``, ``actor``, ``reason``), in any order. ``pool`` is ``GET /pools/{name}`` of the
+    node's pool (whether it trusts node labels); without it node labels are shown unmarked.
     """
     reasons = node.get("unschedulable_reasons") or []
     taints = [f"{t.get('key')}={t.get('value', '')}:{t.get('effect')}" for t in node.get("taints") or []]
@@ -77,7 +88,7 @@ def describe_node(node: dict, leases: list[dict], events: list[dict]) -> Group:
         ("Pool", node.get("pool") or "-"),
         ("Owner", node.get("owner") or "<none>"),
         ("Labels", _pairs(node.get("labels"))),
-        ("Node labels", _pairs(node.get("node_labels"))),
+        ("Node labels", _node_labels(node, pool)),
         ("Taints", ", ".join(taints) or "<none>"),
         ("Lifecycle", _with(node.get("lifecycle"), node.get("lifecycle_reason"))),
         ("Cordoned", "yes" if node.get("cordoned") else "no"),
@@ -234,3 +245,55 @@ def top_table(rows: list[dict]) -> Table:
         cells.append(str(row["nvidia.com/gpu"]["free"]))
         out.add_row(*cells)
     return out
+
+
+def node_usage(node: dict) -> dict:
+    """A row of ``top node``: per resource (cpu, memory) the usage the agent last reported
+    (``None`` when it has not), the allocated amount and the allocatable (canonical units), and
+    the free GPUs."""
+    usage = node.get("usage") or {}
+    row: dict = {"node": node.get("hostname") or node["id"], "pool": node.get("pool") or ""}
+    for resource in ("cpu", "memory"):
+        entry = (node.get("capacity") or {}).get(resource) or {}
+        row[resource] = {
+            "used": usage.get(resource),
+            "allocated": int(entry.get("allocated") or 0),
+            "allocatable": int(entry.get("allocatable") or 0),
+        }
+    gpu = (node.get("capacity") or {}).get("nvidia.com/gpu")
+    row["gpu_free"] = int(gpu.get("free") or 0) if gpu else None
+    return row
+
+
+def _share(part, whole) -> str:
+    return f"{100 * part // whole}%" if whole and part is not None else "-"
+
+
+def top_node_table(rows: list[dict], *, width: int | None = None) -> Table:
+    """kubectl top node's columns (NAME CPU CPU% MEMORY MEMORY%: usage as reported), then what
+    leases hold (ALLOC%); without room for all (``width``), the allocation columns go first."""
+    headers = ["NAME", "CPU", "CPU%", "MEMORY", "MEMORY%", "CPU ALLOC%", "MEMORY ALLOC%", "GPU FREE"]
+    table_rows = []
+    for row in rows:
+        cells = [row["node"]]
+        for resource in ("cpu", "memory"):
+            r = row[resource]
+            cells.append("<unknown>" if r["used"] is None else amount(resource, r["used"]))
+            cells.append(_share(r["used"], r["allocatable"]))
+        cells += [_share(row[r]["allocated"], row[r]["allocatable"]) for r in ("cpu", "memory")]
+        cells.append("-" if row["gpu_free"] is None else str(row["gpu_free"]))
+        table_rows.append(cells)
+    keep = len(headers)
+    while width and keep > 5 and _width(headers[:keep], table_rows) > width:
+        keep -= 1
+    out = Table(box=None, header_style="bold", pad_edge=False)
+    for header in headers[:keep]:
+        out.add_column(header, no_wrap=True, overflow="ellipsis")
+    for cells in table_rows:
+        out.add_row(*cells[:keep])
+    return out
+
+
+def _width(headers: list[str], rows: list[list[str]]) -> int:
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
+    return sum(widths) + 2 * (len(widths) - 1)

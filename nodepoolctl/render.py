@@ -4,9 +4,13 @@ json / yaml / name outputs. Amounts come from the API in canonical units (cpu mi
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import sys
 from collections.abc import Callable
 
 import yaml
+from rich.cells import cell_len
 from rich.console import Console, RenderableType
 from rich.measure import Measurement
 from rich.table import Table
@@ -100,7 +104,7 @@ KINDS: dict[str, tuple[Callable[[dict], str], list[Column], list[Column]]] = {
         [
             ("ID", lambda lease: lease["id"]),
             ("WORKLOAD", lambda lease: lease.get("workload_id", "")),
-            ("NODE", lambda lease: lease.get("node_id") or ""),
+            ("NODE", lambda lease: node_name(lease, "node_id")),
             ("TOKEN", lambda lease: str(lease.get("fencing_token", ""))),
             ("STATE", lambda lease: lease.get("state", "")),
             ("WORKLOAD STATE", lambda lease: lease.get("workload_state") or "-"),
@@ -113,6 +117,7 @@ KINDS: dict[str, tuple[Callable[[dict], str], list[Column], list[Column]]] = {
                 lambda lease: ",".join(f"{k}={amount(k, v)}" for k, v in (lease.get("resources") or {}).items()),
             ),
             ("DEVICES", lambda lease: ",".join(d["id"] for d in lease.get("devices") or []) or "-"),
+            ("PLACEMENT", lambda lease: placement(lease.get("placement"))),
             ("VERSION", lambda lease: str(lease.get("version", ""))),
         ],
     ),
@@ -152,28 +157,142 @@ KINDS: dict[str, tuple[Callable[[dict], str], list[Column], list[Column]]] = {
         lambda q: q["id"],
         [
             ("ID", lambda q: str(q["id"])),
-            ("NODE", lambda q: str(q.get("node", ""))),
+            ("NODE", lambda q: node_name(q, "node")),
             ("RULE", lambda q: q.get("rule", "")),
             ("SINCE", lambda q: age(q.get("created_at"))),
             ("RELEASED", lambda q: timestamp(q.get("released_at")) if q.get("released_at") else "<open>"),
         ],
         [("REASON", lambda q: q.get("reason", ""))],
     ),
+    "event": (
+        lambda e: str(e["id"]),
+        [
+            ("LAST SEEN", lambda e: age(e.get("created_at"))),
+            ("TYPE", lambda e: e.get("type", "")),
+            ("OBJECT", lambda e: event_object(e)),
+            ("BY", lambda e: e.get("actor") or e.get("actor_type") or ""),
+            ("MESSAGE", lambda e: " ".join(str(e.get("summary") or e.get("reason") or "").split())),
+        ],
+        [("POOL", lambda e: e.get("pool") or "-"), ("ID", lambda e: str(e["id"]))],
+    ),
 }
 
+# The columns a default table gives up, first to last, to fit the width (COLUMNS, or the terminal):
+# the name and its status never; `-o wide` shows them all. A column in SQUEEZE (free text) is cut
+# short with an ellipsis when dropping is not enough; names and ids never are.
+DROP = {
+    "node": ["GPU FREE", "HEALTH", "LIVENESS", "MEMORY FREE", "CPU FREE", "LIFECYCLE", "HEARTBEAT", "POOL"],
+    "pool": ["POLICY", "ADMISSION", "KIND"],
+    "lease": ["WORKLOAD STATE", "TOKEN", "EXPIRES", "STATE", "WORKLOAD"],
+    "device": ["TAINTS", "GROUP", "MEMORY", "MODEL", "ALLOCATABLE", "INDEX"],
+    "drain": ["LEASES LEFT", "POLICY", "DEADLINE"],
+    "quarantine": ["RELEASED", "RULE", "SINCE"],
+    "event": ["BY", "OBJECT"],
+}
+SQUEEZE = {"event": "MESSAGE"}
+NODE_NAME_KEY = "_node_name"  # set on an object (a table only) by the caller that resolved its node's name
 
-def table(kind: str, objects: list[dict], *, wide: bool = False) -> Table:
+
+def node_name(obj: dict, key: str) -> str:
+    """The node's name (hostname) when the caller resolved it, else its id."""
+    return obj.get(NODE_NAME_KEY) or str(obj.get(key) or "")
+
+
+def event_object(event: dict) -> str:
+    """kubectl's OBJECT: ``node/<name>``, ``lease/<workload>`` or ``pool/<name>``."""
+    if event.get("node_id"):
+        return f"node/{node_name(event, 'node_id')}"
+    if event.get("workload_id") or event.get("lease_id"):
+        return f"lease/{event.get('workload_id') or event.get('lease_id')}"
+    return f"pool/{event['pool']}" if event.get("pool") else f"{event.get('subject_type') or '-'}"
+
+
+def placement(asked: dict | None) -> str:
+    """What a lease's request asked of its node, in one cell: ``selector zone=a; tolerates
+    gpu=true:NoSchedule; affinity 1 required; spread web by zone; features arch=amd64``."""
+    asked = asked or {}
+    parts = []
+    if asked.get("node_selector"):
+        parts.append("selector " + ",".join(f"{k}={v}" for k, v in sorted(asked["node_selector"].items())))
+    if asked.get("tolerations"):
+        tolerations = [
+            f"{t.get('key') or '*'}{'=' + t['value'] if t.get('value') else ''}:{t.get('effect') or '*'}"
+            for t in asked["tolerations"]
+        ]
+        parts.append("tolerates " + ",".join(tolerations))
+    affinity = asked.get("affinity") or {}
+    if affinity:
+        counts = [f"{len(affinity.get(k) or [])} {k}" for k in ("required", "preferred") if affinity.get(k)]
+        parts.append("affinity " + ", ".join(counts))
+    spread = asked.get("spread") or {}
+    if spread:
+        parts.append(f"spread {spread.get('group')} by {spread.get('topology_key') or 'host'}"
+                     f"{' (' + spread['mode'] + ')' if spread.get('mode') else ''}")  # fmt: skip
+    if asked.get("features"):
+        parts.append("features " + ",".join(f"{k}={v}" for k, v in sorted(asked["features"].items())))
+    return "; ".join(parts) or "-"
+
+
+def table(kind: str, objects: list[dict], *, wide: bool = False, width: int | None = None) -> Table:
     """The objects one row each. A cell is never folded onto a second line (``LIVENES``/``S``, an
     id cut in two): printed with :func:`print_whole` every cell is whole; squeezed into a narrower
-    console (``watch`` on a terminal) a cell is cut short with an ellipsis, still on its row."""
+    console (``watch`` on a terminal) a cell is cut short with an ellipsis, still on its row.
+
+    ``width`` (characters; default tables only): the columns of :data:`DROP` are left out, in
+    that order, until every line fits; then the free-text column of :data:`SQUEEZE` is cut short.
+    A name is never cut: with a name longer than ``width`` the line is as long as the name needs."""
     _, columns, extra = KINDS[kind]
-    columns = columns + extra if wide else columns
+    columns = columns + extra if wide else list(columns)
+    rows = [[str(get(obj)) for _, get in columns] for obj in objects]
+    headers = [header for header, _ in columns]
+    if width and not wide:
+        headers, rows = _fit(kind, headers, rows, width)
     out = Table(box=None, header_style="bold", pad_edge=False)
-    for header, _ in columns:
+    for header in headers:
         out.add_column(header, no_wrap=True, overflow="ellipsis")
-    for obj in objects:
-        out.add_row(*(str(get(obj)) for _, get in columns))
+    for row in rows:
+        out.add_row(*row)
     return out
+
+
+GAP = 2  # characters between two columns (Rich's default padding of a box-less table)
+
+
+def _line_width(headers: list[str], rows: list[list[str]]) -> int:
+    widths = [max([cell_len(h), *(cell_len(row[i]) for row in rows)]) for i, h in enumerate(headers)]
+    return sum(widths) + GAP * (len(widths) - 1)
+
+
+def _fit(kind: str, headers: list[str], rows: list[list[str]], width: int) -> tuple[list[str], list[list[str]]]:
+    for dropped in DROP.get(kind, []):
+        if _line_width(headers, rows) <= width:
+            break
+        if dropped in headers:
+            index = headers.index(dropped)
+            headers = headers[:index] + headers[index + 1 :]
+            rows = [row[:index] + row[index + 1 :] for row in rows]
+    squeeze = SQUEEZE.get(kind)
+    if squeeze in headers and _line_width(headers, rows) > width:
+        index = headers.index(squeeze)
+        others = _line_width(headers[:index] + headers[index + 1 :], [r[:index] + r[index + 1 :] for r in rows])
+        room = max(len(squeeze), width - others - GAP)
+        rows = [row[:index] + [_cut(row[index], room)] + row[index + 1 :] for row in rows]
+    return headers, rows
+
+
+def _cut(text: str, room: int) -> str:
+    return text if cell_len(text) <= room else text[: max(room - 1, 0)] + "…"
+
+
+def fit_width() -> int | None:
+    """The width a default table must fit: ``COLUMNS`` when set, else the terminal's; ``None``
+    (every column, each cell whole) when the output is a pipe or a file without ``COLUMNS``."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    if sys.stdout.isatty():
+        return shutil.get_terminal_size().columns
+    return None
 
 
 WIDEST = 100_000  # characters: any table's natural width is below this
