@@ -37,13 +37,12 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import F
 from django.dispatch import Signal
 from django.utils import timezone
 
-from . import event_types
+from . import conf, event_types
 from .choices import Lifecycle, Liveness
 from .events import Actor, record_event
 from .models import Benchmark, BootstrapToken, ControlPlaneClock, Node, NodeCredential
@@ -68,11 +67,11 @@ class Gap:
 
 
 def threshold_seconds() -> float:
-    return float(settings.NODEPOOL.get("CLOCK_JUMP_THRESHOLD", 60))
+    return conf.get("CLOCK_JUMP_THRESHOLD")
 
 
 def interval_seconds() -> float:
-    return float(settings.NODEPOOL.get("LIVENESS_SWEEP_INTERVAL", 5))
+    return conf.get("LIVENESS_SWEEP_INTERVAL")
 
 
 def control_plane_now(now: datetime | None = None) -> datetime:
@@ -127,7 +126,7 @@ def extend_past_gaps(since: datetime, until: datetime, gaps: list[tuple[datetime
 
 def unhealthy_fraction() -> float:
     """The mass-silence guard's fraction (``NODEPOOL["UNHEALTHY_ZONE_FRACTION"]``, 0.55)."""
-    return float(settings.NODEPOOL.get("UNHEALTHY_ZONE_FRACTION", 0.55))
+    return conf.get("UNHEALTHY_ZONE_FRACTION")
 
 
 def renewals_kept_arriving(*, started_at: datetime, ended_at: datetime) -> bool:

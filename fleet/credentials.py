@@ -13,11 +13,10 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from . import event_types
+from . import conf, event_types
 from . import secrets as node_secrets
 from .events import Actor, record_event
 from .models import Node, NodeCredential
@@ -33,7 +32,7 @@ def issue_credential(
     ``ttl_seconds`` defaults to ``NODEPOOL["CREDENTIAL_TTL"]`` (24 h).
     """
     now = now or timezone.now()
-    ttl = ttl_seconds if ttl_seconds is not None else settings.NODEPOOL["CREDENTIAL_TTL"]
+    ttl = ttl_seconds if ttl_seconds is not None else conf.get("CREDENTIAL_TTL")
     secret, prefix, digest = node_secrets.new_secret(CREDENTIAL_KIND)
     credential = NodeCredential.objects.create(
         node=node,

@@ -27,7 +27,6 @@ from __future__ import annotations
 import time
 from decimal import Decimal
 
-from django.conf import settings
 from django.db import connection
 from django.db.models import BigIntegerField, Count, F, Q, Sum
 from django.db.models.fields.json import KT
@@ -36,6 +35,7 @@ from django.utils import timezone
 
 from nodepool.metrics import bounded_resources
 
+from . import conf
 from .choices import Lifecycle, Liveness
 from .devices import device_metric_rows
 from .models import FleetState, Node, NodeResource, Pool
@@ -46,14 +46,13 @@ from .selectors import IN_SERVICE_LIFECYCLES, schedulable_q, valid_credential_ex
 # far above is work the control plane does not know about).
 USAGE_SLACK = 1.10
 DRIFT_RESOURCES = ("cpu", "memory")  # the resources benchmarks measure (fleet.admission.compare_benchmark)
-DEFAULT_INTERVAL = 15.0
 
 EMPTY: dict = {"nodes": [], "capacity": [], "used": [], "capability_drift": [], "usage_inconsistent": [], "devices": []}
 
 
 def interval() -> float:
     """Seconds between two runs of the beat task (``NODEPOOL["FLEET_STATE_INTERVAL"]``)."""
-    return float(getattr(settings, "NODEPOOL", {}).get("FLEET_STATE_INTERVAL", DEFAULT_INTERVAL))
+    return conf.get("FLEET_STATE_INTERVAL")
 
 
 def current() -> FleetState:
@@ -108,7 +107,7 @@ def _node_counts(now) -> list[list]:
     """One scan of the node table: per (pool, lifecycle, liveness, health), the count and how many
     of those are schedulable, Ready (in service, alive, reporting ready) and clock-skewed, the
     sum of their restarts, and how many last reported ready (whatever their liveness)."""
-    skew = settings.NODEPOOL.get("CLOCK_SKEW_THRESHOLD", 30.0)
+    skew = conf.get("CLOCK_SKEW_THRESHOLD")
     in_service = Q(lifecycle__in=IN_SERVICE_LIFECYCLES)
     rows = (
         Node.objects.exclude(lifecycle=Lifecycle.RETIRED)

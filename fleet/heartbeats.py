@@ -32,13 +32,12 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
 from nodepool.api.problems import Conflict, Gone
 
-from . import event_types, health, liveness
+from . import conf, event_types, health, liveness
 from .choices import BenchmarkStatus, Lifecycle, Liveness
 from .errors import CONCURRENT_HEARTBEAT, NODE_RETIRED
 from .events import Actor, event_row
@@ -81,7 +80,7 @@ STATUS_REPORT_OVERDUE = health.STATUS_REPORT_OVERDUE
 
 
 def _spacing() -> float:
-    return float(settings.NODEPOOL.get("MIN_SPACING_FRACTION", 0.5))
+    return conf.get("MIN_SPACING_FRACTION")
 
 
 # Where the control plane wants a node in each lifecycle to end up (told to the agent).
@@ -163,7 +162,7 @@ def skew_condition(previous: dict | None, skew: float, received_at: datetime) ->
     Absent until a skew first crosses the threshold; then kept, ``False`` once it falls back below
     80 % of the threshold (hysteresis). Returns None while it has never been needed.
     """
-    threshold = float(settings.NODEPOOL.get("CLOCK_SKEW_THRESHOLD", 30.0))
+    threshold = conf.get("CLOCK_SKEW_THRESHOLD")
     was_true = bool(previous and previous.get("status") == health.TRUE)
     limit = threshold * SKEW_CLEAR_RATIO if was_true else threshold
     if abs(skew) > limit:

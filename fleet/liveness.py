@@ -35,7 +35,6 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.core.cache import cache
 from django.db import connection, transaction
 from django.db.models import Min
@@ -43,7 +42,7 @@ from django.utils import timezone
 
 from nodepool import metrics
 
-from . import clock, event_types, signals, silence, status_reports
+from . import clock, conf, event_types, signals, silence, status_reports
 from .choices import Lifecycle, Liveness
 from .events import Actor, event_row
 from .models import LivenessSweepState, Node, NodeEvent, Pool
@@ -88,7 +87,7 @@ class Timings:
 
 
 def max_heartbeats_per_second() -> float:
-    return float(settings.NODEPOOL.get("MAX_HEARTBEATS_PER_SECOND", 1000.0))
+    return conf.get("MAX_HEARTBEATS_PER_SECOND")
 
 
 def timings_for(pool: Pool, fleet_size: int, max_rate: float | None = None) -> Timings:

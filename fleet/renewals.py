@@ -33,7 +33,6 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -42,7 +41,7 @@ from nodepool.api.errors import AUTHENTICATION_FAILED, FORBIDDEN
 from nodepool.api.problems import Gone, Problem
 from nodepool.db import prepared_cursor
 
-from . import clock, event_types, liveness, signals
+from . import clock, conf, event_types, liveness, signals
 from . import secrets as node_secrets
 from .choices import ActorType, Lifecycle, Liveness
 from .credentials import is_superseded, revoke_lineage_on_reuse
@@ -130,7 +129,7 @@ def deadline_slack(timings: liveness.Timings) -> float:
 def min_spacing_fraction() -> float:
     """The flood guard: a message kind may not come sooner than this fraction of the interval
     last told (``NODEPOOL["MIN_SPACING_FRACTION"]``, default 0.5; 0 turns the guard off)."""
-    return float(settings.NODEPOOL.get("MIN_SPACING_FRACTION", 0.5))
+    return conf.get("MIN_SPACING_FRACTION")
 
 
 def pool_timings(pool_id: int, *, now_monotonic: float | None = None) -> liveness.Timings:

@@ -4,10 +4,10 @@ Each job is safe to run twice at once (compare-and-swap claims) and expires befo
 so a backlog never piles up; a missed run is harmless because the next one catches up.
 """
 
-from django.conf import settings
+from . import conf
 
-_SWEEP = float(settings.NODEPOOL.get("LIVENESS_SWEEP_INTERVAL", 5.0))
-_FLEET_STATE = float(settings.NODEPOOL.get("FLEET_STATE_INTERVAL", 15.0))
+_SWEEP = conf.get("LIVENESS_SWEEP_INTERVAL")
+_FLEET_STATE = conf.get("FLEET_STATE_INTERVAL")
 
 BEAT_SCHEDULE = {
     "fleet-sweep-liveness": {

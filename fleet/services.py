@@ -12,7 +12,6 @@ import math
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Value
 from django.db.models.functions import Greatest
@@ -24,7 +23,7 @@ from nodepool.api.errors import TRANSITION_NOT_ALLOWED
 from nodepool.api.problems import Conflict, Forbidden, Gone, NotFound, Problem, TooManyRequests
 from nodepool.api.versioning import check_version
 
-from . import clock, event_types
+from . import clock, conf, event_types
 from . import devices as device_inventory
 from . import secrets as node_secrets
 from . import taints as taint_times
@@ -466,7 +465,7 @@ def node_credential_rotate(
     now = now or timezone.now()
     if node.lifecycle == Lifecycle.RETIRED:
         raise Gone("This node is retired.", NODE_RETIRED)
-    overlap = timedelta(seconds=settings.NODEPOOL["CREDENTIAL_ROTATION_OVERLAP"])
+    overlap = timedelta(seconds=conf.get("CREDENTIAL_ROTATION_OVERLAP"))
     with transaction.atomic():
         # The row lock serialises rotations made with the same credential: of two at once, the
         # second sees superseded_by set and gets 409 (only one successor per credential).
@@ -496,7 +495,7 @@ def node_credential_rotate(
 
 def _check_rotation_rate(node: Node, now) -> None:
     """429 when the node already rotated ``CREDENTIAL_ROTATIONS_PER_HOUR`` times in the last hour."""
-    limit = settings.NODEPOOL["CREDENTIAL_ROTATIONS_PER_HOUR"]
+    limit = conf.get("CREDENTIAL_ROTATIONS_PER_HOUR")
     window = timedelta(hours=1)
     recent = list(
         NodeCredential.objects.filter(node=node, issuer="rotation", issued_at__gt=now - window)

@@ -25,12 +25,11 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.db.models import CharField, Count, Q, Value
 from django.db.models.fields.json import KT
 from django.db.models.functions import Coalesce
 
-from . import event_types
+from . import conf, event_types
 from .choices import Lifecycle, Liveness
 from .events import event_row
 from .models import Node, NodeEvent
@@ -53,11 +52,11 @@ def zone_of(labels: dict | None, node_labels: dict | None = None, *, trust_node_
 
 
 def _fraction() -> float:
-    return float(settings.NODEPOOL.get("UNHEALTHY_ZONE_FRACTION", 0.55))
+    return conf.get("UNHEALTHY_ZONE_FRACTION")
 
 
 def _min_nodes() -> int:
-    return int(settings.NODEPOOL.get("UNHEALTHY_ZONE_MIN_NODES", 3))
+    return conf.get("UNHEALTHY_ZONE_MIN_NODES")
 
 
 @dataclass

@@ -9,7 +9,6 @@ from contextlib import nullcontext
 from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
@@ -18,7 +17,7 @@ from fleet.choices import Lifecycle
 from fleet.events import record_event
 from fleet.models import Node
 
-from . import event_types, evidence, placement
+from . import conf, event_types, evidence, placement
 from .choices import LIVE_LEASE_STATES, LeaseState
 from .models import Lease
 from .secrets import lease_secret
@@ -27,7 +26,7 @@ from .spec import parse_spec
 
 def missed_reports_limit() -> int:
     """Heartbeats in a row a live lease may go unreported before it is declared lost (default 3)."""
-    return int(getattr(settings, "NODEPOOL", {}).get("LEASE_MISSED_REPORTS", 3))
+    return conf.get("LEASE_MISSED_REPORTS")
 
 
 def _as_uuid(value: Any) -> uuid.UUID | None:

@@ -29,6 +29,8 @@ from datetime import UTC, datetime
 from django.conf import settings
 from django.utils import timezone
 
+from . import conf
+
 PREFIX = "npls"
 MAX_LENGTH = 200
 
@@ -41,7 +43,7 @@ STALE = "stale_lease_secret"
 
 
 def _key() -> bytes:
-    configured = settings.NODEPOOL.get("LEASE_SECRET_KEY") or ""
+    configured = conf.get("LEASE_SECRET_KEY")
     if configured:
         return configured.encode()
     return hmac.new(settings.SECRET_KEY.encode(), b"nodepool lease secrets v1", hashlib.sha256).digest()

@@ -1,19 +1,17 @@
-"""Maintenance settings, read from ``settings.NODEPOOL`` with these defaults (override there)."""
+"""Maintenance settings, declared once (nodepool.appsettings: ``settings.NODEPOOL[NAME]``, else the
+environment variable ``NODEPOOL_<NAME>``, else the default below). Read with ``conf.get(NAME)``."""
 
-from django.conf import settings
+from nodepool.appsettings import AppSettings, Setting
 
-DEFAULTS = {
-    # How often the safety-net sweep re-evaluates active drains (seconds).
-    "DRAIN_SWEEP_INTERVAL": 10,
-    # Longest drain an operator may ask for (seconds): a forgotten drain should not hold a node for a year.
-    "DRAIN_MAX_DURATION": 30 * 24 * 3600,
-    # Usage may exceed capacity by this fraction before it is "impossible" (measurement noise).
-    "IMPOSSIBLE_USAGE_TOLERANCE": 0.05,
-    # Declared capacity above verified x this factor is "far above" (automatic quarantine).
-    "CAPACITY_ABOVE_VERIFIED_FACTOR": 1.5,
-}
+SETTINGS = AppSettings(
+    "maintenance",
+    Setting("DRAIN_SWEEP_INTERVAL", float, 10.0, "how often the safety-net sweep re-evaluates active drains (seconds)"),
+    Setting("DRAIN_MAX_DURATION", int, 30 * 24 * 3600,
+            "longest drain an operator may ask for (seconds): a forgotten drain should not hold a node for a year"),
+    Setting("IMPOSSIBLE_USAGE_TOLERANCE", float, 0.05,
+            "usage may exceed capacity by this fraction before it is impossible (measurement noise)"),
+    Setting("CAPACITY_ABOVE_VERIFIED_FACTOR", float, 1.5,
+            "declared capacity above verified times this factor is far above (automatic quarantine)"),
+)  # fmt: skip
 
-
-def get(name: str):
-    """The configured value of ``name`` (``settings.NODEPOOL[name]`` or the default above)."""
-    return getattr(settings, "NODEPOOL", {}).get(name, DEFAULTS[name])
+get = SETTINGS.get

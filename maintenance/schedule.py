@@ -2,7 +2,7 @@
 
 from . import conf
 
-_SWEEP = conf.DEFAULTS["DRAIN_SWEEP_INTERVAL"]
+_SWEEP = conf.get("DRAIN_SWEEP_INTERVAL")
 
 BEAT_SCHEDULE = {
     # The safety net for drain deadline tasks that fire late, twice or never, and the clock that

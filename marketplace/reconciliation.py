@@ -27,7 +27,6 @@ import logging
 from datetime import datetime, timedelta
 from decimal import Decimal
 
-from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
@@ -44,7 +43,7 @@ from maintenance.rules import impossible_usage
 from nodepool.api.errors import VERSION_MISMATCH
 from nodepool.api.problems import Conflict, NotFound, PreconditionFailed
 
-from . import event_types
+from . import conf, event_types
 from .choices import OPEN_STATES, PAYABLE_STATES, DisputeDecision, GapReason, UsageState
 from .errors import USAGE_NOT_DISPUTED, USAGE_RECORD_NOT_FOUND
 from .models import PoolSettlement, UsageRecord
@@ -78,7 +77,7 @@ def settlement_window(pool) -> float:
     configured = PoolSettlement.objects.filter(pool=pool).values_list("settlement_window", flat=True).first()
     if configured:
         return float(max(configured, lost_after + 1))
-    return float(max(settings.NODEPOOL.get("SETTLEMENT_WINDOW_MIN", 900), 2 * lost_after))
+    return float(max(conf.get("SETTLEMENT_WINDOW_MIN"), 2 * lost_after))
 
 
 # --- opening a record at the lease's end -------------------------------------------------------

@@ -1,8 +1,8 @@
 """Celery beat entries of the marketplace app."""
 
-from django.conf import settings
+from . import conf
 
-_SWEEP = float(settings.NODEPOOL.get("RECONCILE_SWEEP_INTERVAL", 60.0))
+_SWEEP = conf.get("RECONCILE_SWEEP_INTERVAL")
 
 BEAT_SCHEDULE = {
     # The safety net for reconciliation tasks that fire late, twice or never (a lost broker

@@ -51,6 +51,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from nodepool.api.errors import METHOD_NOT_ALLOWED, METRICS_TOKEN_REQUIRED
 
+from . import conf
 from .api.problems import problem_response
 
 logger = logging.getLogger(__name__)
@@ -156,7 +157,7 @@ class FleetStateCollector:
         self._at = float("-inf")
 
     def collect(self) -> Iterable[Metric]:
-        ttl = float(getattr(settings, "NODEPOOL", {}).get("METRICS_CACHE_SECONDS", 5.0))
+        ttl = conf.get("METRICS_CACHE_SECONDS")
         with self._lock:
             if time.monotonic() - self._at >= ttl:
                 self._cached = self._run()
@@ -305,7 +306,7 @@ def _object_filter() -> _ObjectFilter:
     fleet state: a burst of scrapes costs one round of queries; Prometheus scrapes every 15 s, so
     the next scrape after a deletion no longer shows its series). A deletion in this process
     empties it at once (:func:`forget_object`)."""
-    ttl = float(getattr(settings, "NODEPOOL", {}).get("METRICS_CACHE_SECONDS", 5.0))
+    ttl = conf.get("METRICS_CACHE_SECONDS")
     if _OBJECTS and time.monotonic() - _OBJECTS[0][0] < ttl:
         return _OBJECTS[0][1]
     objects = _ObjectFilter()

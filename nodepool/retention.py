@@ -23,8 +23,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import timedelta
 
-from django.conf import settings
 from django.db.models import Q
+
+from . import conf
 
 KeepHook = Callable[[], Q]
 _event_hooks: list[KeepHook] = []
@@ -65,13 +66,10 @@ def protected_leases() -> Q | None:
 
 def policy() -> dict:
     """``{"max_age": timedelta, "keep_per_node": int, "keep_types": [...], "batch": int, "max_batches": int}``."""
-    config = getattr(settings, "NODEPOOL", {})
     return {
-        "max_age": timedelta(days=float(config.get("RETENTION_DAYS", 90))),
-        "keep_per_node": int(config.get("RETENTION_KEEP_EVENTS_PER_NODE", 50)),
-        "keep_types": list(
-            config.get("RETENTION_KEEP_EVENT_TYPES", ["usage", "statement", "appeal", "security", "quarantine"])
-        ),
-        "batch": int(config.get("RETENTION_BATCH", 1000)),
-        "max_batches": int(config.get("RETENTION_MAX_BATCHES", 20)),
+        "max_age": timedelta(days=conf.get("RETENTION_DAYS")),
+        "keep_per_node": conf.get("RETENTION_KEEP_EVENTS_PER_NODE"),
+        "keep_types": list(conf.get("RETENTION_KEEP_EVENT_TYPES")),
+        "batch": conf.get("RETENTION_BATCH"),
+        "max_batches": conf.get("RETENTION_MAX_BATCHES"),
     }

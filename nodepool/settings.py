@@ -430,55 +430,11 @@ CELERY_TIMEZONE = "UTC"
 CELERY_TASK_TIME_LIMIT = 300
 
 # --- nodepool ------------------------------------------------------------------------------------
-NODEPOOL = {
-    # Node credentials (seconds).
-    "CREDENTIAL_TTL": env.int("NODEPOOL_CREDENTIAL_TTL", default=24 * 3600),
-    "CREDENTIAL_ROTATION_OVERLAP": env.int("NODEPOOL_CREDENTIAL_ROTATION_OVERLAP", default=300),
-    # Rotations per node within any hour (an agent rotates about once a TTL; more is a loop or abuse).
-    "CREDENTIAL_ROTATIONS_PER_HOUR": env.int("NODEPOOL_CREDENTIAL_ROTATIONS_PER_HOUR", default=6),
-    # The fleet-wide ceiling on renewals per second (Nomad's max_heartbeats_per_second), sized from
-    # bench/fleet_scale.py (docs/heartbeats.md, "Sizing"): below it every pool keeps its own interval
-    # and grace, so detection does not grow with the fleet; above it intervals and graces stretch.
-    "MAX_HEARTBEATS_PER_SECOND": env.float("NODEPOOL_MAX_HEARTBEATS_PER_SECOND", default=1000.0),
-    # Flood guard: a node's renewals (and, separately, status reports) may not come sooner than
-    # this fraction of the interval last told (429 + Retry-After); 0 turns it off.
-    "MIN_SPACING_FRACTION": env.float("NODEPOOL_MIN_SPACING_FRACTION", default=0.5),
-    "CLOCK_SKEW_THRESHOLD": env.float("NODEPOOL_CLOCK_SKEW_THRESHOLD", default=30.0),
-    # A move of the server's clock between two sweeps beyond this (seconds) is a detected gap
-    # (clock jump or control-plane outage) that deadlines do not count (fleet.clock).
-    "CLOCK_JUMP_THRESHOLD": env.float("NODEPOOL_CLOCK_JUMP_THRESHOLD", default=60.0),
-    # Kubernetes' unhealthy-zone threshold: above this fraction silent, stop declaring leases lost.
-    "UNHEALTHY_ZONE_FRACTION": env.float("NODEPOOL_UNHEALTHY_ZONE_FRACTION", default=0.55),
-    # ...but only once at least this many nodes of the group are silent (a lone node's pool may lose it).
-    "UNHEALTHY_ZONE_MIN_NODES": env.int("NODEPOOL_UNHEALTHY_ZONE_MIN_NODES", default=3),
-    # How often the liveness sweep runs (seconds); its beat entry expires sooner.
-    "LIVENESS_SWEEP_INTERVAL": env.float("NODEPOOL_LIVENESS_SWEEP_INTERVAL", default=5.0),
-    # Detailed metrics (POST /nodes/{id}/metrics): per-node rate and size limits.
-    "METRICS_RATE": env.str("NODEPOOL_METRICS_RATE", default="12/min"),
-    "METRICS_MAX_BODY_BYTES": env.int("NODEPOOL_METRICS_MAX_BODY_BYTES", default=128 * 1024),
-    # Per-lease secrets (leases.secrets): the HMAC server key; empty derives one from SECRET_KEY.
-    "LEASE_SECRET_KEY": env.str("NODEPOOL_LEASE_SECRET_KEY", default=""),
-    # Marketplace: the settlement window's floor (seconds; a pool's default is the larger of this
-    # and twice its scaled loss threshold) and how often the reconciliation sweep runs.
-    "SETTLEMENT_WINDOW_MIN": env.int("NODEPOOL_SETTLEMENT_WINDOW_MIN", default=15 * 60),
-    "RECONCILE_SWEEP_INTERVAL": env.float("NODEPOOL_RECONCILE_SWEEP_INTERVAL", default=60.0),
-    # /metrics: how long one process reuses the fleet-state queries' answer (seconds).
-    "METRICS_CACHE_SECONDS": env.float("NODEPOOL_METRICS_CACHE_SECONDS", default=5.0),
-    # How often the beat task fleet.refresh_fleet_state recomputes the fleet-wide figures /metrics
-    # and the admin fleet overview read (node counts, capacity, usage, drift; fleet/fleet_state.py).
-    "FLEET_STATE_INTERVAL": env.float("NODEPOOL_FLEET_STATE_INTERVAL", default=15.0),
-    # Retention (nodepool/retention.py): events and ended leases older than this many days are
-    # pruned hourly in batches; a node's last events and evidence types are always kept.
-    "RETENTION_DAYS": env.float("NODEPOOL_RETENTION_DAYS", default=90.0),
-    "RETENTION_KEEP_EVENTS_PER_NODE": env.int("NODEPOOL_RETENTION_KEEP_EVENTS_PER_NODE", default=50),
-    "RETENTION_BATCH": env.int("NODEPOOL_RETENTION_BATCH", default=1000),
-    "RETENTION_MAX_BATCHES": env.int("NODEPOOL_RETENTION_MAX_BATCHES", default=20),
-    # Pool operations (operations/conf.py): upgrade tick, autoscaling pass, provider retries (seconds).
-    "UPGRADE_TICK": env.float("NODEPOOL_UPGRADE_TICK", default=2.0),
-    "AUTOSCALE_INTERVAL": env.float("NODEPOOL_AUTOSCALE_INTERVAL", default=15.0),
-    "PROVIDER_MAX_ATTEMPTS": env.int("NODEPOOL_PROVIDER_MAX_ATTEMPTS", default=3),
-    "SIMULATED_PROVIDER_URL": env.str("NODEPOOL_SIMULATED_PROVIDER_URL", default="http://127.0.0.1:8000"),
-}
+# Each app declares its own settings once, typed, with its default, in <app>/conf.py
+# (nodepool.appsettings): the environment variable NODEPOOL_<NAME> sets one (the names are the
+# operator interface), and docs/foundation.md's "Settings" table lists them all (manage.py
+# app_settings). NODEPOOL overrides them from a settings module or a test, as given.
+NODEPOOL: dict = {}
 
 # Structured logs (nodepool.structured_logs): LOG_FORMAT=json (production default) or text (make run/demo).
 LOG_FORMAT = env.str("LOG_FORMAT", default="json")

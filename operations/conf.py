@@ -1,27 +1,24 @@
-"""Pool-operation settings, read from ``settings.NODEPOOL`` with these defaults (seconds)."""
+"""Pool-operation settings, declared once (nodepool.appsettings: ``settings.NODEPOOL[NAME]``, else
+the environment variable ``NODEPOOL_<NAME>``, else the default below). Read with ``conf.get(NAME)``."""
 
-from django.conf import settings
+from nodepool.appsettings import AppSettings, Setting
 
-DEFAULTS = {
-    # How often a moving upgrade re-evaluates itself (its self-scheduled tick), seconds.
-    "UPGRADE_TICK": 2.0,
-    # The beat safety net over every active upgrade (restarts a tick chain that died).
-    "UPGRADE_SWEEP_INTERVAL": 10.0,
-    # How often the autoscaler looks at every pool with a provider.
-    "AUTOSCALE_INTERVAL": 15.0,
-    # Provider calls: attempts before a scale request is given up, and the HTTP timeout.
-    "PROVIDER_MAX_ATTEMPTS": 3,
-    "PROVIDER_TIMEOUT": 10.0,
-    # Webhook signatures older or newer than this are refused (replay window).
-    "WEBHOOK_TOLERANCE": 300,
-    # A preemption notice's drain ends this share of the notice before its deadline, and at
-    # least PREEMPTION_MARGIN_MIN seconds before (work that checkpoints late still gets out).
-    "PREEMPTION_MARGIN_FRACTION": 0.1,
-    "PREEMPTION_MARGIN_MIN": 10.0,
-    # Where simulator machines started by the `simulated` provider find the control plane.
-    "SIMULATED_PROVIDER_URL": "http://127.0.0.1:8000",
-}
+SETTINGS = AppSettings(
+    "operations",
+    Setting("UPGRADE_TICK", float, 2.0,
+            "how often a moving upgrade re-evaluates itself (its self-scheduled tick; seconds)"),
+    Setting("UPGRADE_SWEEP_INTERVAL", float, 10.0,
+            "the beat safety net over every active upgrade (restarts a dead tick chain; seconds)"),
+    Setting("AUTOSCALE_INTERVAL", float, 15.0,
+            "how often the autoscaler looks at every pool with a provider (seconds)"),
+    Setting("PROVIDER_MAX_ATTEMPTS", int, 3, "provider calls: attempts before a scale request is given up"),
+    Setting("PROVIDER_TIMEOUT", float, 10.0, "provider calls: the HTTP timeout (seconds)"),
+    Setting("WEBHOOK_TOLERANCE", int, 300, "webhook signatures older or newer than this are refused (seconds)"),
+    Setting("PREEMPTION_MARGIN_FRACTION", float, 0.1,
+            "a preemption notice's drain ends this share of the notice before its deadline..."),
+    Setting("PREEMPTION_MARGIN_MIN", float, 10.0, "...and at least this long before (seconds)"),
+    Setting("SIMULATED_PROVIDER_URL", str, "http://127.0.0.1:8000",
+            "where simulator machines started by the simulated provider find the control plane"),
+)  # fmt: skip
 
-
-def get(name: str):
-    return getattr(settings, "NODEPOOL", {}).get(name, DEFAULTS[name])
+get = SETTINGS.get

@@ -6,7 +6,6 @@ and its pool), validate (heartbeat_serializers), call one service, shape the res
 
 from __future__ import annotations
 
-from django.conf import settings
 from django.db import connections, router
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
@@ -18,8 +17,8 @@ from rest_framework.views import APIView
 from nodepool.api.authentication import UserTokenAuthentication
 from nodepool.api.problems import Gone
 
+from .. import conf, metrics
 from .. import heartbeats as hb
-from .. import metrics
 from ..authentication import IsNodeSelf, NodeCredentialAuthentication, node_from_request
 from ..choices import Lifecycle
 from ..errors import NODE_RETIRED
@@ -186,7 +185,7 @@ class NodeMetricsThrottle(SimpleRateThrottle):
     scope = "node_metrics"
 
     def get_rate(self):
-        return settings.NODEPOOL.get("METRICS_RATE", "12/min")
+        return conf.get("METRICS_RATE")
 
     def get_cache_key(self, request, view):
         node = node_from_request(request)
@@ -203,7 +202,7 @@ class NodeMetricsView(APIView):
 
     @property
     def max_body_bytes(self):
-        return settings.NODEPOOL.get("METRICS_MAX_BODY_BYTES", 128 * 1024)
+        return conf.get("METRICS_MAX_BODY_BYTES")
 
     @extend_schema(
         request=OpenApiTypes.OBJECT,

@@ -12,12 +12,11 @@ from collections import Counter, defaultdict
 from datetime import timedelta
 
 import pytest
-from django.conf import settings
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from fleet import collectors, fleet_state
+from fleet import collectors, conf, fleet_state
 from fleet.choices import Health, Lifecycle, Liveness
 from fleet.models import FleetState, Node, NodeCredential, NodeResource, Pool
 from fleet.selectors import IN_SERVICE_LIFECYCLES, SCHEDULABLE_HEALTH
@@ -76,7 +75,7 @@ def walk() -> dict:
     credentialed = set(
         NodeCredential.objects.filter(revoked_at__isnull=True, expires_at__gt=now).values_list("node_id", flat=True)
     )
-    skew = settings.NODEPOOL.get("CLOCK_SKEW_THRESHOLD", 30.0)
+    skew = conf.get("CLOCK_SKEW_THRESHOLD")
     nodes: dict[tuple, Counter] = defaultdict(Counter)
     capacity: dict[tuple, list[int]] = defaultdict(lambda: [0, 0])
     used: Counter = Counter()

@@ -1,0 +1,14 @@
+"""Marketplace settings, declared once (nodepool.appsettings: ``settings.NODEPOOL[NAME]``, else the
+environment variable ``NODEPOOL_<NAME>``, else the default below). Read with ``conf.get(NAME)``."""
+
+from nodepool.appsettings import AppSettings, Setting
+
+SETTINGS = AppSettings(
+    "marketplace",
+    Setting("SETTLEMENT_WINDOW_MIN", int, 15 * 60,
+            "the settlement window's floor (seconds; a pool's default is the larger of this and twice its "
+            "scaled loss threshold)"),
+    Setting("RECONCILE_SWEEP_INTERVAL", float, 60.0, "how often the reconciliation sweep runs (seconds)"),
+)  # fmt: skip
+
+get = SETTINGS.get

@@ -1,0 +1,22 @@
+"""The plumbing's own settings (nodepool.metrics, nodepool.retention), declared once
+(nodepool.appsettings: ``settings.NODEPOOL[NAME]``, else the environment variable
+``NODEPOOL_<NAME>``, else the default below). Read with ``conf.get(NAME)``.
+
+The process-level settings (database, Redis, proxies, body limits: ``NODEPOOL_DB_*`` and the like)
+stay top-level Django settings in nodepool/settings.py: Django and its libraries read them there."""
+
+from nodepool.appsettings import AppSettings, Setting
+
+SETTINGS = AppSettings(
+    "nodepool",
+    Setting("METRICS_CACHE_SECONDS", float, 5.0,
+            "/metrics: how long one process reuses the fleet-state answer (seconds)"),
+    Setting("RETENTION_DAYS", float, 90.0, "events and ended leases older than this are pruned hourly (days)"),
+    Setting("RETENTION_KEEP_EVENTS_PER_NODE", int, 50, "a node's last events always kept"),
+    Setting("RETENTION_KEEP_EVENT_TYPES", list, ["usage", "statement", "appeal", "security", "quarantine"],
+            "event types never pruned (comma-separated)"),
+    Setting("RETENTION_BATCH", int, 1000, "rows deleted per batch"),
+    Setting("RETENTION_MAX_BATCHES", int, 20, "batches per run"),
+)  # fmt: skip
+
+get = SETTINGS.get
