@@ -516,6 +516,9 @@ def apply_report(
         node.devices_digest, node.boot_id = digest, boot
         sync_counts(node)
         result["changed"] = True
+        result["above_verified"] = _above_verified(node)
+    if result.get("above_verified"):
+        signals.devices_above_verified.send(sender=Node, node=node, over=result["above_verified"], actor=actor)
     if result["conflicts"]:
         signals.device_identity_conflict.send(sender=Node, node=node, conflicts=result["conflicts"], actor=actor)
     if result["faulted"] or result["drained"]:
@@ -523,6 +526,24 @@ def apply_report(
             sender=Node, node=node, faulted=result["faulted"], drained=result["drained"], actor=actor
         )
     return result
+
+
+def _above_verified(node: Node) -> dict:
+    """``{type: {"declared", "verified"}}`` for each device type of ``node`` with more live devices
+    than verified ones, where at least one is verified (one grouped query). More devices than
+    verified fall under maintenance's ``capacity_above_verified`` rule (fleet.signals)."""
+    from django.db.models import Count, Q
+
+    over = {}
+    for kind, live, verified in (
+        Device.objects.filter(node=node, retired_at__isnull=True)
+        .values_list("type")
+        .annotate(live=Count("pk"), verified=Count("pk", filter=Q(verified_at__isnull=False)))
+        .order_by("type")
+    ):
+        if verified and live > verified:
+            over[kind] = {"declared": live, "verified": verified}
+    return over
 
 
 def sync_counts(node: Node) -> dict[str, int]:

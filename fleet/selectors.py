@@ -207,10 +207,53 @@ def node_queryset_for(user, *, now=None) -> QuerySet[Node]:
 IN_SERVICE_LIFECYCLES = (Lifecycle.READY, Lifecycle.DRAINING)
 
 
+def pool_devices(pool, schedulable_ids) -> dict:
+    """``{type: {model: {"total", "allocatable", "allocated", "free", "health": {state: n}}}}``:
+    the live devices of ``pool``'s in-service nodes, the model normalised to a known list or
+    ``other`` (self-reported models are not trusted to be few). ``allocated``: held by a live
+    lease (whatever its health now); ``free``: allocatable (verified, healthy, untainted, not
+    held out), not held by a live lease, on a schedulable node. Each count is a count of rows, so
+    none is ever negative: a device that fails while allocated is ``allocated`` and no longer
+    ``allocatable``, and free stays what is really free. One grouped query."""
+    from django.db.models import BooleanField, Count, Exists, ExpressionWrapper, OuterRef, Q
+
+    from .choices import DeviceHealth
+    from .devices import normalise_model
+    from .models import Device
+
+    claims = Device._meta.get_field("claims").related_model  # leases.LeaseDevice, without importing leases
+    usable = Q(verified_at__isnull=False, held=False, hard_tainted=False) & ~Q(
+        health__in=(DeviceHealth.UNHEALTHY, DeviceHealth.MISSING)
+    )
+    grouped = (
+        Device.objects.filter(node__pool=pool, node__lifecycle__in=IN_SERVICE_LIFECYCLES, retired_at__isnull=True)
+        .annotate(
+            usable=ExpressionWrapper(usable, output_field=BooleanField()),
+            taken=Exists(claims.objects.filter(device_id=OuterRef("pk"), live=True)),
+            open=ExpressionWrapper(Q(node_id__in=schedulable_ids), output_field=BooleanField()),
+        )
+        .values_list("type", "model", "health", "usable", "taken", "open")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
+    out: dict = {}
+    for kind, model, state, usable_, taken, open_, n in grouped:
+        entry = out.setdefault(kind, {}).setdefault(
+            normalise_model(model), {"total": 0, "allocatable": 0, "allocated": 0, "free": 0, "health": {}}
+        )
+        entry["total"] += n
+        entry["health"][state] = entry["health"].get(state, 0) + n
+        entry["allocatable"] += n if usable_ else 0
+        entry["allocated"] += n if taken else 0
+        entry["free"] += n if usable_ and not taken and open_ else 0
+    return out
+
+
 def pool_capacity(pool, *, now=None) -> dict:
     """Capacity and node counts of one pool, in canonical units (cpu millicores, bytes, counts).
 
     Returns ``{"resources": {name: {"allocatable", "allocated", "free", "largest_free_block"}},
+    "devices": {type: {model: {"total", "allocatable", "allocated", "free", "health": {state: n}}}},
     "nodes": {"total", "schedulable", "ready", "in_service", "lifecycle": {state: n}, "liveness":
     {...}, "health": {...}}, "ready_ratio": float | None}``.
 
@@ -218,7 +261,9 @@ def pool_capacity(pool, *, now=None) -> dict:
     ``free`` and ``largest_free_block`` count schedulable nodes only (what a new lease could use);
     a ``largest_free_block`` well below ``free`` means the pool is fragmented. ``ready_ratio`` is
     the Node Ready SLI: in-service nodes that are alive and report ready, over in-service nodes.
-    Five aggregate queries whatever the pool's size.
+    ``devices`` (:func:`pool_devices`) counts the in-service nodes' live devices by type and
+    model (normalised: :func:`fleet.devices.normalise_model`). Six aggregate queries whatever the
+    pool's size.
     """
     from django.db.models import Count, F, Max, Sum
     from django.db.models.functions import Greatest
@@ -256,6 +301,7 @@ def pool_capacity(pool, *, now=None) -> dict:
     schedulable = schedulable_nodes(now).filter(pool=pool).count()
     return {
         "resources": resources,
+        "devices": pool_devices(pool, schedulable_ids),
         "nodes": {"total": total, "schedulable": schedulable, "ready": ready, "in_service": n_in_service, **counts},
         "ready_ratio": round(ready / n_in_service, 6) if n_in_service else None,
     }

@@ -23,6 +23,12 @@ Signals (``sender`` is always :class:`fleet.models.Node`):
     ``conflicts`` is ``[{"device_id", "held_by", "type"}]``. maintenance quarantines ``node``
     (the later claimant) by its rule ``device_identity_conflict``.
 
+``devices_above_verified(node, over, actor)``
+    after a changed device report of ``node`` in which a type has more live devices than verified
+    ones (types with none verified are not judged: nothing was verified to compare with);
+    ``over`` is ``{type: {"declared": live devices, "verified": verified devices}}``. maintenance
+    applies its ``capacity_above_verified`` rule (declared above verified × the factor).
+
 ``device_faulted(node, faulted, drained, actor)``
     after devices of ``node`` got a NoExecute (``faulted``: Device pks) or NoSchedule
     (``drained``) taint, outside any transaction; leases revokes and requeues the leases holding
@@ -41,3 +47,4 @@ nodes_lost = Signal()
 node_revived = Signal()
 device_identity_conflict = Signal()
 device_faulted = Signal()
+devices_above_verified = Signal()

@@ -638,7 +638,7 @@ def find_candidates(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_i
     return Search(rank(feasible, pool, spec, counts), examined)
 
 
-def _device_tolerance(spec: PlacementSpec):
+def device_tolerance(spec: PlacementSpec):
     if not spec.tolerations:
         return None
     return lambda taint: any(t.tolerates(taint) for t in spec.tolerations)
@@ -652,7 +652,7 @@ def _with_devices(found: list, spec: PlacementSpec) -> list:
     rows, taken = lease_devices.node_devices(
         [c.node.pk for c in found], lease_devices.device_types(spec.devices), usable_only=not spec.tolerations
     )
-    tolerates = _device_tolerance(spec)
+    tolerates = device_tolerance(spec)
     return [
         c for c in found if not choose(spec.devices, rows.get(c.node.pk, []), taken.get(c.node.pk, set()),
                                        tolerates=tolerates).reason
@@ -671,7 +671,7 @@ def device_census(spec: PlacementSpec, groups: list[tuple[Any, int]]) -> tuple[C
     from .device_requests import choose
 
     rows, taken = lease_devices.node_devices([pk for pk, _ in groups], lease_devices.device_types(spec.devices))
-    tolerates = _device_tolerance(spec)
+    tolerates = device_tolerance(spec)
     reasons: Counter = Counter()
     phrases: dict[str, str] = {}
     for pk, count in groups:

@@ -97,6 +97,7 @@ def fits_count(rows: list[tuple], pool: Pool, spec: PlacementSpec, counts) -> in
     topology label are unconstrained, as in :func:`placement.constraint_failure`).
     """
     feasible, _ = placement.feasible_rows(rows, pool, spec, counts, limit=len(rows) + 1)
+    device_fits = _device_fits([c.node.pk for c in feasible], spec)
     anti = spec.anti_affinity
     total, domains = 0, set()
     for candidate in feasible:
@@ -104,6 +105,8 @@ def fits_count(rows: list[tuple], pool: Pool, spec: PlacementSpec, counts) -> in
             (allocatable - allocated) // spec.resources[name]
             for name, (allocatable, allocated) in candidate.inventory.items()
         )
+        if device_fits is not None:
+            per_node = min(per_node, device_fits.get(candidate.node.pk, 0))
         if per_node <= 0:
             continue
         if anti:
@@ -113,6 +116,39 @@ def fits_count(rows: list[tuple], pool: Pool, spec: PlacementSpec, counts) -> in
                 continue
         total += per_node
     return total + len(domains)
+
+
+def _device_fits(node_ids: list, spec: PlacementSpec, *, most: int = MAX_COUNT) -> dict | None:
+    """``{node id: how many leases of spec's device requests its free devices can give}`` (at most
+    ``most`` each), or None when ``spec`` asks for counts only (the count resource decides).
+
+    The counts alone overstate it for a device-constrained request: 4 H100 and 4 A100 count as 8
+    ``nvidia.com/gpu`` but give one ``model=H100*`` lease of 4, not two. Each node's answer picks
+    with :func:`leases.device_requests.choose` (what the grant runs) again and again, taking what
+    each pick took. Two queries for every node."""
+    if not spec.device_constrained or not node_ids:
+        return None
+    from . import devices as lease_devices
+    from .device_requests import choose
+
+    rows, taken = lease_devices.node_devices(
+        node_ids, lease_devices.device_types(spec.devices), usable_only=not spec.tolerations
+    )
+    tolerates = placement.device_tolerance(spec)
+    fits: dict = {}
+    for pk in node_ids:
+        devices, used, n = rows.get(pk, []), set(taken.get(pk, set())), 0
+        while n < most:
+            choice = choose(spec.devices, devices, used, tolerates=tolerates)
+            if choice.reason or not choice.picked:
+                break
+            used |= {d["id"] for d in choice.picked}
+            # a whole GPU takes its MIG instances with it, as the grant's implied rows do
+            picked = {d["device_id"] for d in choice.picked}
+            used |= {d["id"] for d in devices if d["parent_device_id"] in picked}
+            n += 1
+        fits[pk] = n
+    return fits
 
 
 def _sort_key(pool: Pool):
@@ -136,6 +172,9 @@ def _simulate(rows: list[tuple], pool: Pool, spec: PlacementSpec, counts, count:
     primary = placement.primary_resource(spec)
     others = [name for name in sorted(spec.resources) if name != primary]
     key = _sort_key(pool)
+    device_fits = _device_fits([row[0] for row in rows], spec, most=count)
+    if device_fits is not None:  # a node gives no more leases than its matching free devices do
+        rows = [row for row in rows if device_fits.get(row[0], 0) > 0]
     stream = sorted((list(row) for row in rows), key=key)
     counts = placement.GroupCounts(by_domain=counts.by_domain.copy())
     chosen = []
@@ -154,6 +193,9 @@ def _simulate(rows: list[tuple], pool: Pool, spec: PlacementSpec, counts, count:
         still_fits = row[7] - row[8] >= spec.resources[primary] and all(
             row[9 + 2 * p] - row[10 + 2 * p] >= spec.resources[n] for p, n in enumerate(others)
         )
+        if device_fits is not None:
+            device_fits[row[0]] -= 1
+            still_fits = still_fits and device_fits[row[0]] > 0
         if still_fits:
             bisect.insort(stream, row, key=key)
         if spec.spread_group:
@@ -241,7 +283,7 @@ def quick_fits(pool: Pool, spec: PlacementSpec, *, now=None) -> int:
     from django.db.models import F, IntegerField, Q, Sum, Value
     from django.db.models.functions import Least
 
-    plain = not (spec.node_selector or spec.required or spec.features or spec.spread_group)
+    plain = not (spec.node_selector or spec.required or spec.features or spec.spread_group or spec.device_constrained)
     pool_tainted = any(t.get("effect") in ("NoSchedule", "NoExecute") for t in placement.node_taints_of_pool(pool))
     counts = placement.group_counts(spec, pool)
     if not plain or pool_tainted:

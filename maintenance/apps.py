@@ -22,6 +22,9 @@ class MaintenanceConfig(AppConfig):
         # After leases reconciled the report (fleet.instructions' table of orders).
         register_status_report_handler("maintenance.rules", evaluate_status_report, order=200)
         fleet_signals.device_identity_conflict.connect(quarantine_device_claimant, dispatch_uid="maintenance.devices")
+        fleet_signals.devices_above_verified.connect(
+            quarantine_devices_above_verified, dispatch_uid="maintenance.devices_above_verified"
+        )
 
 
 def evaluate_status_report(sender, node, usage, agent_version, actor, **kwargs):
@@ -36,3 +39,16 @@ def quarantine_device_claimant(sender, node, conflicts, actor, **kwargs):
     from . import rules
 
     rules.device_identity_conflict(node, conflicts=conflicts, actor=actor)
+
+
+def quarantine_devices_above_verified(sender, node, over, actor, **kwargs):
+    """fleet.signals.devices_above_verified: more devices than verified fall under the
+    ``capacity_above_verified`` rule (declared above verified × the factor; maintenance.rules)."""
+    from . import rules
+
+    rules.evaluate_declared_capacity(
+        node,
+        declared={kind: item["declared"] for kind, item in over.items()},
+        verified={kind: item["verified"] for kind, item in over.items()},
+        actor=actor,
+    )

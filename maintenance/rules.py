@@ -233,11 +233,15 @@ def integrity_check_failed(node, *, check: str, detail: str, evidence: dict | No
     )
 
 
-def evaluate_declared_capacity(node, *, declared: dict | None = None, actor, factor: float | None = None) -> str | None:
+def evaluate_declared_capacity(
+    node, *, declared: dict | None = None, verified: dict | None = None, actor, factor: float | None = None
+) -> str | None:
     """Quarantine ``node`` when its declared capacity is far above what admission verified.
 
     Args:
         declared: ``{resource: canonical int}``; default ``node.declared["resources"]``.
+        verified: ``{resource: canonical int}``; default ``node.verified["resources"]``. Devices
+            pass their live and verified counts per type (fleet.signals.devices_above_verified).
         factor: "far above" threshold; default ``NODEPOOL["CAPACITY_ABOVE_VERIFIED_FACTOR"]`` (1.5).
             Resources absent from ``node.verified["resources"]`` are not judged.
 
@@ -247,7 +251,7 @@ def evaluate_declared_capacity(node, *, declared: dict | None = None, actor, fac
         return None
     factor = float(factor if factor is not None else conf.get("CAPACITY_ABOVE_VERIFIED_FACTOR"))
     declared = declared if declared is not None else (node.declared or {}).get("resources", {})
-    verified = (node.verified or {}).get("resources", {})
+    verified = verified if verified is not None else (node.verified or {}).get("resources", {})
     over = {
         name: {"declared": amount, "verified": verified[name]}
         for name, amount in (declared or {}).items()

@@ -133,6 +133,10 @@ PoolCapacityResponse = inline_serializer(
     {
         "pool": serializers.CharField(),
         "resources": serializers.JSONField(help_text="{name: {allocatable, allocated, free, largest_free_block}}"),
+        "devices": serializers.JSONField(
+            help_text="{type: {model: {total, allocatable, allocated, free, health: {state: n}}}}: live devices "
+            "by type and normalised model (a known model or other)"
+        ),
         "nodes": serializers.JSONField(
             help_text="{total, schedulable, ready, in_service, lifecycle, liveness, health}"
         ),

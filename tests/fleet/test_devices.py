@@ -219,3 +219,17 @@ def test_the_admin_node_page_lists_devices_and_the_device_admin_verifies(admin_c
     response = admin_client.post("/admin/fleet/device/", {"action": "verify_devices", ACTION_CHECKBOX_NAME: [row.pk]})
     assert response.status_code == 302
     assert Device.objects.get(pk=row.pk).allocatable and gpu_count(node) == 1
+
+
+def test_more_devices_than_verified_fall_under_capacity_above_verified():
+    from maintenance.models import Quarantine
+
+    node, _ = make_gpu_node(count=8)
+    report_devices(node, gpus(9))  # one more than verified: unverified, not allocatable, no quarantine
+    assert not Quarantine.objects.filter(node=node).exists()
+    assert NodeResource.objects.get(node=node, name="nvidia.com/gpu").allocatable == 8
+    report_devices(node, gpus(13))  # 13 > 1.5 × 8
+    quarantine = Quarantine.objects.get(node=node)
+    assert quarantine.rule == "capacity_above_verified"
+    assert quarantine.evidence["over"] == {"nvidia.com/gpu": {"declared": 13, "verified": 8}}
+    assert Node.objects.get(pk=node.pk).lifecycle == "quarantined"
