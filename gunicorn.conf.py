@@ -31,18 +31,33 @@ def _serve_health(bind, server):
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+    problems = "https://nodepool.dev/problems/"
+
     class Health(BaseHTTPRequestHandler):
-        def do_GET(self):
-            if self.path.split("?", 1)[0] == "/healthz":
-                status, body = 200, {"status": "ok", "workers": len(server.WORKERS)}
+        def do_GET(self, head=False):
+            if self.path.split("?", 1)[0] != "/healthz":
+                status, body = 404, {"type": problems + "not-found", "title": "Not found", "status": 404,
+                                     "detail": "Not found.", "code": "not_found"}  # fmt: skip
+            elif self.command not in ("GET", "HEAD"):
+                status, body = 405, {"type": problems + "method-not-allowed", "title": "Method not allowed",
+                                     "status": 405, "detail": f'Method "{self.command}" not allowed.',
+                                     "code": "method_not_allowed"}  # fmt: skip
             else:
-                status, body = 404, {"type": "about:blank", "title": "Not Found", "status": 404, "code": "not_found"}
+                status, body = 200, {"status": "ok", "workers": len(server.WORKERS)}
             data = json.dumps(body).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json" if status == 200 else "application/problem+json")
             self.send_header("Content-Length", str(len(data)))
+            if status == 405:
+                self.send_header("Allow", "GET, HEAD")
             self.end_headers()
-            self.wfile.write(data)
+            if not head:
+                self.wfile.write(data)
+
+        def do_HEAD(self):
+            self.do_GET(head=True)
+
+        do_POST = do_PUT = do_PATCH = do_DELETE = do_OPTIONS = do_GET
 
         def log_message(self, *args):
             pass

@@ -148,22 +148,34 @@ NGINX_TEMPLATE = ROOT / "deploy" / "nginx" / "nodepool.conf.template"
 
 
 def render_nginx_conf(
-    upstream: str, listen_port: int, work_dir: Path, *, node_rate_per_address: str = "200r/s"
+    upstream: str,
+    listen_port: int,
+    work_dir: Path,
+    *,
+    node_rate_per_address: str = "200r/s",
+    probe_upstream: str | None = None,
 ) -> Path:
     """Write a whole nginx.conf into ``work_dir`` around the shipped http-context template.
 
     Only the template's ``${NODEPOOL_...}`` are substituted, as the nginx image's envsubst does
     with the variables compose defines: the upstream (a host name is resolved now, from
     /etc/hosts, so the resolver is never asked), the resolver and ``node_rate_per_address``
-    (compose's default, 200r/s); the template's ``listen 8080`` becomes
+    (compose's default, 200r/s), and ``probe_upstream`` (where ``/healthz`` goes: gunicorn's
+    master probe, ``NODEPOOL_PROBE_BIND``; by default ``upstream`` itself); the template's ``listen 8080`` becomes
     ``listen 127.0.0.1:<listen_port>``. Paths (pid, logs, temporary files) stay inside
     ``work_dir``, so no root is needed.
     """
     host, _, port = upstream.rpartition(":")
     upstream = f"{socket.gethostbyname(host)}:{port}"  # e.g. localhost: there is no DNS server to ask
+    if probe_upstream is None:
+        probe_upstream = upstream
+    else:
+        probe_host, _, probe_port = probe_upstream.rpartition(":")
+        probe_upstream = f"{socket.gethostbyname(probe_host)}:{probe_port}"
     text = NGINX_TEMPLATE.read_text()
     for name, value in (
         ("UPSTREAM", upstream),
+        ("PROBE_UPSTREAM", probe_upstream),
         ("RESOLVER", "127.0.0.1"),
         ("NODE_RATE_PER_ADDRESS", node_rate_per_address),
     ):
@@ -206,14 +218,20 @@ class Nginx:
     """nginx (``apt-get install -y nginx``) on a free port in front of ``upstream`` (``host:port``),
     configured by the shipped template (docker-compose.yml's proxy); stops on exit."""
 
-    def __init__(self, upstream: str, *, node_rate_per_address: str = "200r/s"):
+    def __init__(self, upstream: str, *, node_rate_per_address: str = "200r/s", probe_upstream: str | None = None):
         self.binary = nginx_binary()
         if self.binary is None:
             raise RuntimeError("nginx is not installed: apt-get install -y nginx")
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.work_dir = Path(tempfile.mkdtemp(prefix="nodepool-nginx-"))
-        self.conf = render_nginx_conf(upstream, self.port, self.work_dir, node_rate_per_address=node_rate_per_address)
+        self.conf = render_nginx_conf(
+            upstream,
+            self.port,
+            self.work_dir,
+            node_rate_per_address=node_rate_per_address,
+            probe_upstream=probe_upstream,
+        )
         self.process: subprocess.Popen | None = None
 
     def check(self) -> subprocess.CompletedProcess:

@@ -11,7 +11,13 @@ import uuid
 from django.conf import settings
 from django.db import InterfaceError, OperationalError
 
-from nodepool.api.errors import HEADER_TOO_LARGE, HEADERS_TOO_LARGE, INVALID_CONTENT_LENGTH, PAYLOAD_TOO_LARGE
+from nodepool.api.errors import (
+    HEADER_TOO_LARGE,
+    HEADERS_TOO_LARGE,
+    INVALID_CONTENT_LENGTH,
+    INVALID_HEADER_VALUE,
+    PAYLOAD_TOO_LARGE,
+)
 
 from .problems import PROBLEM_CONTENT_TYPE, database_unavailable_response, problem_response
 
@@ -19,6 +25,9 @@ logger = logging.getLogger(__name__)
 PROBLEM_PATHS = ("/api/", "/healthz", "/readyz")
 
 _SAFE = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+# Control bytes RFC 9110 (5.5) forbids in a field value (TAB is allowed): the class gunicorn and
+# the shipped nginx configuration (deploy/nginx) refuse too, with the same answer as here.
+_CONTROL_BYTES = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 class RequestIdMiddleware:
@@ -89,7 +98,8 @@ def _read_at_most(stream, size: int) -> bytes:
 
 class HeaderLimitMiddleware:
     """431 problem+json for a request header above ``NODEPOOL_MAX_HEADER_BYTES`` (8 KiB), or for all
-    headers together above ``NODEPOOL_MAX_HEADERS_TOTAL_BYTES`` (32 KiB) — RFC 6585 §5.
+    headers together above ``NODEPOOL_MAX_HEADERS_TOTAL_BYTES`` (32 KiB) — RFC 6585 §5; 400
+    ``invalid_header_value`` for a control byte (``\\x00``–``\\x1f`` but TAB, and DEL) in a value.
 
     gunicorn refuses larger ones itself, before the application sees them, with its own plain-text
     page: ``gunicorn.conf.py`` sets its per-header limit (``limit_request_field_size``) to twice ours
@@ -106,6 +116,14 @@ class HeaderLimitMiddleware:
                 continue
             size = len(key) + len(value)
             total += size
+            if _CONTROL_BYTES.search(value):
+                name = key[5:].replace("_", "-").title()
+                return problem_response(
+                    400,
+                    INVALID_HEADER_VALUE,
+                    f"The {name} header holds a control character; header values may not.",
+                    header=name,
+                )
             if size > limit:
                 name = key[5:].replace("_", "-").title()
                 return problem_response(

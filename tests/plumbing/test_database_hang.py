@@ -1,10 +1,13 @@
 """Fail fast on a hung database (issue 30, item 2): gunicorn against a PostgreSQL reached through a
 TCP proxy that the test makes accept and never answer. Requests end as 503 database_timeout with
 Retry-After within seconds (never gunicorn's 30 s timeout), and /healthz, answered by the
-gunicorn master's probe thread, stays under a second throughout."""
+gunicorn master's probe thread, stays under a second throughout, straight and through the shipped
+nginx (which sends /healthz there); /readyz answers 503 not_ready within its budget plus at most
+one request's worst case of queueing behind the stuck workers."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import threading
@@ -14,6 +17,7 @@ import httpx
 import pytest
 from django.db import connection
 
+from bench.common import Nginx, nginx_binary
 from tests.factories import PoolFactory, make_schedulable_node
 from tests.processes import VENV_BIN, child_env, database_url, free_port, running, wait_for
 from tests.tcp_proxy_support import TcpProxy
@@ -54,8 +58,9 @@ def test_requests_against_a_hung_database_end_as_503_database_timeout_and_health
             "--workers", "2", "--timeout", "30"]  # fmt: skip
     base, probe_base = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{probe}"
     log = tmp_path / "gunicorn.log"
+    edge = Nginx(f"127.0.0.1:{port}", probe_upstream=f"127.0.0.1:{probe}") if nginx_binary() else None
     try:
-        with running(args, env, log):
+        with running(args, env, log), edge or _nothing():
             wait_for(lambda: _answers(probe_base + "/healthz") and _answers(base + "/healthz"), 30, "gunicorn", log)
             for sequence in (1, 2, 3):  # both workers hold an open connection (CONN_MAX_AGE)
                 response, _ = renew(base, node, secret, sequence)
@@ -68,11 +73,17 @@ def test_requests_against_a_hung_database_end_as_503_database_timeout_and_health
             ]
             for thread in threads:
                 thread.start()
-            health = []
-            while any(t.is_alive() for t in threads):
+            time.sleep(0.3)  # both workers are now stuck on the hung database
+            ready: list[tuple[int, float]] = []
+            readyz = threading.Thread(target=lambda: ready.append(_timed_status(port, "/readyz", 20)))
+            readyz.start()
+            health, edge_health = [], []
+            while any(t.is_alive() for t in [*threads, readyz]):
                 started = time.monotonic()
                 ok = _status(probe, "/healthz") == 200
                 health.append((ok, time.monotonic() - started))
+                if edge is not None:
+                    edge_health.append(_timed_status(edge.port, "/healthz", 5))
                 time.sleep(0.2)
             for thread in threads:
                 thread.join()
@@ -88,7 +99,28 @@ def test_requests_against_a_hung_database_end_as_503_database_timeout_and_health
         assert response.headers["Retry-After"] == "5"
         assert elapsed < 12  # 2 workers, 3 requests: the last waits for one deadline + connect timeout
     assert health and all(ok and seconds < 1 for ok, seconds in health), health
+    if edge is not None:
+        assert edge_health and all(status == 200 and seconds < 1 for status, seconds in edge_health), edge_health
+    # /readyz: its budget (2.5 s), behind at most one stuck request (deadline 2 s + connect 2 s).
+    assert ready and ready[0][0] == 503 and ready[0][1] < 2.5 + 2 + 2 + 1, ready
     assert recovered
+
+
+@contextlib.contextmanager
+def _nothing():
+    yield
+
+
+def _timed_status(port: int, path: str, timeout: float) -> tuple[int, float]:
+    started = time.monotonic()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        conn.request("GET", path)
+        return conn.getresponse().status, time.monotonic() - started
+    except OSError:
+        return 0, time.monotonic() - started
+    finally:
+        conn.close()
 
 
 def _status(port: int, path: str) -> int:

@@ -274,3 +274,75 @@ def test_requests_nginx_cannot_read_get_problem_json_not_its_html_pages(proxy, r
     problem = json.loads(body)
     assert problem["status"] == status and problem["code"] == code
     assert problem["request_id"] == headers["x-request-id"]
+
+
+@pytest.mark.parametrize(
+    ("header", "value"),
+    [("User-Agent", b"agent\x7f1"), ("Authorization", b"Node npn_a.b\x01"), ("X-Request-ID", b"id\x1b"),
+     ("Cookie", b"sessionid=\x08x")],
+    ids=["del-user-agent", "soh-authorization", "esc-request-id", "bs-cookie"],
+)  # fmt: skip
+def test_a_control_byte_in_a_header_value_is_refused_by_nginx_as_the_application_refuses_it(proxy, header, value):
+    head = b"GET /api/v1/nodes HTTP/1.1\r\nHost: a\r\nConnection: close\r\n"
+    request = head + header.encode() + b": " + value + b"\r\n\r\n"
+    got, headers, body = raw(proxy.base, request)
+
+    assert got == 400, body[:300]
+    assert headers["content-type"] == "application/problem+json"
+    problem = json.loads(body)
+    assert problem["code"] == "invalid_header_value" and problem["status"] == 400
+    assert problem["type"] == "https://nodepool.dev/problems/invalid-header-value"
+    assert problem["title"] == "Invalid header value"  # the application's declared title
+    assert problem["request_id"] == headers["x-request-id"]
+
+
+def test_a_header_the_application_does_not_read_is_not_passed_on_so_its_bytes_never_reach_gunicorn(proxy):
+    # gunicorn would answer its own HTML 400 for the DEL; the proxy passes on only what the
+    # application reads (each checked), so this request is answered by the application.
+    request = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nX-Custom: a\x7fb\r\n\r\n"
+    got, headers, body = raw(proxy.base, request)
+
+    assert got == 200, body[:300]
+
+
+def test_nginx_405_names_the_methods_it_passes_on_in_allow(proxy):
+    got, headers, body = raw(proxy.base, b"TRACE /api/v1/nodes HTTP/1.1\r\nHost: a\r\n\r\n")
+
+    assert got == 405 and json.loads(body)["code"] == "method_not_allowed"
+    assert headers["allow"] == "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
+
+
+@pytest.mark.parametrize("path", ["/_nodepool/problems/400", "/_nodepool/problems/502", "/_nodepool/problems/404"])
+def test_the_proxys_internal_locations_answer_404_problem_json_from_outside(proxy, path):
+    response = httpx.get(proxy.base + path, headers={"X-Request-ID": "outside-1"})
+
+    body = assert_proxy_problem(response, 404, "not_found")
+    assert body["request_id"] == response.headers["x-request-id"] == "outside-1"
+
+
+def test_healthz_goes_to_the_probe_upstream_not_to_the_workers(live_server):
+    import socketserver
+    import threading
+
+    class Probe(socketserver.StreamRequestHandler):
+        def handle(self):
+            while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                pass
+            body = b'{"status": "ok", "from": "probe"}'
+            head = b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+            self.wfile.write(head % len(body))
+            self.wfile.write(body)
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Probe)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        upstream = live_server.url.removeprefix("http://")
+        with Nginx(upstream, probe_upstream=f"127.0.0.1:{server.server_address[1]}") as nginx:
+            health = httpx.get(nginx.base + "/healthz")
+            api = httpx.get(nginx.base + "/api/v1/nodes")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    assert health.status_code == 200 and health.json()["from"] == "probe"
+    assert api.status_code == 401  # everything else still goes to the workers
