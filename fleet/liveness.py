@@ -9,10 +9,11 @@ Two halves:
 * pure functions of ``now`` (:func:`timings_for`, :func:`next_heartbeat_in`);
 * :func:`sweep_liveness`, the periodic set-based sweep. It selects due rows through
   ``Node.next_liveness_check_at`` and its partial index ``node_liveness_due`` (the deadline of
-  the node's next degradation, healthchecks' ``alert_after``), and moves them with one
-  compare-and-swap UPDATE per (pool, from, to) (``WHERE liveness = <from>``), so two sweeps at
-  once, or a sweep racing a heartbeat, can never both move the same node: one event per node
-  per transition, one ``nodes_lost`` signal per run for the nodes that became ``lost``.
+  the node's next degradation, healthchecks' ``alert_after``), and moves them with compare-and-swap
+  UPDATEs (``WHERE liveness = <from>``, rechecked on the locked row), so two sweeps at once, or a
+  sweep racing a heartbeat, can never both move the same node: one event per node per
+  transition, one ``nodes_lost`` signal per pool commit for the nodes that became ``lost``.
+  Transitions short of ``lost`` of every due pool are one statement (:func:`_degrade`).
 
 Rate scaling is Nomad's: the heartbeat interval grows with the number of nodes so that the fleet
 sends at most ``NODEPOOL["MAX_HEARTBEATS_PER_SECOND"]`` (nomad/heartbeat.go, ``RateScaledInterval``
@@ -303,6 +304,159 @@ def _in_fresh_window(releases: dict, pool: Pool, candidate, *, now: datetime, lo
     return (now - released_at).total_seconds() < lost_after
 
 
+def _allowed(after: float, *, now: datetime, since: datetime | None) -> bool:
+    """Outage guard: a threshold counts only once it has passed since the recovery too."""
+    return since is None or (now - since).total_seconds() >= after
+
+
+def _possible(due: dict | None, states, cutoff: datetime | None) -> bool:
+    """Whether any due node in one of ``states`` can make a transition whose cutoff is ``cutoff``
+    (``due``: liveness → oldest last heartbeat among the pool's due nodes; None: maybe)."""
+    if due is None:
+        return True
+    oldest = [due[s] for s in states if s in due]
+    return bool(oldest) and (cutoff is None or any(o is not None and o <= cutoff for o in oldest))
+
+
+def _needs_loss_step(*, timings: Timings, now: datetime, since: datetime | None, due: dict | None) -> bool:
+    """Whether a due node of the pool may be past its loss threshold (the step with guards, holds
+    and the ``nodes_lost`` signal; :func:`_sweep_pool` runs it in the pool's own transaction)."""
+    return _allowed(timings.lost_after, now=now, since=since) and _possible(
+        due, _SILENT_STATES, now - timedelta(seconds=timings.lost_after)
+    )
+
+
+@dataclass(frozen=True)
+class _Degrade:
+    """One pool's transitions short of ``lost``, for :func:`_degrade`.
+
+    ``unreachable_cutoff``: an ``alive`` or ``stale`` node whose last heartbeat is at or before it
+    becomes ``unreachable`` (its next deadline: ``max(last heartbeat, since) + lost_after``
+    seconds); None when no due node of the pool can. ``to_stale``: every other due ``alive`` node
+    becomes ``stale`` and keeps its passed deadline: ``stale`` lasts one grace at most, and not
+    writing the indexed column keeps a mass transition from rewriting every index of every row
+    (the unreachable transition selects stale rows by their last heartbeat anyway).
+    """
+
+    pool_id: int
+    unreachable_cutoff: datetime | None
+    to_stale: bool
+    lost_after: float
+    since: datetime | None
+    unreachable_reason: str
+    stale_reason: str
+
+
+def _degrade_plan(
+    *, pool: Pool, timings: Timings, now: datetime, since: datetime | None, due: dict | None
+) -> _Degrade | None:
+    """The pool's :class:`_Degrade`, or None when none of its due nodes can move short of ``lost``."""
+    cutoff = now - timedelta(seconds=timings.unreachable_after)
+    if not (
+        _allowed(timings.unreachable_after, now=now, since=since)
+        and _possible(due, [Liveness.ALIVE, Liveness.STALE], cutoff)
+    ):
+        cutoff = None
+    # An alive node's deadline was set by its last heartbeat (two told intervals), so no cutoff.
+    to_stale = _allowed(timings.stale_after, now=now, since=since) and _possible(due, [Liveness.ALIVE], None)
+    if cutoff is None and not to_stale:
+        return None
+    return _Degrade(
+        pool_id=pool.pk,
+        unreachable_cutoff=cutoff,
+        to_stale=to_stale,
+        lost_after=timings.lost_after,
+        since=since,
+        unreachable_reason=f"no heartbeat for {timings.unreachable_after:.0f}s (grace)",
+        stale_reason=f"missed heartbeats for {timings.stale_after:.0f}s",
+    )
+
+
+def _degrade(plans: list[_Degrade], *, now: datetime, actor: Actor) -> dict[int, dict[str, int]]:
+    """Move the due nodes of every pool in ``plans`` to ``unreachable`` or ``stale``, with one
+    ``liveness`` event each; returns ``{pool pk: {"alive->stale": n, ...}}``.
+
+    On PostgreSQL this is **one statement** whatever the number of pools: the due nodes are read
+    once through the deadline index ``node_liveness_due`` (joined to the plans, one row per pool),
+    locked ``FOR NO KEY UPDATE SKIP LOCKED`` (a row another transaction holds is skipped, not
+    waited for: it stays due and the next run moves it), moved, and their events inserted, in one
+    data-modifying CTE that returns only the counts. The lock's recheck of the WHERE clause on the
+    row's newest version is the compare-and-swap: a heartbeat or another sweep that got there first
+    leaves the row out, so a node moves once with one event. On SQLite (one writer at a time) it is
+    :func:`_move` per pool and transition. The caller owns the transaction.
+    """
+    if not plans:
+        return {}
+    counts: dict[int, dict[str, int]] = {}
+    if connection.vendor != "postgresql":
+        for plan in plans:
+            moves = []
+            if plan.unreachable_cutoff is not None:
+                moves += [
+                    (from_state, Liveness.UNREACHABLE, plan.unreachable_cutoff, plan.lost_after,
+                     plan.unreachable_reason, False)
+                    for from_state in (Liveness.ALIVE, Liveness.STALE)
+                ]  # fmt: skip
+            if plan.to_stale:
+                moves.append((Liveness.ALIVE, Liveness.STALE, None, None, plan.stale_reason, True))
+            for from_state, to_state, cutoff, offset, reason, keep in moves:
+                moved = _move(
+                    pool_id=plan.pool_id, from_state=from_state, to_state=to_state, now=now, cutoff=cutoff,
+                    next_offset=offset, reference=plan.since, ids=None, actor=actor, reason=reason,
+                    keep_deadline=keep,
+                )  # fmt: skip
+                if moved:
+                    key = f"{from_state}->{to_state}"
+                    counts.setdefault(plan.pool_id, {})[key] = counts.get(plan.pool_id, {}).get(key, 0) + len(moved)
+        return counts
+    nodes = connection.ops.quote_name(Node._meta.db_table)
+    events = connection.ops.quote_name(NodeEvent._meta.db_table)
+    row = "(%s::bigint, %s::timestamptz, %s::boolean, %s::double precision, %s::timestamptz, %s::text, %s::text)"
+    values_params: list = []
+    for plan in plans:
+        values_params += [
+            plan.pool_id, plan.unreachable_cutoff, plan.to_stale, plan.lost_after, plan.since,
+            plan.unreachable_reason, plan.stale_reason,
+        ]  # fmt: skip
+    alive, stale, unreachable = Liveness.ALIVE, Liveness.STALE, Liveness.UNREACHABLE
+    # Identifiers come from the models, every value is a bound parameter.
+    sql = (
+        "WITH plan (pool_id, cutoff, to_stale, lost_after, since, unreachable_reason, stale_reason) AS "  # noqa: S608
+        f"(VALUES {', '.join([row] * len(plans))}), "
+        "due AS (SELECT n.id, n.liveness AS from_state, "
+        "CASE WHEN plan.cutoff IS NOT NULL AND n.last_heartbeat_at <= plan.cutoff THEN %s ELSE %s END AS to_state "
+        f"FROM {nodes} n JOIN plan ON plan.pool_id = n.pool_id "
+        "WHERE n.next_liveness_check_at IS NOT NULL AND n.next_liveness_check_at <= %s AND n.lifecycle <> %s "
+        "AND ((n.liveness IN (%s, %s) AND plan.cutoff IS NOT NULL AND n.last_heartbeat_at <= plan.cutoff) "
+        "OR (n.liveness = %s AND plan.to_stale)) "
+        "FOR NO KEY UPDATE OF n SKIP LOCKED), "
+        f"moved AS (UPDATE {nodes} n SET liveness = due.to_state, liveness_changed_at = %s, "
+        "next_liveness_check_at = CASE WHEN due.to_state = %s "
+        "THEN GREATEST(n.last_heartbeat_at, plan.since) + plan.lost_after * INTERVAL '1 second' "
+        "ELSE n.next_liveness_check_at END "
+        "FROM due, plan WHERE n.id = due.id AND plan.pool_id = n.pool_id "
+        "RETURNING n.id, n.pool_id, due.from_state, due.to_state, "
+        "CASE WHEN due.to_state = %s THEN plan.unreachable_reason ELSE plan.stale_reason END AS reason), "
+        # Every NOT NULL column of the general event model: Django sets no database defaults.
+        f"written AS (INSERT INTO {events} (node_id, pool_id, workload_id, subject_type, subject_id, type, "
+        "from_state, to_state, actor_type, actor_user_id, actor_name, reason, request_id, data, created_at) "
+        "SELECT id, pool_id, '', '', '', %s, from_state, to_state, %s, NULL, %s, reason, %s, '{}'::jsonb, %s "
+        "FROM moved RETURNING pool_id, from_state, to_state) "
+        "SELECT pool_id, from_state, to_state, count(*) FROM written GROUP BY pool_id, from_state, to_state"
+    )
+    params = [
+        *values_params,
+        unreachable, stale, _db_time(now), Lifecycle.RETIRED, alive, stale, alive,
+        _db_time(now), unreachable, unreachable,
+        event_types.LIVENESS, actor.type, actor.name[:150], (actor.request_id or "")[:64], _db_time(now),
+    ]  # fmt: skip
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        for pool_id, from_state, to_state, count in cursor.fetchall():
+            counts.setdefault(pool_id, {})[f"{from_state}->{to_state}"] = count
+    return counts
+
+
 def _sweep_pool(
     *,
     pool: Pool,
@@ -322,14 +476,10 @@ def _sweep_pool(
     """
 
     def allowed(after: float) -> bool:
-        # Outage guard: a threshold counts only once it has passed since the recovery too.
-        return since is None or (now - since).total_seconds() >= after
+        return _allowed(after, now=now, since=since)
 
     def possible(states, cutoff: datetime | None) -> bool:
-        if due is None:
-            return True
-        oldest = [due[s] for s in states if s in due]
-        return bool(oldest) and (cutoff is None or any(o is not None and o <= cutoff for o in oldest))
+        return _possible(due, states, cutoff)
 
     result: dict = {"moved": {}, "lost": [], "held": 0, "guards": {}, "fresh": 0}
 
@@ -399,43 +549,10 @@ def _sweep_pool(
                     )
                     record(from_state, Liveness.LOST, moved)
                     result["lost"].extend(moved)
-    if allowed(timings.unreachable_after):
-        reason = f"no heartbeat for {timings.unreachable_after:.0f}s (grace)"
-        for from_state in (Liveness.ALIVE, Liveness.STALE):
-            if not possible([from_state], unreachable_cutoff):
-                continue
-            moved = _move(
-                pool_id=pool.pk,
-                from_state=from_state,
-                to_state=Liveness.UNREACHABLE,
-                now=now,
-                cutoff=unreachable_cutoff,
-                next_offset=timings.lost_after,
-                reference=since,
-                ids=None,
-                actor=actor,
-                reason=reason,
-            )
-            record(from_state, Liveness.UNREACHABLE, moved)
-    if allowed(timings.stale_after) and possible([Liveness.ALIVE], None):
-        # An alive node's deadline was set by its last heartbeat (two told intervals), so no cutoff.
-        # A stale node keeps its passed deadline: ``stale`` lasts one grace at most, and not writing
-        # the indexed column keeps a mass transition from rewriting every index of every row (the
-        # unreachable step above selects stale rows by their last heartbeat anyway).
-        moved = _move(
-            pool_id=pool.pk,
-            from_state=Liveness.ALIVE,
-            to_state=Liveness.STALE,
-            now=now,
-            cutoff=None,
-            next_offset=None,
-            reference=since,
-            ids=None,
-            actor=actor,
-            reason=f"missed heartbeats for {timings.stale_after:.0f}s",
-            keep_deadline=True,
-        )
-        record(Liveness.ALIVE, Liveness.STALE, moved)
+    plan = _degrade_plan(pool=pool, timings=timings, now=now, since=since, due=due)
+    if plan is not None:
+        for key, count in _degrade([plan], now=now, actor=actor).get(pool.pk, {}).items():
+            result["moved"][key] = result["moved"].get(key, 0) + count
     return result
 
 
@@ -481,11 +598,18 @@ def sweep_liveness(*, now: datetime | None = None, actor: Actor | None = None) -
        (``recovered_at``). Otherwise it was a **stall** of the sweep while renewals kept arriving
        (:func:`fleet.clock.renewals_kept_arriving`): every node is judged by its own last renewal,
        so a node that died during the stall is marked by this very run.
-    2. **Each due pool in its own transaction**, committed on its own, with ``nodes_lost`` sent
-       inside it for that pool's lost nodes. A pool that fails is rolled back, logged
+    2. **The pools.** Pools whose due nodes only degrade short of ``lost`` (``stale``,
+       ``unreachable``: the steady state, and a mass ``alive → stale``) are moved **together**, in
+       one transaction and, on PostgreSQL, one statement (:func:`_degrade`), so 100 due pools cost
+       what one costs. Each pool where a node may be past its loss threshold is swept **alone**,
+       in its own transaction committed on its own, with ``nodes_lost`` sent inside it for that
+       pool's lost nodes. If the together-transaction fails, it is rolled back and each of its
+       pools is swept alone. A pool that fails alone is rolled back, logged
        (``liveness_sweep_pool_failed``), counted (``nodepool_liveness_sweep_pool_failures_total{pool}``)
        and skipped: the next run tries it again; the other pools are not held back. The fleet's
        silence figures for the mass-silence guard are computed once, by the first pool needing them.
+       The fleet size (which scales the thresholds) is :func:`heartbeat_population`'s cached count,
+       the one renewals are told their interval from (at most 30 s old), not a fresh count per run.
     3. **The state row again**, locked: guards engaged and released, ``last_run_at``, the summary.
 
     Args:
@@ -512,7 +636,7 @@ def sweep_liveness(*, now: datetime | None = None, actor: Actor | None = None) -
         gap = max(0.0, (now - previous).total_seconds()) if previous else 0.0
         due = _due_by_pool(now)
         due_pools = list(Pool.objects.filter(pk__in=list(due)).order_by("name"))
-        fleet_size = heartbeat_population(fresh=True)
+        fleet_size = heartbeat_population()
         pool_timings = {pool.pk: timings_for(pool, fleet_size) for pool in due_pools}
         summary["gap_seconds"], summary["gap"] = round(gap, 3), ""
         if previous is not None and pool_timings and gap > min(t.unreachable_after for t in pool_timings.values()):
@@ -532,18 +656,31 @@ def sweep_liveness(*, now: datetime | None = None, actor: Actor | None = None) -
             fleet_figures.append(silence.fleet_silence(now=now, unreachable_cutoffs=cutoffs))
         return fleet_figures[0]
 
-    failed: list[str] = []
-    for pool in due_pools:
-        timings = pool_timings[pool.pk]
+    def since_for(timings: Timings) -> datetime | None:
         # The recovery matters for one loss threshold after it; later every node is judged
         # by its own last heartbeat again (the result would be the same, the summary clearer).
-        since = (
+        return (
             state.recovered_at
             if state.recovered_at is not None
             and state.gap_seconds > timings.unreachable_after
             and (now - state.recovered_at).total_seconds() <= timings.lost_after
             else None
         )
+
+    def add(result: dict, since: datetime | None) -> None:
+        summary["recovering"] = summary["recovering"] or since is not None
+        for key, count in result["moved"].items():
+            summary["moved"][key] = summary["moved"].get(key, 0) + count
+        summary["lost"] += len(result["lost"])
+        summary["held"] += result["held"]
+        summary["fresh_window"] = summary.get("fresh_window", 0) + result["fresh"]
+        summary["guards"].update(result["guards"])
+
+    failed: list[str] = []
+
+    def sweep_alone(pool: Pool) -> None:
+        """One pool in its own transaction, committed on its own; a failure is logged, counted, skipped."""
+        timings, since = pool_timings[pool.pk], since_for(pool_timings[pool.pk])
         try:
             with transaction.atomic():
                 result = _sweep_pool(
@@ -561,14 +698,38 @@ def sweep_liveness(*, now: datetime | None = None, actor: Actor | None = None) -
             logger.exception("liveness_sweep_pool_failed pool=%s", pool.name, extra={"pool": pool.name})
             metrics.LIVENESS_SWEEP_POOL_FAILURES.labels(pool=pool.name).inc()
             failed.append(pool.name)
-            continue
-        summary["recovering"] = summary["recovering"] or since is not None
-        for key, count in result["moved"].items():
-            summary["moved"][key] = summary["moved"].get(key, 0) + count
-        summary["lost"] += len(result["lost"])
-        summary["held"] += result["held"]
-        summary["fresh_window"] = summary.get("fresh_window", 0) + result["fresh"]
-        summary["guards"].update(result["guards"])
+            return
+        add(result, since)
+
+    # Pools where a node may be past its loss threshold each get their own transaction (guards,
+    # holds, the nodes_lost signal). Every other due pool only degrades nodes short of `lost`:
+    # all of them together in one transaction, one statement on PostgreSQL (the steady state and a
+    # mass alive -> stale cost what one pool costs, however many pools there are). If that
+    # transaction fails, each of its pools is swept alone, so a failing pool is still isolated.
+    alone: list[Pool] = []
+    together: dict[int, tuple[Pool, _Degrade | None]] = {}
+    for pool in due_pools:
+        timings, since = pool_timings[pool.pk], since_for(pool_timings[pool.pk])
+        if _needs_loss_step(timings=timings, now=now, since=since, due=due[pool.pk]):
+            alone.append(pool)
+        else:
+            together[pool.pk] = (
+                pool,
+                _degrade_plan(pool=pool, timings=timings, now=now, since=since, due=due[pool.pk]),
+            )
+    plans = [plan for _, plan in together.values() if plan is not None]
+    try:
+        with transaction.atomic():
+            counts = _degrade(plans, now=now, actor=actor)
+    except Exception:
+        logger.warning("liveness_sweep_batch_failed pools=%d: sweeping each alone", len(plans), exc_info=True)
+        alone = sorted([*alone, *(pool for pool, plan in together.values() if plan is not None)], key=lambda p: p.name)
+    else:
+        for pool, _plan in together.values():
+            add({"moved": counts.get(pool.pk, {}), "lost": [], "held": 0, "fresh": 0, "guards": {}},
+                since_for(pool_timings[pool.pk]))  # fmt: skip
+    for pool in alone:
+        sweep_alone(pool)
     summary["failed_pools"] = failed
     releases_found = state.guard_releases or {}
     with transaction.atomic():

@@ -12,10 +12,13 @@ one of which dies at t=20 s; the sweep runs every 5 s until t=25 s, then nothing
 from __future__ import annotations
 
 import itertools
+from contextlib import contextmanager
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
-from fleet import clock, liveness
+from fleet import clock
 from fleet import event_types as fleet_events
 from fleet.liveness import sweep_liveness
 from fleet.models import ControlPlaneClock, LivenessSweepState, Node, NodeCredential, NodeEvent
@@ -110,33 +113,80 @@ def test_an_outage_of_the_periodic_jobs_still_pauses_deadlines(time_machine, fiv
     assert NodeEvent.objects.filter(type=fleet_events.CLOCK_JUMP).count() == 1
 
 
-def test_a_failing_pool_is_logged_counted_and_skipped(time_machine, monkeypatch, caplog):
+@contextmanager
+def bad_rows(pool):
+    """A real failure: a trigger that aborts any liveness change of ``pool``'s nodes."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "CREATE FUNCTION np_test_bad_row() RETURNS trigger LANGUAGE plpgsql AS "
+                "$$ BEGIN RAISE EXCEPTION 'a bad row'; END $$"
+            )
+            cursor.execute(
+                "CREATE TRIGGER np_test_bad_row BEFORE UPDATE ON fleet_node FOR EACH ROW WHEN "
+                f"(NEW.pool_id = {int(pool.pk)} AND OLD.liveness IS DISTINCT FROM NEW.liveness) "
+                "EXECUTE FUNCTION np_test_bad_row()"
+            )
+        else:
+            cursor.execute(
+                "CREATE TRIGGER np_test_bad_row BEFORE UPDATE OF liveness ON fleet_node FOR EACH ROW "
+                f"WHEN NEW.pool_id = {int(pool.pk)} BEGIN SELECT RAISE(ABORT, 'a bad row'); END"
+            )
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute("DROP TRIGGER np_test_bad_row ON fleet_node")
+                cursor.execute("DROP FUNCTION np_test_bad_row()")
+            else:
+                cursor.execute("DROP TRIGGER np_test_bad_row")
+
+
+@pytest.mark.parametrize(
+    ("t", "moved", "after"),
+    [
+        # Short of lost: the pools are moved together; that fails, so each is swept alone.
+        (25, {"alive->stale": 1}, "stale"),
+        # Past the loss threshold: each pool is swept alone anyway (guards, nodes_lost).
+        (400, {"alive->lost": 1}, "lost"),
+    ],
+)
+def test_a_failing_pool_is_logged_counted_and_skipped(time_machine, caplog, t, moved, after):
     good, bad = PoolFactory(name="good"), PoolFactory(name="bad")
     good_node, bad_node = make_schedulable_node(good)[0], make_schedulable_node(bad)[0]
     for node in (good_node, bad_node):
         send(node, next(_SEQUENCE))
-    real = liveness._sweep_pool
-
-    def failing(*, pool, **kwargs):
-        if pool.name == "bad":
-            real(pool=pool, **kwargs)  # its writes are rolled back with the failure
-            raise RuntimeError("a bad row")
-        return real(pool=pool, **kwargs)
-
-    monkeypatch.setattr(liveness, "_sweep_pool", failing)
     before = metrics.LIVENESS_SWEEP_POOL_FAILURES.labels(pool="bad")._value.get()
-    at(time_machine, 25)
-    summary = sweep_liveness()
-    assert summary["failed_pools"] == ["bad"] and summary["moved"] == {"alive->stale": 1}
-    assert liveness_of(good_node, bad_node) == ["stale", "alive"]
+    at(time_machine, t)
+    with bad_rows(bad):
+        summary = sweep_liveness()
+    assert summary["failed_pools"] == ["bad"] and summary["moved"] == moved
+    assert liveness_of(good_node, bad_node) == [after, "alive"]
+    assert NodeEvent.objects.filter(node=good_node, type=fleet_events.LIVENESS).count() == 1
     assert not NodeEvent.objects.filter(node=bad_node, type=fleet_events.LIVENESS).exists()
     assert metrics.LIVENESS_SWEEP_POOL_FAILURES.labels(pool="bad")._value.get() == before + 1
     assert "liveness_sweep_pool_failed pool=bad" in caplog.text
-    assert LivenessSweepState.objects.get().last_run_at == T0 + seconds(25)
-    monkeypatch.setattr(liveness, "_sweep_pool", real)
-    at(time_machine, 30)
-    sweep_liveness()  # the next run sweeps it
-    assert liveness_of(bad_node) == ["stale"]
+    assert LivenessSweepState.objects.get().last_run_at == T0 + seconds(t)
+    at(time_machine, t + 5)
+    assert sweep_liveness()["failed_pools"] == []  # the next run sweeps it
+    assert liveness_of(bad_node) == [after]
+
+
+def test_pools_short_of_lost_are_moved_in_one_statement(time_machine):
+    """The steady state costs what one pool costs, however many pools are due."""
+    pools = [PoolFactory(name=f"p{i}") for i in range(8)]
+    nodes = [make_schedulable_node(pool)[0] for pool in pools for _ in range(2)]
+    renew(nodes)
+    at(time_machine, 25)
+    with CaptureQueriesContext(connection) as queries:
+        summary = sweep_liveness()
+    assert summary["moved"] == {"alive->stale": 16} and summary["failed_pools"] == []
+    assert liveness_of(*nodes) == ["stale"] * 16
+    assert NodeEvent.objects.filter(type=fleet_events.LIVENESS).count() == 16
+    writes = [q["sql"] for q in queries.captured_queries if "fleet_nodeevent" in q["sql"]]
+    if connection.vendor == "postgresql":
+        assert len(writes) == 1, writes
 
 
 def test_nodes_lost_is_signalled_once_per_pool(time_machine):
