@@ -6,6 +6,7 @@ from datetime import timedelta
 
 import pytest
 import time_machine
+from django.contrib.auth.models import Group, User
 from django.utils import timezone
 
 from fleet.events import Actor
@@ -13,9 +14,11 @@ from fleet.models import Node, NodeResource
 from leases.models import Lease
 from leases.services import lease_create
 from leases.sweeps import check_consistency, expire_leases
+from nodepool.api.permissions import CLIENTS
+from tests import support
 from tests.factories import PoolFactory, make_schedulable_node
 from tests.races import Hold, race
-from tests.support import grant_status
+from tests.support import grant_status, lease_body
 
 THREADS = 16
 
@@ -68,6 +71,78 @@ def test_racing_retries_with_one_idempotency_key_share_one_lease(client_user):
     assert not errors, errors
     assert len({lease_id for lease_id, _ in results}) == 1
     assert Lease.objects.count() == 1
+
+
+@pytest.mark.race
+@pytest.mark.django_db(transaction=True)
+def test_an_idempotency_key_is_scoped_to_its_client_even_when_two_clients_race_with_it(client_user):
+    """Client A holds a lease made with key ``k``; client B sends the same key at the same moment
+    as A's retries. Each client gets one outcome, its own: A's retries replay A's lease, B gets a
+    new lease of its own (never A's lease, never A's 422). Guards the key's client scope (issue 28:
+    no test had two clients send the same key)."""
+    other = User.objects.create_user("bruno-client")
+    other.groups.add(Group.objects.get_or_create(name=CLIENTS)[0])
+    make_schedulable_node(PoolFactory(name="race"), resources={"cpu": 64000, "memory": 2**34})
+    bodies = {client_user.pk: lease_body("job-a", pool="race"), other.pk: lease_body("job-b", pool="race")}
+    first, status = lease_create(
+        data=bodies[client_user.pk], client=client_user, actor=Actor.system("t"), idempotency_key="k"
+    )
+    assert status == 201
+    clients = [client_user, other, client_user, other]
+
+    def send(i):
+        client = clients[i]
+        lease, status = lease_create(
+            data=bodies[client.pk], client=client, actor=Actor.system("t"), idempotency_key="k"
+        )
+        return client.pk, str(lease.pk), status
+
+    results, errors = run_in_threads(len(clients), send)
+    assert not errors, errors
+    answers = {pk: {(lease_id, status) for who, lease_id, status in results if who == pk} for pk in bodies}
+    assert answers[client_user.pk] == {(str(first.pk), 200)}
+    b_leases = {lease_id for lease_id, _ in answers[other.pk]}
+    assert len(b_leases) == 1 and b_leases != {str(first.pk)}
+    assert sorted(status for _, status in answers[other.pk]) in ([200, 201], [201])  # a replay, or one answer twice
+    [b_lease] = b_leases
+    assert Lease.objects.get(pk=b_lease).client == other and Lease.objects.get(pk=b_lease).workload_id == "job-b"
+    assert Lease.objects.count() == 2
+    # A later retry of each client still finds its own lease.
+    for client in (client_user, other):
+        lease, status = lease_create(
+            data=bodies[client.pk], client=client, actor=Actor.system("t"), idempotency_key="k"
+        )
+        assert (status, lease.client) == (200, client)
+
+
+@pytest.mark.django_db
+def test_the_expiry_sweep_rechecks_expiry_when_it_claims_a_renewed_lease(client_user, monkeypatch):
+    """A renewal that lands between the sweep's read of due leases and its claim of one keeps the
+    lease: the claim repeats ``expires_at <= now`` (issue 28: no test renewed between read and claim)."""
+    from leases import services
+    from leases.fencing import lease_renew
+
+    make_schedulable_node(PoolFactory(name="race"), resources={"cpu": 8000, "memory": 2**34})
+    lease = support.grant(client_user, "job-renewed", pool="race", ttl_seconds=60)
+    renewed_at = lease.expires_at - timedelta(seconds=1)  # the renewal's own clock: still live
+    sweep_at = lease.expires_at + timedelta(seconds=1)  # the sweep's: due
+    claim = services.end_lease
+
+    def renew_then_claim(lease_id, **kwargs):
+        lease_renew(
+            lease_id=lease_id,
+            data={"fencing_token": lease.fencing_token, "node_incarnation": lease.node_incarnation},
+            user=client_user,
+            actor=Actor.system("t"),
+            now=renewed_at,
+        )
+        return claim(lease_id, **kwargs)
+
+    monkeypatch.setattr(services, "end_lease", renew_then_claim)
+    assert expire_leases(now=sweep_at) == 0
+    stored = Lease.objects.get(pk=lease.pk)
+    assert stored.state == "granted" and stored.expires_at == renewed_at + timedelta(seconds=60)
+    assert NodeResource.objects.get(name="cpu").allocated == 1000
 
 
 @pytest.mark.race

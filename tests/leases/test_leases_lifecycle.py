@@ -101,6 +101,32 @@ def test_stale_token_or_incarnation_is_refused_and_changes_nothing(client_api, l
     assert stored.version == lease["version"]
 
 
+def test_an_older_fencing_token_is_refused_as_stale_and_changes_nothing(client_api, node_api, lease):
+    """Token N-1 on lease N (a writer that missed the regrant) is 409 ``stale_fencing_token`` with
+    the current token, for every fenced write: the fence check refuses it, not a lost compare-and-swap.
+    (Only a higher stale token was tested before: issue 28's mutation ``!=`` -> ``>`` went unnoticed.)"""
+    assert post(client_api, lease, "release", fence(lease)).status_code == 200
+    body = {"workload_id": "job-1", "pool": "general", "resources": {"cpu": "2"}, "ttl_seconds": 60}
+    second = client_api.post("/api/v1/node-leases", body, format="json").json()
+    assert second["fencing_token"] == lease["fencing_token"] + 1
+    older = fence(second, fencing_token=second["fencing_token"] - 1)
+    for api, action, extra in (
+        (client_api, "renew", {}),
+        (client_api, "release", {}),
+        (node_api, "events", {"state": "running"}),
+    ):
+        response = post(api, second, action, {**older, **extra})
+        assert response.status_code == 409, (action, response.json())
+        assert response.json()["code"] == "stale_fencing_token", action
+        assert response.json()["current_token"] == second["fencing_token"]
+    stored = Lease.objects.get(pk=second["id"])
+    assert (stored.state, stored.version, stored.workload_state) == (
+        "granted",
+        second["version"],
+        second["workload_state"],
+    )
+
+
 @pytest.mark.parametrize("body", [{}, {"fencing_token": "1", "node_incarnation": 1}, {"fencing_token": -1}])
 def test_malformed_fence_is_a_400(client_api, lease, body):
     response = post(client_api, lease, "renew", body)
