@@ -27,6 +27,8 @@ from collections.abc import Callable
 
 import httpx
 
+from .times import parse_time
+
 log = logging.getLogger("agent.preemption")
 
 GCE_NOTICE_SECONDS = 30.0
@@ -58,7 +60,6 @@ def parse_notice(status: int, body: str, *, now: float) -> float | None:
     except ValueError:
         log.debug("preemption metadata not understood: %r", text[:200])
         return None
-    from .runner import parse_time  # the agent's RFC 3339 reader
 
     when = parse_time(notice.get("time")) if isinstance(notice, dict) else None
     if when is None or notice.get("action") not in ("terminate", "stop", "hibernate"):

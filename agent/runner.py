@@ -16,13 +16,13 @@ import random
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 
 from . import benchmark, conditions, devices, inventory, nvidia, preemption
 from .backoff import Backoff
 from .client import ApiError, NodeClient, NodeRetired, ServerUnavailable
 from .state import AgentState, StateFile
+from .times import parse_time, rfc3339
 from .upgrade import current_version, run_upgrade
 from .workloads import LeaseEvent, Supervisor
 
@@ -86,19 +86,6 @@ class AgentConfig:
     # long an inventory (nvidia-smi) is reused between status reports, in seconds.
     xid_source: str = "auto"
     device_refresh: float = 30.0
-
-
-def rfc3339(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
-
-
-def parse_time(value: str | None) -> float | None:
-    if not value:
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 class Agent:

@@ -33,6 +33,7 @@ from packaging.version import InvalidVersion, Version
 from humanunits import quantity
 from nodepool import failsafe, metrics
 from nodepool.api.problems import Conflict, Gone, NotFound
+from nodepool.celery import app as celery_app
 
 from . import event_types
 from .capability import CapabilityError, implausible_values
@@ -398,11 +399,15 @@ def compare_benchmark(node: Node, measured: dict[str, int]) -> Outcome:
     return passed("benchmark confirms the declared capacity", ratios=ratios)
 
 
+def run_admission_task():
+    """The ``fleet.run_admission`` task, by name: fleet.tasks runs this module, so this module does
+    not import it (no import cycle); fleet.apps imports fleet.tasks, so the name is registered."""
+    return celery_app.signature("fleet.run_admission")
+
+
 def _dispatch_admission(node_id, attempt: int) -> None:
     def dispatch():
-        from .tasks import run_admission as task
-
-        failsafe.publish(task, args=(str(node_id), attempt))  # fails open: the stalled sweep catches up
+        failsafe.publish(run_admission_task(), args=(str(node_id), attempt))  # fails open: the stalled sweep catches up
 
     transaction.on_commit(dispatch)
 
@@ -496,8 +501,7 @@ def admissions_resume(*, now: datetime | None = None, stalled_after: timedelta =
         .exclude(pk__in=waiting)
         .values_list("pk", "admission_attempt")[:500]
     )
-    from .tasks import run_admission as task
-
+    task = run_admission_task()
     stalled = list(stalled)
     for node_id, attempt in stalled:
         task.delay(str(node_id), attempt)

@@ -22,6 +22,7 @@ from nodepool import failsafe
 from nodepool.api.errors import TRANSITION_NOT_ALLOWED
 from nodepool.api.problems import Conflict, Forbidden, Gone, NotFound, Problem, TooManyRequests
 from nodepool.api.versioning import check_version
+from nodepool.celery import app as celery_app
 
 from . import clock, conf, event_types
 from . import devices as device_inventory
@@ -394,10 +395,9 @@ def queue_admission(*, node: Node) -> int:
     node_id = str(node.pk)
 
     def dispatch():
-        from .tasks import run_admission
-
         # Fails open (nodepool.failsafe): the stalled-admission sweep sends what the broker missed.
-        failsafe.publish(run_admission, args=(node_id, attempt))
+        # By name (fleet.admission.run_admission_task's reason): fleet.tasks runs admission.
+        failsafe.publish(celery_app.signature("fleet.run_admission"), args=(node_id, attempt))
 
     transaction.on_commit(dispatch)
     return attempt

@@ -12,6 +12,7 @@ class MaintenanceConfig(AppConfig):
             errors,  # noqa: F401  (declares the app's problem codes: the registry is complete)
             event_types,  # noqa: F401  (declares the app's event types)
             signals,  # noqa: F401  (pauses drain deadlines and holds across a clock gap)
+            tasks,  # noqa: F401  (registers the tasks maintenance.drains enqueues by name)
         )
 
         register_collector("maintenance", collectors.collect)

@@ -49,6 +49,7 @@ from leases.models import Lease
 from nodepool import metrics
 from nodepool.api.problems import Conflict, NotFound
 from nodepool.api.versioning import check_version
+from nodepool.celery import app as celery_app
 
 from . import event_types
 from .budgets import ration, statuses_for_groups
@@ -68,12 +69,14 @@ def _user(actor: Actor):
 
 
 def _schedule_deadline(drain: Drain) -> None:
-    """After commit, queue the deadline task with ``eta`` = deadline; the sweep covers its loss."""
-    from . import tasks
+    """After commit, queue the deadline task with ``eta`` = deadline; the sweep covers its loss.
 
+    Named, not imported: maintenance.tasks runs this module (no import cycle); the task is
+    registered by the time this runs (maintenance.apps imports maintenance.tasks)."""
     drain_id, deadline = str(drain.pk), drain.deadline
+    enforce = celery_app.signature("maintenance.enforce_drain_deadline", args=[drain_id])
     transaction.on_commit(
-        lambda: tasks.enforce_drain_deadline.apply_async(args=[drain_id], eta=deadline),
+        lambda: enforce.apply_async(eta=deadline),
         robust=True,  # a broker outage must not fail the committed request; the sweep still runs
     )
 

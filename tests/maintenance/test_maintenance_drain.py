@@ -498,7 +498,9 @@ def test_starting_a_drain_queues_the_deadline_task_with_eta_equal_to_the_deadlin
     make_lease(node, "job-1")
     sent = []
     monkeypatch.setattr(
-        tasks.enforce_drain_deadline, "apply_async", lambda args=None, **options: sent.append((args, options))
+        tasks.enforce_drain_deadline,
+        "apply_async",
+        lambda args=None, kwargs=None, **options: sent.append((list(args), options)),
     )
 
     with django_capture_on_commit_callbacks(execute=True):

@@ -55,9 +55,9 @@ def test_the_drain_deadline_is_enforced_by_its_eta_message_on_the_worker(broker,
     client = broker.client()
     sent = []
 
-    def to_the_worker(args=None, **options):  # the product's own message, through the real broker
+    def to_the_worker(args=None, kwargs=None, **options):  # the product's own message, through the real broker
         sent.append(options["eta"])
-        return client.send_task(tasks.enforce_drain_deadline.name, args=args, **options)
+        return client.send_task(tasks.enforce_drain_deadline.name, args=list(args or ()), kwargs=kwargs, **options)
 
     monkeypatch.setattr(tasks.enforce_drain_deadline, "apply_async", to_the_worker)
     with running(broker.worker_args(), broker.env(), broker.log):
