@@ -87,6 +87,51 @@ def _complete_nodes(ctx, param, incomplete: str):
 
 
 NODE = click.argument("node", metavar="NODE", shell_complete=_complete_nodes)
+OPTIONAL_NODE = click.argument("node", metavar="[NODE]", required=False, shell_complete=_complete_nodes)
+
+
+def BULK(command):
+    """-l/--selector, --expect, --pool, --dry-run: act on many nodes by label selector."""
+    for option in reversed([
+        click.option("-l", "--selector", default=None,
+                     help="Act on every node this label selector picks (instead of NODE); never empty."),
+        click.option("--expect", "expect", type=click.IntRange(min=0), default=None,
+                     help="With -l: how many nodes you expect it to pick; any other count changes nothing."),
+        click.option("--pool", default=None, help="With -l: only nodes of this pool."),
+    ]):  # fmt: skip
+        command = option(command)
+    return command
+
+
+def _bulk(obj: Context, action: str, *, selector: str, expect, pool, dry_run: bool, body: dict) -> None:
+    """``POST /nodes/bulk/<action>``: one line per node, a summary; rc 1 when a node was not acted on."""
+    api = obj.api
+    if expect is None:
+        if not dry_run:
+            raise click.UsageError("-l needs --expect N (how many nodes you mean); --dry-run shows the count")
+        expect = len(api.list("/nodes", label=selector, pool=pool)) if selector.strip() else 0
+    payload = {"selector": selector, "expected_count": expect, "dry_run": dry_run, **body}
+    if pool:
+        payload["pool"] = pool
+    data = api.post(f"/nodes/bulk/{action}", payload).json()
+    refused = 0
+    for node in data.get("nodes") or []:
+        outcome = node["outcome"].replace("_", " ")
+        detail = f": {node['detail']}" if node.get("detail") else ""
+        click.echo(f"node/{node.get('name') or node['node_id']} {outcome}{detail}")
+        refused += node["outcome"] in ("blocked", "failed")
+    counts = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in sorted((data.get("counts") or {}).items()))
+    click.echo(f"{data.get('matched', 0)} node(s) matched{' (dry run)' if dry_run else ''}: {counts or 'none'}")
+    if refused:
+        click.echo(f"error: {refused} of {data.get('matched')} node(s) not {action}ed", err=True)
+        raise click.exceptions.Exit(1)
+
+
+def _one_or_many(node, selector) -> None:
+    if bool(node) == (selector is not None):
+        raise click.UsageError("give a NODE or -l SELECTOR (exactly one)")
+
+
 REASON = click.option("--reason", required=True, help="Why (recorded with the action).")
 FORCE = click.option("--force", is_flag=True, help="On 412 (the node changed meanwhile): re-read it and retry once.")
 EXPECTED = click.option(
@@ -269,7 +314,7 @@ def _name(node: dict) -> str:
 
 
 @cli.command()
-@NODE
+@OPTIONAL_NODE
 @REASON
 @click.option(
     "--expires-at",
@@ -279,24 +324,42 @@ def _name(node: dict) -> str:
 )
 @EXPECTED
 @FORCE
+@BULK
+@click.option("--dry-run", is_flag=True, help="With -l: change nothing; list the nodes it would act on.")
 @click.pass_obj
-def cordon(obj: Context, node, reason, expires_at, expected_version, force):
-    """Place your own cordon hold on NODE: no new work lands there; its leases keep running."""
+def cordon(obj: Context, node, reason, expires_at, expected_version, force, selector, expect, pool, dry_run):
+    """Place your own cordon hold on NODE (or on every node -l picks): no new work lands there;
+    its leases keep running."""
+    _one_or_many(node, selector)
+    if selector is not None:
+        if expires_at:
+            raise click.UsageError("--expires-at applies to one NODE")
+        _bulk(obj, "cordon", selector=selector, expect=expect, pool=pool, dry_run=dry_run, body={"reason": reason})
+        return
     body = {"reason": reason, **({"expires_at": expires_at} if expires_at else {})}
     found, _ = _act(obj.api, node, "cordon", body, expected=expected_version, force=force)
     click.echo(f"{_name(found)} cordoned")
 
 
 @cli.command()
-@NODE
+@OPTIONAL_NODE
 @REASON
 @click.option("--owner", default=None, help="Whose hold to remove (default: your own), e.g. user:olivia.")
 @click.option("--override", is_flag=True, help="Operators: remove another actor's hold (or, without --owner, all).")
 @EXPECTED
 @FORCE
+@BULK
+@click.option("--dry-run", is_flag=True, help="With -l: change nothing; list the nodes it would act on.")
 @click.pass_obj
-def uncordon(obj: Context, node, reason, owner, override, expected_version, force):
-    """Remove your cordon hold from NODE (it stays cordoned while other actors' holds remain)."""
+def uncordon(obj: Context, node, reason, owner, override, expected_version, force, selector, expect, pool, dry_run):
+    """Remove your cordon hold from NODE, or from every node -l picks (a node stays cordoned while
+    other actors' holds remain)."""
+    _one_or_many(node, selector)
+    if selector is not None:
+        if owner or override:
+            raise click.UsageError("--owner and --override apply to one NODE")
+        _bulk(obj, "uncordon", selector=selector, expect=expect, pool=pool, dry_run=dry_run, body={"reason": reason})
+        return
     body = {"reason": reason, "force": override, **({"owner": owner} if owner else {})}
     found, response = _act(obj.api, node, "uncordon", body, expected=expected_version, force=force)
     still = response.json().get("cordoned")
@@ -305,7 +368,7 @@ def uncordon(obj: Context, node, reason, owner, override, expected_version, forc
 
 
 @cli.command()
-@NODE
+@OPTIONAL_NODE
 @REASON
 @click.option(
     "--deadline",
@@ -320,12 +383,22 @@ def uncordon(obj: Context, node, reason, owner, override, expected_version, forc
     show_default=True,
     help="wait: let leases finish; checkpoint: ask workloads to checkpoint and move; terminate: revoke leases now.",
 )
-@click.option("--dry-run", is_flag=True, help="Change nothing; show what would happen to each lease.")
+@click.option(
+    "--dry-run", is_flag=True, help="Change nothing; show what would happen to each lease (each node with -l)."
+)
 @EXPECTED
 @FORCE
+@BULK
 @click.pass_obj
-def drain(obj: Context, node, reason, deadline, policy, dry_run, expected_version, force):
-    """Drain NODE: no new work, its leases end by the deadline per the policy, then maintenance."""
+def drain(obj: Context, node, reason, deadline, policy, dry_run, expected_version, force, selector, expect, pool):
+    """Drain NODE (or every node -l picks): no new work, its leases end by the deadline per the
+    policy, then maintenance. With -l each node passes the disruption gate: pool and workload
+    disruption budgets may block some (listed, exit status 1) while the others drain."""
+    _one_or_many(node, selector)
+    if selector is not None:
+        body = {"reason": reason, "policy": policy, **deadline}
+        _bulk(obj, "drain", selector=selector, expect=expect, pool=pool, dry_run=dry_run, body=body)
+        return
     body = {"reason": reason, "policy": policy, **deadline}
     params = {"dry_run": "true"} if dry_run else None
     found, response = _act(obj.api, node, "drain", body, expected=expected_version, force=force, params=params)

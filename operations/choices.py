@@ -126,6 +126,7 @@ class DisruptionReason(models.TextChoices):
     SCALE_DOWN = "scale_down", "scale-down of an idle node"
     CONSOLIDATION = "consolidation", "consolidation"
     PREEMPTION = "preemption", "spot preemption (forced, exempt from pool budgets)"
+    MAINTENANCE = "maintenance", "an operator's bulk drain by selector"
 
 
 # The reasons a pool disruption budget may name (everything automation decides on its own).

@@ -19,6 +19,8 @@ SETTINGS = AppSettings(
     Setting("PREEMPTION_MARGIN_MIN", float, 10.0, "...and at least this long before (seconds)"),
     Setting("SIMULATED_PROVIDER_URL", str, "http://127.0.0.1:8000",
             "where simulator machines started by the simulated provider find the control plane"),
+    Setting("BULK_MAX_NODES", int, 100,
+            "most nodes one bulk cordon / uncordon / drain by label selector may act on (operations.bulk)"),
 )  # fmt: skip
 
 get = SETTINGS.get

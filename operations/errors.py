@@ -33,6 +33,11 @@ SIGNATURE_INVALID = declare("signature_invalid", 403, "Signature invalid", doc=D
 SIGNATURE_EXPIRED = declare("signature_expired", 403, "Signature expired", doc=DOC)
 REPLAYED = declare("replayed", 403, "Delivery replayed", doc=DOC)
 
+# Bulk actions by label selector (operations.bulk)
+EMPTY_SELECTOR = declare("empty_selector", 400, "Empty selector", doc=DOC)
+BULK_COUNT_MISMATCH = declare("bulk_count_mismatch", 409, "Bulk count mismatch", doc=DOC)
+BULK_TOO_MANY = declare("bulk_too_many", 422, "Too many nodes for one bulk action", doc=DOC)
+
 # Merged families (docs/api-contract.md, "Changelog of problem codes").
 INVALID_UPGRADE = declare("invalid_upgrade", 400, doc=DOC, replaced_by=VALIDATION_ERROR)
 PERMISSION_DENIED = declare("permission_denied", 403, doc=DOC, replaced_by=FORBIDDEN)

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
+from django.utils import timezone
 from rest_framework import serializers
+
+from maintenance import conf as maintenance_conf
+from maintenance.api.serializers import REASON_MAX
+from maintenance.choices import EvictionPolicy
+from nodepool.api.fields import AwareDateTimeField
+from nodepool.api.strict import StrictBooleanField, StrictSerializer
 
 from ..models import PoolOperations, Preemption, ProviderMachine, ScaleDecision, Upgrade, UpgradeNode
 
@@ -179,3 +188,37 @@ class PreemptionSerializer(serializers.ModelSerializer):
             "finished_at",
         ]
         read_only_fields = fields
+
+
+class BulkActionSerializer(StrictSerializer):
+    """``POST /nodes/bulk/{cordon,uncordon,drain}`` (operations.bulk): strict, every member checked."""
+
+    selector = serializers.CharField(
+        allow_blank=True, trim_whitespace=False, max_length=1000, help_text="Kubernetes label selector; never empty"
+    )
+    pool = serializers.CharField(required=False, max_length=100, help_text="only nodes of this pool")
+    expected_count = serializers.IntegerField(min_value=0, help_text="how many nodes you expect the selector to match")
+    reason = serializers.CharField(max_length=REASON_MAX, trim_whitespace=True)
+    dry_run = StrictBooleanField(default=False, help_text="change nothing; answer what would happen to each node")
+    policy = serializers.ChoiceField(choices=EvictionPolicy.choices, required=False, help_text="drain only")
+    deadline = AwareDateTimeField(required=False, help_text="drain only: RFC 3339 with offset; or deadline_in")
+    deadline_in = serializers.IntegerField(required=False, min_value=1, help_text="drain only: seconds from now")
+
+    def validate(self, attrs):
+        attrs = super().validate(attrs)
+        action = self.context.get("action")
+        drain_only = [name for name in ("policy", "deadline", "deadline_in") if attrs.get(name) is not None]
+        if action != "drain":
+            if drain_only:
+                raise serializers.ValidationError({drain_only[0]: f"Only a drain takes {drain_only[0]}."}, "invalid")
+            return attrs
+        given = [name for name in ("deadline", "deadline_in") if attrs.get(name) is not None]
+        if len(given) != 1:
+            raise serializers.ValidationError(
+                {"deadline": "Give exactly one of deadline (RFC 3339) or deadline_in (seconds)."}, "deadline_required"
+            )
+        if "deadline_in" in given:
+            seconds = min(attrs.pop("deadline_in"), maintenance_conf.get("DRAIN_MAX_DURATION") + 1)
+            attrs["deadline"] = timezone.now() + timedelta(seconds=seconds)
+        attrs.setdefault("policy", EvictionPolicy.WAIT)
+        return attrs

@@ -24,6 +24,9 @@ urlpatterns = [
     path(
         "pools/<slug:name>/preemption-notices", views.PoolPreemptionNoticeView.as_view(), name="pool-preemption-notice"
     ),
+    path("nodes/bulk/cordon", views.bulk_view("cordon"), name="nodes-bulk-cordon"),
+    path("nodes/bulk/uncordon", views.bulk_view("uncordon"), name="nodes-bulk-uncordon"),
+    path("nodes/bulk/drain", views.bulk_view("drain"), name="nodes-bulk-drain"),
     path("nodes/<uuid:pk>/shutdown-drain", views.NodeShutdownDrainView.as_view(), name="node-shutdown-drain"),
     path("nodes/<uuid:pk>/preemption-notice", views.NodePreemptionNoticeView.as_view(), name="node-preemption-notice"),
     *router.urls,

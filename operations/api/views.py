@@ -31,7 +31,7 @@ from nodepool.api.problems import Forbidden, NotFound, Problem
 from nodepool.api.strict import refuse_unknown_members
 from nodepool.api.versioning import ETagMixin, expected_version
 
-from .. import disruption, preemption, providers, services, shutdown, upgrades
+from .. import bulk, disruption, preemption, providers, services, shutdown, upgrades
 from ..choices import PreemptionSource
 from ..errors import (
     INVALID_DAYS,
@@ -362,3 +362,44 @@ class MachineViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     serializer_class = s.ProviderMachineSerializer
     filterset_class = MachineFilterSet
     queryset = ProviderMachine.objects.select_related("pool").order_by("-requested_at")
+
+
+class BulkNodeActionView(APIView):
+    """``POST /nodes/bulk/{cordon,uncordon,drain}`` (operators): act on the nodes a label selector
+    picks (:mod:`operations.bulk`): ``{"selector", "expected_count", "reason", "pool"?, "dry_run"?}``
+    and, for a drain, ``"policy"?`` and ``"deadline"`` or ``"deadline_in"``. ``200`` with every
+    node's outcome (``cordoned``, ``uncordoned``, ``still_cordoned``, ``unchanged``, ``draining``,
+    ``blocked`` by a disruption budget, ``failed`` with the node's problem code; ``would_…`` in a
+    dry run). 400 ``empty_selector`` / ``invalid_filter``, 404 ``pool_not_found``, 409
+    ``bulk_count_mismatch`` (nothing done), 422 ``bulk_too_many``."""
+
+    permission_classes = [IsAuthenticated, IsOperator]
+    action: str = ""
+
+    @extend_schema(request=s.BulkActionSerializer, responses={200: OpenApiTypes.OBJECT})
+    def post(self, request):
+        refuse_unknown_parameters(request.query_params, frozenset())
+        serializer = s.BulkActionSerializer(data=request.data, context={"action": self.action})
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        nodes = bulk.select_nodes(data["selector"], pool=data.get("pool"))
+        bulk.check_count(nodes, data["expected_count"])
+        outcomes = bulk.run(
+            self.action,
+            nodes,
+            actor=Actor.from_request(request),
+            reason=data["reason"],
+            dry_run=data["dry_run"],
+            policy=data.get("policy", "wait"),
+            deadline=data.get("deadline"),
+        )
+        counts: dict[str, int] = {}
+        for outcome in outcomes:
+            counts[outcome.outcome] = counts.get(outcome.outcome, 0) + 1
+        body = {"action": self.action, "selector": data["selector"], "dry_run": data["dry_run"],
+                "matched": len(nodes), "counts": counts, "nodes": [o.as_dict() for o in outcomes]}  # fmt: skip
+        return Response(body)
+
+
+def bulk_view(action: str):
+    return BulkNodeActionView.as_view(action=action)

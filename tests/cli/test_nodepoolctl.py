@@ -533,3 +533,33 @@ def test_describe_and_get_lines_carry_no_trailing_padding(ctl, fleet):
         code, text, _ = ctl(*args)
         assert code == 0, args
         assert all(line == line.rstrip() for line in text.splitlines()), args
+
+
+def test_bulk_cordon_uncordon_and_drain_by_selector(ctl, fleet):
+    from operations.models import PoolOperations
+
+    code, text, _ = ctl("cordon", "-l", "zone in (b,c)", "--reason", "bios", "--dry-run")
+    assert code == 0
+    assert text.splitlines() == ["node/cpu-1 would cordon", "node/cpu-2 would cordon",
+                                 "2 node(s) matched (dry run): 2 would cordon"]  # fmt: skip
+    assert not Node.objects.filter(cordoned=True).exists()
+    code, _, stderr = ctl("cordon", "-l", "zone in (b,c)", "--reason", "bios")
+    assert code == 2 and "--expect" in stderr  # a real bulk action says how many nodes it means
+    code, _, stderr = ctl("cordon", "-l", "zone in (b,c)", "--reason", "bios", "--expect", "3")
+    assert code == 1 and stderr.startswith("error: 409 bulk_count_mismatch: The selector matches 2 node(s), not the 3")
+    code, _, stderr = ctl("cordon", "-l", "", "--reason", "bios", "--expect", "3")
+    assert code == 1 and stderr.startswith("error: 400 empty_selector")
+    assert ctl("cordon", "cpu-1", "-l", "zone=b", "--reason", "x")[0] == 2  # a NODE or -l, not both
+
+    code, text, _ = ctl("cordon", "-l", "zone in (b,c)", "--reason", "bios", "--expect", "2")
+    assert code == 0 and text.splitlines()[-1] == "2 node(s) matched: 2 cordoned"
+    assert Node.objects.filter(cordoned=True).count() == 2
+    code, text, _ = ctl("uncordon", "-l", "zone in (b,c)", "--reason", "done", "--expect", "2")
+    assert code == 0 and text.splitlines()[-1] == "2 node(s) matched: 2 uncordoned"
+
+    PoolOperations.objects.create(pool=fleet["cpu-1"].pool, disruption_budgets=[{"nodes": "1"}])
+    code, text, stderr = ctl("drain", "-l", "zone in (b,c)", "--reason", "kernel", "--deadline", "1h", "--expect", "2")
+    assert code == 1, text
+    assert text.splitlines()[-1] == "2 node(s) matched: 1 blocked, 1 draining"
+    assert "blocked: " in text and stderr.strip() == "error: 1 of 2 node(s) not drained"
+    assert Drain.objects.count() == 1
