@@ -46,7 +46,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from croniter import croniter
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -366,16 +366,31 @@ def record_blocked(*, node: Node, reason: str, owner: str, blocker: dict, now) -
     """Remember on the node why automation may not disrupt it; a ``disruption_blocked`` event when
     the blocker changed (a tick that is refused for the same reason again writes no event)."""
     detail = blocker.get("detail", "")[:2000]
-    row = DisruptionBlock.objects.filter(node=node).first()
-    changed = row is None or row.reason != reason or row.kind != blocker.get("kind") or row.detail != detail
-    if row is None:
-        row = DisruptionBlock(node=node, pool_id=node.pool_id, since=now)
-    elif changed:
-        row.since = now
-    row.pool_id = node.pool_id
-    row.reason, row.owner, row.kind, row.detail, row.blocker = reason, owner, blocker.get("kind", ""), detail, blocker
-    row.last_seen_at = now
-    row.save()
+    with transaction.atomic():
+        # One row per node: the row is locked, or created in a savepoint; a concurrent refusal of
+        # the same node (two bulk drains, a tick beside one) that created it first is then read
+        # and locked instead of failing on the unique node.
+        row = DisruptionBlock.objects.select_for_update().filter(node=node).first()
+        if row is None:
+            try:
+                with transaction.atomic():
+                    row = DisruptionBlock.objects.create(node=node, pool_id=node.pool_id, since=now, last_seen_at=now,
+                                                         reason=reason, owner=owner, kind=blocker.get("kind", ""),
+                                                         detail=detail, blocker=blocker)  # fmt: skip
+                changed = True
+            except IntegrityError:
+                row = DisruptionBlock.objects.select_for_update().get(node=node)
+                changed = None
+        else:
+            changed = None
+        if changed is None:
+            changed = row.reason != reason or row.kind != blocker.get("kind") or row.detail != detail
+            if changed:
+                row.since = now
+            row.pool_id = node.pool_id
+            row.reason, row.owner, row.kind = reason, owner, blocker.get("kind", "")
+            row.detail, row.blocker, row.last_seen_at = detail, blocker, now
+            row.save()
     if changed:
         record_event(
             node,
