@@ -57,3 +57,24 @@ def test_fleet_declares_the_hooks_the_higher_apps_connect():
     ]
     assert uids(signals.nodes_lost) == ["leases.lose_leases"]
     assert uids(signals.node_revived) == ["leases.revived_node_kicks"]
+
+
+APPS = ("fleet", "leases", "maintenance", "operations", "marketplace")
+
+
+def test_each_app_has_inner_layers_that_place_every_module():
+    """Inside each app (issue 28, step 4): wiring (api, admin, beat schedule, collectors, tasks where
+    no cycle holds them to the domain) <- domain modules <- models <- the app's words (choices, conf,
+    errors, event types). A new module must be placed in one of its app's layers."""
+    for app in APPS:
+        [contract] = [c for c in contracts() if c["name"].startswith(f"{app} inside:")]
+        assert contract["type"] == "layers"
+        placed = {name.strip() for layer in contract["layers"] for name in layer.replace("|", ":").split(":")}
+        modules = {
+            f"{app}.{path.stem if path.is_file() else path.name}"
+            for path in (ROOT / app).iterdir()
+            if (path.suffix == ".py" and path.stem != "__init__")
+            or ((path / "__init__.py").exists() and path.name != "migrations")
+        }
+        assert modules <= placed, f"{app}: not in any layer: {sorted(modules - placed)}"
+        assert contract["layers"][-1].startswith(f"{app}.choices"), "the app's words are the bottom layer"
