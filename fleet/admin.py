@@ -11,6 +11,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.utils import unquote
+from django.contrib.admin.views.main import ChangeList
 from django.db.models import Count, F, Prefetch
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -316,6 +317,18 @@ class DeviceAdmin(OperatorOnlyAdmin):
         self.message_user(request, f"{done} device(s) released.")
 
 
+class NodeChangeList(ChangeList):
+    """The node list, with each row's free devices by model read for the whole page at once."""
+
+    def get_results(self, request):
+        super().get_results(request)
+        from .devices import device_summary, free_devices_text
+
+        summary = device_summary([node.pk for node in self.result_list])
+        for node in self.result_list:
+            node.free_devices_text = free_devices_text(summary.get(node.pk, {}))
+
+
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
     """Operators: the fleet at a glance, a node page in sections, actions as buttons. Owners: their
@@ -374,7 +387,15 @@ class NodeAdmin(admin.ModelAdmin):
 
     @admin.display(description="free gpu", ordering="free_gpu")
     def free_gpu_cell(self, node):
-        return humanize_quantity(GPU, node.free_gpu)
+        """The free count, then the free devices by model when the node reports devices."""
+        by_model = getattr(node, "free_devices_text", "")
+        count = humanize_quantity(GPU, node.free_gpu)
+        if not by_model:
+            return count
+        return format_html('{} <span class="np-reason" title="free devices by model">{}</span>', count, by_model)
+
+    def get_changelist(self, request, **kwargs):
+        return NodeChangeList
 
     @admin.display(description="last heartbeat", ordering="last_heartbeat_at")
     def heartbeat_cell(self, node):

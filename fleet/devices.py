@@ -783,19 +783,47 @@ def device_metric_rows():
     return [[*key, n] for key, n in rows.items()]
 
 
+def short_model(model: str) -> str:
+    """A model as a person reads it in a list: the known name (``"H100"``), else the reported one."""
+    known = normalise_model(model)
+    return model if known == "other" and model else known
+
+
 def device_summary(node_ids) -> dict:
-    """``{node_id: {type: {"total", "allocatable", "models": {model: count}}}}`` for lists and pages."""
+    """``{node_id: {type: {"total", "allocatable", "models": {model: count}, "free_models":
+    {short model: count}}}}`` for lists and pages (one query for every node). ``free_models``
+    counts the allocatable devices no live lease holds, by :func:`short_model`."""
+    from django.db.models import Exists, OuterRef
+
+    claims = Device._meta.get_field("claims").related_model  # leases.LeaseDevice, without importing leases
     out: dict = {}
-    for node_id, kind, model, verified_at, held, hard, health in Device.objects.filter(
-        node_id__in=list(node_ids), retired_at__isnull=True
-    ).values_list("node_id", "type", "model", "verified_at", "held", "hard_tainted", "health"):
-        entry = out.setdefault(node_id, {}).setdefault(kind, {"total": 0, "allocatable": 0, "models": {}})
+    for node_id, kind, model, verified_at, held, hard, health, taken in (
+        Device.objects.filter(node_id__in=list(node_ids), retired_at__isnull=True)
+        .annotate(taken=Exists(claims.objects.filter(device_id=OuterRef("pk"), live=True)))
+        .values_list("node_id", "type", "model", "verified_at", "held", "hard_tainted", "health", "taken")
+    ):
+        entry = out.setdefault(node_id, {}).setdefault(
+            kind, {"total": 0, "allocatable": 0, "models": {}, "free_models": {}}
+        )
         entry["total"] += 1
         entry["models"][model] = entry["models"].get(model, 0) + 1
-        entry["allocatable"] += bool(
+        allocatable = bool(
             verified_at and not held and not hard and health not in (DeviceHealth.UNHEALTHY, DeviceHealth.MISSING)
         )
+        entry["allocatable"] += allocatable
+        if allocatable and not taken:
+            short = short_model(model)
+            entry["free_models"][short] = entry["free_models"].get(short, 0) + 1
     return out
+
+
+def free_devices_text(summary: dict) -> str:
+    """``"4×H100 2×A100"``: a node's free devices by model, compact (admin list, CLI); "" if none."""
+    counts: dict = {}
+    for entry in summary.values():
+        for model, n in entry.get("free_models", {}).items():
+            counts[model] = counts.get(model, 0) + n
+    return " ".join(f"{n}×{model}" for model, n in sorted(counts.items(), key=lambda item: (-item[1], item[0])))
 
 
 __all__ = [

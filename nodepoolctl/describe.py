@@ -7,6 +7,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from . import render
 from .render import age, amount, health, ready, timestamp
 
 
@@ -140,11 +141,13 @@ def describe_node(node: dict, leases: list[dict], events: list[dict], *, pool: d
     )
     device_rows = [
         [kind, str(entry.get("total", 0)), str(entry.get("allocatable", 0)), str(entry.get("free", 0)),
+         render.free_models({kind: entry}) or "-",
          ", ".join(f"{model or '?'} x{n}" for model, n in sorted((entry.get("models") or {}).items()))]
         for kind, entry in sorted((node.get("devices") or {}).items())
     ]  # fmt: skip
     if device_rows:
-        parts += _section("Devices", _table(["TYPE", "TOTAL", "ALLOCATABLE", "FREE", "MODELS"], device_rows))
+        headers = ["TYPE", "TOTAL", "ALLOCATABLE", "FREE", "FREE BY MODEL", "MODELS"]
+        parts += _section("Devices", _table(headers, device_rows))
     parts += _section("Cordon holds", _table(["OWNER", "REASON", "SINCE", "EXPIRES"], holds))
     parts += _section("Leases", _table(["WORKLOAD", "TOKEN", "STATE", "WORKLOAD STATE", "EXPIRES"], lease_rows))
     parts += _section("Events", _table(["AGE", "TYPE", "CHANGE", "BY", "REASON"], event_rows))

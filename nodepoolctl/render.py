@@ -28,6 +28,16 @@ def free(node: dict, resource: str) -> str:
     return amount(resource, entry.get("free")) if entry else "-"
 
 
+def free_models(devices: dict | None) -> str:
+    """``"4×H100 2×A100"``: free devices by model from a node's ``devices`` field (its
+    ``free_models`` per type), most first; "" when none is free or the server sends none."""
+    counts: dict = {}
+    for entry in (devices or {}).values():
+        for model, n in (entry.get("free_models") or {}).items():
+            counts[model] = counts.get(model, 0) + n
+    return " ".join(f"{n}×{model}" for model, n in sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+
 READY_WORDS = {"ready": "True", "not_ready": "False", "unknown": "Unknown"}
 
 
@@ -86,6 +96,7 @@ KINDS: dict[str, tuple[Callable[[dict], str], list[Column], list[Column]]] = {
             ("VERSION", lambda n: str(n.get("version", ""))),
             ("AGENT", lambda n: n.get("agent_version") or ""),
             ("LABELS", lambda n: _labels(n.get("labels"))),
+            ("FREE DEVICES", lambda n: free_models(n.get("devices")) or "-"),
         ],
     ),
     "pool": (

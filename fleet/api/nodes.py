@@ -138,8 +138,11 @@ class NodeSerializer(serializers.ModelSerializer):
         return round(max(0.0, (timezone.now() - node.last_status_report_at).total_seconds()), 1)
 
     def get_devices(self, node: Node) -> dict:
-        """``{type: {"total", "allocatable", "free", "models": {model: count}}}`` of the node's live
-        devices (``GET /nodes/{id}/devices`` lists them one by one). One query for a whole page."""
+        """``{type: {"total", "allocatable", "free", "models": {model: count}, "free_models": {model:
+        count}}}`` of the node's live devices: ``free`` is the type's free count resource,
+        ``free_models`` the allocatable devices no live lease holds by model (the known short name,
+        e.g. ``H100``, else as reported). ``GET /nodes/{id}/devices`` lists them one by one. One
+        query for a whole page."""
         cache = self.context.get("_devices")
         if cache is None or node.pk not in cache:
             parent = getattr(self, "parent", None)

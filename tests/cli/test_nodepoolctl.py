@@ -502,6 +502,9 @@ def test_get_devices_of_a_node_and_describe_shows_them(ctl, fleet):
     assert [line.split()[0] for line in lines[1:]] == ["GPU-g-0000", "GPU-g-0001"]
     code, described, _ = ctl("describe", "node", "gpu-1")
     assert code == 0 and "Devices" in described and "nvidia.com/gpu" in described
+    assert "FREE BY MODEL" in described
+    code, wide, _ = ctl("get", "nodes", "-o", "wide")
+    assert code == 0 and "FREE DEVICES" in wide.splitlines()[0]
     assert ctl("get", "devices")[0] != 0  # a node is needed
 
 

@@ -233,3 +233,19 @@ def test_more_devices_than_verified_fall_under_capacity_above_verified():
     assert quarantine.rule == "capacity_above_verified"
     assert quarantine.evidence["over"] == {"nvidia.com/gpu": {"declared": 13, "verified": 8}}
     assert Node.objects.get(pk=node.pk).lifecycle == "quarantined"
+
+
+def test_the_node_list_shows_free_devices_by_model_in_the_api_and_the_admin(admin_client, operator_api, client_user):
+    from tests.factories import PoolFactory
+    from tests.support import grant
+
+    pool = PoolFactory(name="gpu")
+    node, _ = make_gpu_node(pool, count=8)
+    Device.objects.filter(node=node, index__gte=6).update(model="NVIDIA A100-SXM4-40GB")
+    grant(client_user, "three", pool="gpu", resources={"nvidia.com/gpu": 3})
+    make_gpu_node(pool, tag="b", count=1, model="Mystery GPU 9000")
+    listed = {n["id"]: n for n in operator_api.get("/api/v1/nodes").json()["results"]}
+    assert listed[str(node.pk)]["devices"]["nvidia.com/gpu"]["free_models"] == {"H100": 3, "A100": 2}
+    page = admin_client.get("/admin/fleet/node/")
+    assert page.status_code == 200
+    assert "3×H100 2×A100".encode() in page.content and "1×Mystery GPU 9000".encode() in page.content
