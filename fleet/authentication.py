@@ -13,6 +13,8 @@ from django.utils import timezone
 from rest_framework import authentication, exceptions
 from rest_framework.permissions import BasePermission
 
+from nodepool.auth_failures import remember_good
+
 from . import clock
 from . import secrets as node_secrets
 from .choices import Lifecycle
@@ -83,6 +85,7 @@ class NodeCredentialAuthentication(authentication.BaseAuthentication):
             )
         request._request.node = credential.node
         request._request.node_credential = credential
+        remember_good(request.META.get("HTTP_AUTHORIZATION", ""))
         return AnonymousUser(), credential
 
     def find_credential(self, prefix: str) -> NodeCredential | None:

@@ -12,6 +12,7 @@ class NodepoolConfig(AppConfig):
 
         post_migrate.connect(ensure_roles, dispatch_uid="nodepool.ensure_roles")
 
+        from . import auth_backends  # noqa: F401  (connects the per-account failed-login counter)
         from .metrics import collect_queue_depth, register_collector
 
         register_collector("celery", collect_queue_depth)

@@ -102,10 +102,13 @@ def ping(value: str = "pong") -> str:
 
 @app.task(name="nodepool.prune_expired_tokens", ignore_result=True)
 def prune_expired_tokens() -> int:
-    """Beat: delete user API tokens past their expiry (nodepool.tokens.prune_expired_tokens)."""
+    """Beat, hourly: delete user API tokens past their expiry's retention
+    (nodepool.tokens.prune_expired_tokens) and failed-authentication counters of windows over a
+    day old (nodepool.auth_failures.prune); returns how many rows."""
+    from .auth_failures import prune as prune_counters
     from .tokens import prune_expired_tokens as prune
 
-    return prune()
+    return prune() + prune_counters()
 
 
 @signals.worker_ready.connect

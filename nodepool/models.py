@@ -24,3 +24,26 @@ class MetricBaseline(models.Model):
 
     def __str__(self) -> str:
         return f"{self.label}={self.value} at {self.taken_at:%Y-%m-%d %H:%M:%S}"
+
+
+class AuthFailureCount(models.Model):
+    """Refused authentications in one fixed window (nodepool.auth_failures): per client address
+    (scope ``address``: user tokens and node credentials) or per account (scope ``login``: failed
+    password logins across addresses). Kept in the database, not the cache, so the limits hold
+    while Redis is down; rows of past windows are pruned hourly.
+
+    ``window`` is the window's number: ``floor(unix seconds / window length)``.
+    """
+
+    scope = models.CharField(max_length=16)
+    key = models.CharField(max_length=200)
+    window = models.BigIntegerField()
+    count = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["scope", "key", "window"], name="auth_failure_count_unique_window")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.scope} {self.key} window {self.window}: {self.count}"

@@ -64,6 +64,16 @@ def _fresh_renewal_caches():
     forget_cached_timings()
 
 
+@pytest.fixture(autouse=True)
+def _fresh_auth_failure_state():
+    """nodepool.auth_failures keeps blocked addresses and accepted credentials per process."""
+    from nodepool.auth_failures import reset_process_state
+
+    reset_process_state()
+    yield
+    reset_process_state()
+
+
 @pytest.fixture
 def admin_user(db) -> User:
     """The superuser behind pytest-django's ``admin_client``, named as the admin tests expect it in

@@ -28,6 +28,7 @@ from nodepool.api.errors import (
 )
 from nodepool.api.parsers import loads_strict
 from nodepool.api.problems import Problem, problem_response
+from nodepool.auth_failures import record_failure, remember_good
 
 from .. import metrics
 from .. import renewals as rn
@@ -109,12 +110,15 @@ def renewal_view(request, pk):
             request_id=getattr(request, "request_id", ""),
         )  # fmt: skip
     except Problem as exc:
+        if exc.status_code == 401:
+            record_failure(request)  # counts against the address (nodepool.auth_failures)
         headers = {}
         if getattr(exc, "auth_header", None):
             headers["WWW-Authenticate"] = exc.auth_header
         if getattr(exc, "wait", None):
             headers["Retry-After"] = str(exc.wait)
         return _problem(request, exc.status_code, exc.get_codes(), str(exc.detail), headers=headers, **exc.extra)
+    remember_good(request.META.get("HTTP_AUTHORIZATION", ""))
     metrics.count(metrics.RENEWAL, outcome.code)
     metrics.prescribed(outcome.next_renewal_in)
     return HttpResponse(

@@ -17,6 +17,7 @@ from rest_framework.authentication import get_authorization_header
 from rest_framework.exceptions import AuthenticationFailed
 
 from nodepool.api.permissions import remember_groups
+from nodepool.auth_failures import remember_good
 from nodepool.db import from_row, prepared_cursor, select_list
 
 # The schemes a user token is accepted under: knox's ``Token``, and ``Bearer`` (RFC 6750), which
@@ -41,7 +42,9 @@ class UserTokenAuthentication(TokenAuthentication):
         return auth_token.expiry is not None and auth_token.expiry <= timezone.now()
 
     def authenticate(self, request):
-        """knox's ``authenticate`` (5.1) with ``Bearer`` accepted beside ``Token``."""
+        """knox's ``authenticate`` (5.1) with ``Bearer`` accepted beside ``Token``. An accepted
+        token is remembered by this process (``nodepool.auth_failures.remember_good``: it passes
+        the failed-authentication gate of an address that others made fail)."""
         auth = get_authorization_header(request).split()
         if not auth or auth[0].lower() not in SCHEMES:
             return None  # another scheme (Node, Basic…) or none: another backend's
@@ -51,9 +54,11 @@ class UserTokenAuthentication(TokenAuthentication):
             raise AuthenticationFailed("Invalid token header. Token string should not contain spaces.")
         # knox hashes whatever it is given; a key that is not ASCII cannot be one of ours.
         try:
-            return self.authenticate_credentials(auth[1])
+            result = self.authenticate_credentials(auth[1])
         except UnicodeDecodeError:
             raise AuthenticationFailed("Invalid token.") from None
+        remember_good(request.META.get("HTTP_AUTHORIZATION", ""))
+        return result
 
     def authenticate_credentials(self, token: bytes):
         """knox's own rule (``knox.auth.TokenAuthentication.authenticate_credentials``, 5.1): the

@@ -206,6 +206,7 @@ NOT_AUTHENTICATED = declare("not_authenticated", 401, "Not authenticated", doc=D
 METRICS_TOKEN_REQUIRED = declare("metrics_token_required", 401, "Metrics token required", doc="docs/observability.md")
 FORBIDDEN = declare("forbidden", 403, "Forbidden", doc=DOC)
 NOT_FOUND = declare("not_found", 404, "Not found", doc=DOC)
+USER_NOT_FOUND = declare("user_not_found", 404, "User not found", doc=DOC + "#user-tokens")
 METHOD_NOT_ALLOWED = declare("method_not_allowed", 405, "Method not allowed", doc=DOC)
 NOT_ACCEPTABLE = declare("not_acceptable", 406, "Not acceptable", doc=DOC)
 CONFLICT = declare("conflict", 409, "Conflict", doc=DOC)
@@ -220,6 +221,10 @@ UNPROCESSABLE = declare("unprocessable", 422, "Unprocessable", doc=DOC)
 JSON_TOO_DEEP = declare("json_too_deep", 422, "JSON nested too deeply", doc=FOUNDATION)
 VERSION_REQUIRED = declare("version_required", 428, "Version required", doc=DOC)
 THROTTLED = declare("throttled", 429, "Throttled", doc=DOC)
+# Too many refused credentials from one client address (nodepool.auth_failures).
+AUTH_FAILURES_THROTTLED = declare(
+    "auth_failures_throttled", 429, "Too many failed authentications", doc=FOUNDATION + "#failed-authentication"
+)
 HEADER_TOO_LARGE = declare("header_too_large", 431, "Header too large", doc=FOUNDATION)
 HEADERS_TOO_LARGE = declare("headers_too_large", 431, "Headers too large", doc=FOUNDATION)
 INVALID_HEADER_VALUE = declare("invalid_header_value", 400, "Invalid header value", doc=FOUNDATION)
