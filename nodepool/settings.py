@@ -307,11 +307,26 @@ NODEPOOL_MAX_HEADERS_TOTAL_BYTES = env.int("NODEPOOL_MAX_HEADERS_TOTAL_BYTES", d
 NODEPOOL_USER_TOKEN_TTL_DAYS = env.int("NODEPOOL_USER_TOKEN_TTL_DAYS", default=90)
 # An expired token's digest is kept this long, so presenting it answers reason token_expired.
 NODEPOOL_EXPIRED_TOKEN_RETENTION_DAYS = env.int("NODEPOOL_EXPIRED_TOKEN_RETENTION_DAYS", default=30)
+# Sliding refresh (knox's AUTO_REFRESH): each use of a token moves its expiry to now + the TTL (at
+# most once a minute, one UPDATE), never past its creation + NODEPOOL_USER_TOKEN_MAX_LIFETIME_DAYS
+# (which, with sliding on, also caps a new token's first expiry; 0: no maximum). Off: fixed expiry.
+NODEPOOL_USER_TOKEN_SLIDING = env.bool("NODEPOOL_USER_TOKEN_SLIDING", default=False)
+NODEPOOL_USER_TOKEN_MAX_LIFETIME_DAYS = env.int("NODEPOOL_USER_TOKEN_MAX_LIFETIME_DAYS", default=365)
+if NODEPOOL_USER_TOKEN_SLIDING and NODEPOOL_USER_TOKEN_TTL_DAYS <= 0:
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured(
+        "NODEPOOL_USER_TOKEN_SLIDING needs NODEPOOL_USER_TOKEN_TTL_DAYS > 0 (the idle lifetime each use renews)."
+    )
 REST_KNOX = {
     "AUTH_HEADER_PREFIX": "Token",  # the header clients and the CLI already send
     "TOKEN_PREFIX": "npu_",
     "TOKEN_TTL": timedelta(days=NODEPOOL_USER_TOKEN_TTL_DAYS) if NODEPOOL_USER_TOKEN_TTL_DAYS > 0 else None,
-    "AUTO_REFRESH": False,
+    "AUTO_REFRESH": NODEPOOL_USER_TOKEN_SLIDING,
+    "AUTO_REFRESH_MAX_TTL": (
+        timedelta(days=NODEPOOL_USER_TOKEN_MAX_LIFETIME_DAYS) if NODEPOOL_USER_TOKEN_MAX_LIFETIME_DAYS > 0 else None
+    ),
+    "MIN_REFRESH_INTERVAL": 60,  # seconds: a token used every second is written once a minute
 }
 
 # --- REST framework ----------------------------------------------------------------------------

@@ -7,6 +7,7 @@ from fleet.api.renewal_views import renewal_view
 from leases.admin_views import fleet_overview_view
 
 from . import health
+from .api.auth_views import LogoutEverywhere, UserLogoutEverywhere
 from .api.root import api_root
 from .metrics import metrics_view
 
@@ -17,6 +18,8 @@ handler500 = "nodepool.api.problems.handler500"
 
 api_v1 = [
     path("", api_root, name="api-root"),
+    path("auth/logout-everywhere", LogoutEverywhere.as_view(), name="logout-everywhere"),
+    path("users/<str:username>/logout-everywhere", UserLogoutEverywhere.as_view(), name="user-logout-everywhere"),
     path("", include("fleet.api.urls")),
     path("", include("leases.api.urls")),
     path("", include("maintenance.api.urls")),

@@ -21,6 +21,7 @@ AREAS = [
     ("leases", "Placement, leases and fencing tokens, queued requests, consistency reports.",
      r"^(node-leases|lease-requests|fencing|lease-consistency-reports)"),
     ("shapes", "Named, versioned resource shapes for lease requests.", r"^shapes"),
+    ("accounts", "Sign-in: log out everywhere, yourself or (operators) any user.", r"^(auth|users)/"),
 ]  # fmt: skip
 TAGS = [{"name": tag, "description": description} for tag, description, _ in AREAS]
 _AREA_PATTERNS = [(tag, re.compile(pattern)) for tag, _, pattern in AREAS]
