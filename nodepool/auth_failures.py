@@ -40,12 +40,13 @@ import threading
 import time
 from datetime import timedelta
 
-from django.conf import settings
 from django.db import DatabaseError, connection
 from django.utils import timezone
 
 from nodepool.api.errors import AUTH_FAILURES_THROTTLED
 from nodepool.api.problems import problem_response
+
+from . import conf
 
 logger = logging.getLogger(__name__)
 
@@ -63,24 +64,22 @@ _GOOD_MAX = 200_000
 _lock = threading.Lock()
 
 
-def _setting(name: str, default):
-    return getattr(settings, name, default)
-
-
 def address_limit() -> int:
-    return int(_setting("NODEPOOL_AUTH_FAILURE_LIMIT", 60))
+    return conf.get("AUTH_FAILURE_LIMIT")
 
 
 def address_window() -> int:
-    return max(1, int(_setting("NODEPOOL_AUTH_FAILURE_WINDOW_SECONDS", 60)))
+    """The per-address window (seconds, at least 1)."""
+    return max(1, conf.get("AUTH_FAILURE_WINDOW_SECONDS"))
 
 
 def account_limit() -> int:
-    return int(_setting("NODEPOOL_LOGIN_ACCOUNT_FAILURE_LIMIT", 20))
+    return conf.get("LOGIN_ACCOUNT_FAILURE_LIMIT")
 
 
 def account_window() -> int:
-    return max(60, int(_setting("NODEPOOL_LOGIN_ACCOUNT_WINDOW_MINUTES", 15)) * 60)
+    """The per-account window (seconds, at least a minute)."""
+    return max(60, conf.get("LOGIN_ACCOUNT_WINDOW_MINUTES") * 60)
 
 
 def address_key(address: str) -> str:
@@ -199,7 +198,7 @@ def blocked_wait(request) -> float | None:
     if credential is None:
         return None
     seen = _good.get(_fingerprint(credential))
-    if seen is not None and time.monotonic() - seen < float(_setting("NODEPOOL_AUTH_GOOD_MEMORY_SECONDS", 900)):
+    if seen is not None and time.monotonic() - seen < conf.get("AUTH_GOOD_MEMORY_SECONDS"):
         return None
     return wait
 
@@ -274,7 +273,7 @@ def is_familiar(username: str, address: str, now=None) -> bool:
     (django-axes' access log, one row per successful login.)"""
     from axes.models import AccessLog
 
-    since = (now or timezone.now()) - timedelta(days=int(_setting("NODEPOOL_LOGIN_FAMILIAR_DAYS", 90)))
+    since = (now or timezone.now()) - timedelta(days=conf.get("LOGIN_FAMILIAR_DAYS"))
     return AccessLog.objects.filter(username=username, ip_address=address, attempt_time__gte=since).exists()
 
 

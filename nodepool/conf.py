@@ -17,6 +17,20 @@ SETTINGS = AppSettings(
             "event types never pruned (comma-separated)"),
     Setting("RETENTION_BATCH", int, 1000, "rows deleted per batch"),
     Setting("RETENTION_MAX_BATCHES", int, 20, "batches per run"),
+    # Failed authentication (nodepool.auth_failures; docs/foundation.md, "Failed authentication").
+    Setting("AUTH_FAILURE_LIMIT", int, 60,
+            "refused user tokens / node credentials per client address (IPv6: /64) and window before "
+            "429 auth_failures_throttled (0: off)"),
+    Setting("AUTH_FAILURE_WINDOW_SECONDS", int, 60, "the window of that limit (seconds)"),
+    Setting("AUTH_GOOD_MEMORY_SECONDS", int, 900,
+            "a credential a process accepted this recently still passes while its address is blocked (seconds)"),
+    Setting("LOGIN_ACCOUNT_FAILURE_LIMIT", int, 20,
+            "failed logins per account across addresses in a window before unfamiliar addresses are refused "
+            "(0: off)"),
+    Setting("LOGIN_ACCOUNT_WINDOW_MINUTES", int, 15, "the window of the per-account ceiling (minutes)"),
+    Setting("LOGIN_FAMILIAR_DAYS", int, 90,
+            "an address the account logged in from successfully this recently is never refused by the ceiling "
+            "(days)"),
 )  # fmt: skip
 
 get = SETTINGS.get

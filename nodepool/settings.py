@@ -241,20 +241,8 @@ AXES_RESET_ON_SUCCESS = True
 # lockout parameters (username, IP), not the user agent.
 AXES_VERBOSE = False
 AXES_LOCKOUT_TEMPLATE = "nodepool/login_locked_out.html"
-# Per-account ceiling across addresses (nodepool.auth_failures; docs/foundation.md, "Failed
-# authentication"): after this many failed logins to one account in the window, logins to it from
-# addresses it never logged in from (in NODEPOOL_LOGIN_FAMILIAR_DAYS) are refused until the window
-# ends or `manage.py unlock_login <username>`. Familiar addresses are never refused by it. 0: off.
-NODEPOOL_LOGIN_ACCOUNT_FAILURE_LIMIT = env.int("NODEPOOL_LOGIN_ACCOUNT_FAILURE_LIMIT", default=20)
-NODEPOOL_LOGIN_ACCOUNT_WINDOW_MINUTES = env.int("NODEPOOL_LOGIN_ACCOUNT_WINDOW_MINUTES", default=15)
-NODEPOOL_LOGIN_FAMILIAR_DAYS = env.int("NODEPOOL_LOGIN_FAMILIAR_DAYS", default=90)
-# Refused user tokens and node credentials per client address (IPv6: per /64) and window; past it
-# the address gets 429 auth_failures_throttled for unknown credentials until the window ends. The
-# counter is a database row (survives Redis outages). 0: off.
-NODEPOOL_AUTH_FAILURE_LIMIT = env.int("NODEPOOL_AUTH_FAILURE_LIMIT", default=60)
-NODEPOOL_AUTH_FAILURE_WINDOW_SECONDS = env.int("NODEPOOL_AUTH_FAILURE_WINDOW_SECONDS", default=60)
-# A credential a process accepted this recently still passes while its address is blocked.
-NODEPOOL_AUTH_GOOD_MEMORY_SECONDS = env.int("NODEPOOL_AUTH_GOOD_MEMORY_SECONDS", default=900)
+# The per-account ceiling across addresses and the failed-authentication limit per address are
+# nodepool's app settings (nodepool/conf.py: NODEPOOL_LOGIN_ACCOUNT_*, NODEPOOL_AUTH_FAILURE_*).
 # Behind reverse proxies (deploy/nginx), NODEPOOL_TRUSTED_PROXIES lists their networks (CIDR,
 # comma-separated): the client's address comes from X-Forwarded-For only when the immediate peer is
 # one of them (nodepool.proxies, first middleware, rewrites REMOTE_ADDR for DRF's throttles, the login

@@ -67,13 +67,12 @@ def _fresh_renewal_caches():
 @pytest.fixture(autouse=True)
 def _fresh_auth_failure_state(settings):
     """nodepool.auth_failures keeps blocked addresses and accepted credentials per process. Its
-    limits are off unless a test turns them on (tests/plumbing/test_failed_auth_limits.py): fuzz
+    limits are off unless a test turns them on (``settings.NODEPOOL``; tests/plumbing/test_failed_auth_limits.py): fuzz
     and security tests send made-up credentials and wrong passwords by the dozen from one address,
     and expect each one's own refusal."""
     from nodepool.auth_failures import reset_process_state
 
-    settings.NODEPOOL_AUTH_FAILURE_LIMIT = 0
-    settings.NODEPOOL_LOGIN_ACCOUNT_FAILURE_LIMIT = 0
+    settings.NODEPOOL = {**settings.NODEPOOL, "AUTH_FAILURE_LIMIT": 0, "LOGIN_ACCOUNT_FAILURE_LIMIT": 0}
     reset_process_state()
     yield
     reset_process_state()

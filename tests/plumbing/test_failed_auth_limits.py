@@ -29,9 +29,12 @@ PASSWORD = "correct horse battery staple"
 
 @pytest.fixture
 def limit(settings):
-    settings.NODEPOOL_AUTH_FAILURE_LIMIT = 5
-    settings.NODEPOOL_AUTH_FAILURE_WINDOW_SECONDS = 600
-    settings.NODEPOOL = {**settings.NODEPOOL, "MIN_SPACING_FRACTION": 0}
+    settings.NODEPOOL = {
+        **settings.NODEPOOL,
+        "MIN_SPACING_FRACTION": 0,
+        "AUTH_FAILURE_LIMIT": 5,
+        "AUTH_FAILURE_WINDOW_SECONDS": 600,
+    }
     return 5
 
 
@@ -192,7 +195,7 @@ def test_old_windows_are_pruned_hourly():
 
 @pytest.fixture
 def ceiling(settings):
-    settings.NODEPOOL_LOGIN_ACCOUNT_FAILURE_LIMIT = 3
+    settings.NODEPOOL = {**settings.NODEPOOL, "LOGIN_ACCOUNT_FAILURE_LIMIT": 3}
     settings.AXES_FAILURE_LIMIT = 5
     user = User.objects.create_user("ops", password=PASSWORD, is_staff=True)
     user.groups.add(Group.objects.get_or_create(name=OPERATORS)[0])
