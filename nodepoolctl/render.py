@@ -198,7 +198,7 @@ DROP = {
     "device": ["TAINTS", "GROUP", "MEMORY", "MODEL", "ALLOCATABLE", "INDEX"],
     "drain": ["LEASES LEFT", "POLICY", "DEADLINE"],
     "quarantine": ["RELEASED", "RULE", "SINCE"],
-    "event": ["BY", "OBJECT"],
+    "event": ["BY"],  # then MESSAGE is cut short: OBJECT (which node) stays
 }
 SQUEEZE = {"event": "MESSAGE"}
 NODE_NAME_KEY = "_node_name"  # set on an object (a table only) by the caller that resolved its node's name

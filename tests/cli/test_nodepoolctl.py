@@ -108,6 +108,9 @@ def test_at_80_columns_every_line_of_get_fits_and_no_name_is_cut(ctl, fleet, mon
     for kind in ("leases", "drains", "quarantines"):  # ids (their names) whole
         listed = json.loads(ctl("get", kind, "-o", "json")[1])
         assert all(str(obj["id"]) in ctl("get", kind)[1] for obj in listed), kind
+    events = ctl("get", "events")[1].splitlines()
+    assert events[0].split()[:5] == ["LAST", "SEEN", "TYPE", "OBJECT", "MESSAGE"]  # BY left out, OBJECT kept
+    assert any("node/gpu-1" in line for line in events)
     wide = ctl("get", "nodes", "-o", "wide")[1]
     assert max(map(len, wide.splitlines())) > 80 and "LIVENESS" in wide and "HEARTBEAT" in wide
 
