@@ -18,7 +18,7 @@ def watch():
 
 
 @watch.command("nodes")
-@click.option("-l", "--selector", default=None, help="Label selector: k=v,k!=v,k in (a,b),k notin (a),k,!k.")
+@click.option("-l", "--selector", default=None, help="Label selector, as `get nodes -l`.")
 @click.option("--pool", default=None)
 @click.option("--interval", type=click.FloatRange(min=0.5), default=2.0, show_default=True, help="Seconds.")
 @click.option("--count", type=click.IntRange(min=1), default=None, help="Stop after this many refreshes.")
@@ -31,6 +31,8 @@ def watch_nodes(obj, selector, pool, interval, count, output):
 
     def frame():
         nodes = obj.api.list("/nodes", pool=pool, label=selector)
+        if pool and not nodes:
+            obj.api.get(f"/pools/{pool}")  # an unknown pool is an error (404, rc 1), not an empty list forever
         stamp = Text(f"{time.strftime('%H:%M:%S')}  {len(nodes)} node(s), every {interval:g}s", style="dim")
         view = Group(stamp, table("node", nodes, wide=output == "wide"))
         if not console.is_terminal:

@@ -530,6 +530,10 @@ def test_an_unknown_pool_is_an_error_not_an_empty_list(ctl, fleet):
     code, stdout, stderr = ctl("get", "nodes", "--pool", "no-such-pool")
     assert code == 1 and stdout == ""
     assert stderr.startswith("error: 404")
+    for args in (["watch", "nodes", "--pool", "nope", "--count", "1"], ["top", "node", "--pool", "nope"],
+                 ["get", "events", "--pool", "nope"], ["get", "leases", "--pool", "nope"]):  # fmt: skip
+        code, _, stderr = ctl(*args)
+        assert code == 1 and stderr.startswith("error: 404"), args
     code, _, stderr = ctl("get", "leases", "--pool", "general")  # a known pool with nothing: rc 0
     assert code == 0 and "No resources found" in stderr
 
