@@ -99,6 +99,22 @@ def test_every_label_value_the_rules_name_is_exported(client):
         Node.objects.filter(pk=node.pk).update(
             lifecycle=lifecycle, liveness=liveness, health=health, last_heartbeat_at=now
         )
+    # Devices in every health, allocatable or not, and an open quarantine of every rule.
+    from fleet.choices import DeviceHealth
+    from fleet.models import Device
+    from maintenance.choices import QuarantineRule
+    from maintenance.models import Quarantine
+
+    holder = NodeFactory(pool=pool)
+    for i, (health, verified) in enumerate(itertools.product(DeviceHealth.values, (True, False))):
+        Device.objects.create(
+            node=holder, device_id=f"GPU-{i}", type="nvidia.com/gpu", index=i, model="NVIDIA H100 80GB HBM3",
+            health=health, verified_at=now if verified else None, first_seen_at=now, last_seen_at=now,
+        )  # fmt: skip
+    for rule in QuarantineRule.values:  # one open quarantine per node
+        Quarantine.objects.create(
+            node=NodeFactory(pool=pool), rule=rule, reason=rule, from_state="ready", actor_type="system"
+        )
     fleet_state.refresh(now=now)
     exported: dict[tuple[str, str], set[str]] = {}
     for (name, labels), _value in samples(scrape(client)).items():
