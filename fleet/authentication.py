@@ -13,7 +13,7 @@ from django.utils import timezone
 from rest_framework import authentication, exceptions
 from rest_framework.permissions import BasePermission
 
-from nodepool.auth_failures import remember_good
+from nodepool.auth_failures import record_failure, remember_good
 
 from . import clock
 from . import secrets as node_secrets
@@ -52,6 +52,15 @@ class NodeCredentialAuthentication(authentication.BaseAuthentication):
     """
 
     def authenticate(self, request):
+        """The checks below; a refusal also counts against the client's address
+        (``nodepool.auth_failures.record_failure``)."""
+        try:
+            return self._authenticate(request)
+        except exceptions.AuthenticationFailed:
+            record_failure(request)
+            raise
+
+    def _authenticate(self, request):
         header = authentication.get_authorization_header(request).split()
         if not header or header[0].decode(errors="replace") != KEYWORD:
             return None

@@ -17,7 +17,7 @@ from rest_framework.authentication import get_authorization_header
 from rest_framework.exceptions import AuthenticationFailed
 
 from nodepool.api.permissions import remember_groups
-from nodepool.auth_failures import remember_good
+from nodepool.auth_failures import record_failure, remember_good
 from nodepool.db import from_row, prepared_cursor, select_list
 
 # The schemes a user token is accepted under: knox's ``Token``, and ``Bearer`` (RFC 6750), which
@@ -54,9 +54,13 @@ class UserTokenAuthentication(TokenAuthentication):
             raise AuthenticationFailed("Invalid token header. Token string should not contain spaces.")
         # knox hashes whatever it is given; a key that is not ASCII cannot be one of ours.
         try:
-            result = self.authenticate_credentials(auth[1])
-        except UnicodeDecodeError:
-            raise AuthenticationFailed("Invalid token.") from None
+            try:
+                result = self.authenticate_credentials(auth[1])
+            except UnicodeDecodeError:
+                raise AuthenticationFailed("Invalid token.") from None
+        except AuthenticationFailed:
+            record_failure(request)  # counts against the client's address (nodepool.auth_failures)
+            raise
         remember_good(request.META.get("HTTP_AUTHORIZATION", ""))
         return result
 

@@ -275,11 +275,6 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
             # The stable code stays authentication_failed; why (credential_revoked, _expired,
             # _superseded...) is a separate member an agent can act on (re-enroll, rotate sooner).
             extra["reason"] = specific
-        if isinstance(exc, exceptions.AuthenticationFailed) and context.get("request") is not None:
-            # A refused credential counts against the client's address (nodepool.auth_failures).
-            from nodepool.auth_failures import record_failure
-
-            record_failure(context["request"])
         if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
             extra["retry_after"] = int(exc.wait)
     if getattr(exc, "auth_header", None):
