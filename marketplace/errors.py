@@ -46,6 +46,8 @@ PERIOD_NOT_RECONCILED = declare("period_not_reconciled", 409, doc=DOC)
 POOL_PERIOD_NOT_FOUND = declare("pool_period_not_found", 404, doc=DOC)
 STATEMENT_NOT_FINAL = declare("statement_not_final", 409, doc=DOC)
 STATEMENT_ON_HOLD = declare("statement_on_hold", 409, doc=DOC)
+PAYOUT_IMPORT_INVALID = declare("payout_import_invalid", 400, "Invalid payout import", doc=DOC)
+PAYOUT_IMPORT_CONFLICT = declare("payout_import_conflict", 409, "Payout import conflicts", doc=DOC)
 
 # Merged into validation_error (docs/api-contract.md, "Changelog of problem codes").
 INVALID_FIELD = declare("invalid_field", 400, doc=DOC, replaced_by=VALIDATION_ERROR)

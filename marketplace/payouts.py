@@ -21,8 +21,11 @@ subject ``payout`` / ``payout_hold`` / ``line_appeal``: read by the owner and op
 
 from __future__ import annotations
 
+import contextlib
+import uuid
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from statistics import median
 
 from django.db import IntegrityError, transaction
@@ -36,7 +39,7 @@ from nodepool.api.errors import TRANSITION_NOT_ALLOWED
 from nodepool.api.problems import Conflict, Forbidden, NotFound, Problem
 from nodepool.api.versioning import check_version
 
-from . import event_types, statements
+from . import event_types, statements, webhooks
 from .choices import (
     PAYABLE_STATES,
     HoldReason,
@@ -61,6 +64,8 @@ from .errors import (
     NOTHING_TO_PAY,
     PAYOUT_EXISTS,
     PAYOUT_HOLD_NOT_FOUND,
+    PAYOUT_IMPORT_CONFLICT,
+    PAYOUT_IMPORT_INVALID,
     PAYOUT_NOT_FOUND,
     PERIOD_NOT_RECONCILED,
     STATEMENT_NOT_FINAL,
@@ -255,8 +260,8 @@ def hold_release(*, hold_id, reason, expected_version: int, actor: Actor, now=No
         hold.released_at, hold.released_by, hold.release_reason = now, actor.user, text
         hold.version += 1
         hold.save(update_fields=["released_at", "released_by", "release_reason", "version"])
-        _event(actor, "payout_hold", hold.pk, from_state="held", to_state="released", reason=text,
-               data={"statement": hold.statement_id, "reason": hold.reason})  # fmt: skip
+        data = {"statement": hold.statement_id, "owner": hold.statement.owner_id, "reason": hold.reason}
+        _event(actor, "payout_hold", hold.pk, from_state="held", to_state="released", reason=text, data=data)
     return hold
 
 
@@ -317,7 +322,7 @@ def payout_request(*, statement_id, currency, actor: Actor, now=None) -> Payout:
             existing.approved_by = existing.approved_at = None
             existing.save(update_fields=["state", "amount", "excluded_lines", "requested_by", "requested_at",
                                          "approved_by", "approved_at", "version", "updated_at"])  # fmt: skip
-            _payout_event(existing, actor, from_state, "requested again")
+            _payout_event(existing, actor, from_state, "requested again", now)
             return existing
         if amount <= 0:
             raise Conflict(f"Nothing to pay in {currency} ({amount}).", NOTHING_TO_PAY)
@@ -334,11 +339,13 @@ def payout_request(*, statement_id, currency, actor: Actor, now=None) -> Payout:
                 )
         except IntegrityError as exc:
             raise Conflict(f"A payout of this statement in {currency} exists.", PAYOUT_EXISTS) from exc
-        _payout_event(payout, actor, "", f"requested: {amount} {currency}")
+        _payout_event(payout, actor, "", f"requested: {amount} {currency}", now)
     return payout
 
 
-def _payout_event(payout: Payout, actor: Actor, from_state: str, reason: str) -> None:
+def _payout_event(payout: Payout, actor: Actor, from_state: str, reason: str, now: datetime) -> None:
+    """The transition's event (owner-visible: ``data.owner``) and, when configured, its signed
+    webhook notice (marketplace.webhooks: written now, sent after commit, never awaited)."""
     _event(
         actor,
         "payout",
@@ -354,23 +361,50 @@ def _payout_event(payout: Payout, actor: Actor, from_state: str, reason: str) ->
             "currency": payout.currency,
         },
     )
+    webhooks.enqueue(payout, from_state, now)
 
 
-def _locked_payout(payout_id, expected_version: int) -> Payout:
+def _transition(
+    payout_id, verb: str, done: str, *, expected_version: int | None, actor: Actor, now, fields, reason, check=None
+) -> Payout:
+    """The one shape of every payout transition after the request: lock the row, check the
+    version (None: the import, which is idempotent on the payout's uid instead), run
+    ``check(payout)``, ``can_proceed`` (409 ``transition_not_allowed``), move, set
+    ``fields(payout)`` (a dict), save, event and webhook. ``reason``: text, or ``reason(payout)``."""
     payout = Payout.objects.select_for_update().filter(pk=payout_id).first()
     if payout is None:
         raise NotFound("No such payout.", PAYOUT_NOT_FOUND)
-    check_version(payout.version, expected_version)
+    if expected_version is not None:
+        check_version(payout.version, expected_version)
+    if check is not None:
+        check(payout)
+    method = getattr(payout, verb)
+    if not can_proceed(method):
+        raise Conflict(f"A {payout.state} payout cannot be {done}.", TRANSITION_NOT_ALLOWED, state=payout.state)
+    from_state = payout.state
+    method()
+    values = fields(payout)
+    for name, value in values.items():
+        setattr(payout, name, value)
+    payout.version += 1
+    payout.save(update_fields=["state", "version", "updated_at", *values])
+    _payout_event(payout, actor, from_state, reason(payout) if callable(reason) else reason, now)
     return payout
 
 
-def _move(payout: Payout, verb: str, code_hint: str) -> str:
-    method = getattr(payout, verb)
-    if not can_proceed(method):
-        raise Conflict(f"A {payout.state} payout cannot be {code_hint}.", TRANSITION_NOT_ALLOWED, state=payout.state)
-    from_state = payout.state
-    method()
-    return from_state
+def _not_by_requester(actor: Actor):
+    def check(payout: Payout) -> None:
+        if actor.user is None or actor.user.pk == payout.requested_by_id:
+            raise Forbidden(
+                "The payout must be approved by another operator than its requester.", APPROVAL_BY_REQUESTER
+            )
+        _refuse_if_held(payout.statement_id)
+
+    return check
+
+
+def _not_held(payout: Payout) -> None:
+    _refuse_if_held(payout.statement_id)
 
 
 def payout_approve(*, payout_id, expected_version: int, actor: Actor, now=None) -> Payout:
@@ -378,49 +412,59 @@ def payout_approve(*, payout_id, expected_version: int, actor: Actor, now=None) 
     appeal filed meanwhile is held back). Raises 404, 412, 403 ``approval_by_requester``, 409
     ``transition_not_allowed`` / ``statement_on_hold``."""
     now = now or timezone.now()
+
+    def fields(payout: Payout) -> dict:
+        amount, excluded = payable_amount(payout.statement, payout.currency)
+        return {"amount": amount, "excluded_lines": excluded, "approved_by": actor.user, "approved_at": now}
+
     with transaction.atomic():
-        payout = _locked_payout(payout_id, expected_version)
-        if actor.user is None or actor.user.pk == payout.requested_by_id:
-            raise Forbidden(
-                "The payout must be approved by another operator than its requester.", APPROVAL_BY_REQUESTER
-            )
-        _refuse_if_held(payout.statement_id)
-        from_state = _move(payout, "approve", "approved")
-        payout.amount, payout.excluded_lines = payable_amount(payout.statement, payout.currency)
-        payout.approved_by, payout.approved_at, payout.version = actor.user, now, payout.version + 1
-        payout.save(
-            update_fields=["state", "amount", "excluded_lines", "approved_by", "approved_at", "version", "updated_at"]
+        return _transition(
+            payout_id,
+            "approve",
+            "approved",
+            expected_version=expected_version,
+            actor=actor,
+            now=now,
+            fields=fields,
+            reason=lambda p: f"approved: {p.amount} {p.currency}",
+            check=_not_by_requester(actor),
         )
-        _payout_event(payout, actor, from_state, f"approved: {payout.amount} {payout.currency}")
-    return payout
 
 
-def payout_mark_paid(*, payout_id, external_reference, expected_version: int, actor: Actor, now=None) -> Payout:
+def payout_mark_paid(*, payout_id, external_reference, expected_version: int | None, actor: Actor, now=None) -> Payout:
     """``approved → paid`` with the external payment reference. Raises 404, 412, 400 ``invalid_field``,
     409 ``transition_not_allowed`` / ``statement_on_hold``."""
     reference = _text(external_reference, "external_reference")[:200]
     now = now or timezone.now()
     with transaction.atomic():
-        payout = _locked_payout(payout_id, expected_version)
-        _refuse_if_held(payout.statement_id)
-        from_state = _move(payout, "pay", "paid")
-        payout.external_reference, payout.paid_at, payout.version = reference, now, payout.version + 1
-        payout.save(update_fields=["state", "external_reference", "paid_at", "version", "updated_at"])
-        _payout_event(payout, actor, from_state, f"paid: {reference}")
-    return payout
+        return _transition(
+            payout_id,
+            "pay",
+            "paid",
+            expected_version=expected_version,
+            actor=actor,
+            now=now,
+            fields=lambda p: {"external_reference": reference, "paid_at": now},
+            reason=f"paid: {reference}",
+            check=_not_held,
+        )
 
 
-def payout_mark_failed(*, payout_id, reason, expected_version: int, actor: Actor, now=None) -> Payout:
+def payout_mark_failed(*, payout_id, reason, expected_version: int | None, actor: Actor, now=None) -> Payout:
     """``approved → failed`` (it may be requested again). Raises 404, 412, 400, 409."""
     text = _text(reason, "reason")
     now = now or timezone.now()
     with transaction.atomic():
-        payout = _locked_payout(payout_id, expected_version)
-        from_state = _move(payout, "fail", "marked failed")
-        payout.failure_reason, payout.failed_at, payout.version = text, now, payout.version + 1
-        payout.save(update_fields=["state", "failure_reason", "failed_at", "version", "updated_at"])
-        _payout_event(payout, actor, from_state, f"failed: {text}")
-    return payout
+        return _transition(
+            payout_id,
+            "fail",
+            "marked failed",
+            expected_version=expected_version,
+            actor=actor,
+            now=now,
+            fields=lambda p: {"failure_reason": text, "failed_at": now},
+            reason=f"failed: {text}",
+        )
 
 
 def payout_reverse(*, payout_id, reason, expected_version: int, actor: Actor, now=None) -> Payout:
@@ -429,10 +473,16 @@ def payout_reverse(*, payout_id, reason, expected_version: int, actor: Actor, no
     text = _text(reason, "reason")
     now = now or timezone.now()
     with transaction.atomic():
-        payout = _locked_payout(payout_id, expected_version)
-        from_state = _move(payout, "reverse", "reversed")
-        payout.reversal_reason, payout.reversed_at, payout.version = text, now, payout.version + 1
-        payout.save(update_fields=["state", "reversal_reason", "reversed_at", "version", "updated_at"])
+        payout = _transition(
+            payout_id,
+            "reverse",
+            "reversed",
+            expected_version=expected_version,
+            actor=actor,
+            now=now,
+            fields=lambda p: {"reversal_reason": text, "reversed_at": now},
+            reason=f"reversed: {text}",
+        )
         _correction_line(
             owner_id=payout.owner_id,
             after=max(now, payout.statement.period_end),
@@ -441,8 +491,162 @@ def payout_reverse(*, payout_id, reason, expected_version: int, actor: Actor, no
             reason=f"payout {payout.uid} reversed: {text}",
             reverses=payout,
         )
-        _payout_event(payout, actor, from_state, f"reversed: {text}")
     return payout
+
+
+# --- export and import ------------------------------------------------------------------------------
+EXPORT_COLUMNS = [
+    "id", "statement", "owner", "currency", "amount", "state", "requested_at", "approved_at", "paid_at",
+    "external_reference", "failure_reason",
+]  # fmt: skip
+IMPORT_STATES = (PayoutState.PAID, PayoutState.FAILED)
+MAX_IMPORT_ROWS = 1000
+
+
+@dataclass(frozen=True)
+class ImportRow:
+    """One row of a payout import: the export's row as the payment system left it."""
+
+    index: int  # 1-based, as the operator counts rows of the file (the header not counted)
+    uid: uuid.UUID
+    state: str
+    amount: Decimal | None
+    currency: str
+    external_reference: str
+    failure_reason: str
+
+
+def parse_import(records) -> list[ImportRow]:
+    """Check the rows of an import (the objects of ``export.json``'s ``payouts``, or the rows of
+    ``export.csv`` as dicts of strings, an empty string meaning absent).
+
+    Each row: ``id`` (the payout's uid, required), ``state`` (required: one of the payout states),
+    ``external_reference`` (required when ``paid``), ``failure_reason`` (required when ``failed``),
+    ``amount`` and ``currency`` (optional; when given they must be the payout's: a decimal string,
+    never a JSON number); the export's other columns are allowed and ignored, any other member
+    is refused. Raises Problem 400 ``payout_import_invalid`` listing every bad row
+    (``errors: [{"row", "field", "message"}]``)."""
+    if not isinstance(records, list) or not records or len(records) > MAX_IMPORT_ROWS:
+        raise Problem(
+            f"payouts: a list of 1 to {MAX_IMPORT_ROWS} rows of the payouts export.", PAYOUT_IMPORT_INVALID,
+            errors=[{"row": 0, "field": "payouts", "message": "not a list of 1 to 1000 rows"}],
+        )  # fmt: skip
+    errors, rows, seen = [], [], set()
+    for index, record in enumerate(records, start=1):
+        problems = []
+
+        def bad(field, message, problems=problems, index=index):
+            problems.append({"row": index, "field": field, "message": message})
+
+        if not isinstance(record, dict):
+            bad("", "a row is an object of the export's columns")
+            errors.extend(problems)
+            continue
+        values = {key: (None if value == "" else value) for key, value in record.items()}
+        for key in sorted(set(values) - set(EXPORT_COLUMNS)):
+            bad(str(key)[:40], "not a column of the payouts export")
+        uid = None
+        with contextlib.suppress(ValueError):
+            uid = uuid.UUID(values.get("id")) if isinstance(values.get("id"), str) else None
+        if uid is None:
+            bad("id", "the payout's id from the export (a UUID)")
+        elif uid in seen:
+            bad("id", "this payout is in the import twice")
+        seen.add(uid)
+        state = values.get("state")
+        if state not in PayoutState.values:
+            bad("state", f"one of {', '.join(PayoutState.values)}")
+        texts = {}
+        for name in ("external_reference", "failure_reason", "currency"):
+            value = values.get(name)
+            if value is not None and (
+                not isinstance(value, str) or len(value) > (200 if name != "failure_reason" else MAX_TEXT)
+            ):
+                bad(name, "a string" + (" of at most 200 characters" if name != "failure_reason" else ""))
+            texts[name] = value.strip() if isinstance(value, str) else ""
+        if state == PayoutState.PAID and not texts["external_reference"]:
+            bad("external_reference", "a paid payout needs the payment system's reference")
+        if state == PayoutState.FAILED and not texts["failure_reason"]:
+            bad("failure_reason", "a failed payout needs a reason")
+        amount = values.get("amount")
+        if amount is not None:
+            try:
+                amount = Decimal(amount) if isinstance(amount, str) and len(amount) <= 40 else None
+            except InvalidOperation:
+                amount = None
+            if amount is None or not amount.is_finite():
+                bad("amount", 'a finite decimal string such as "4.84" (not a JSON number)')
+        if not problems:
+            rows.append(ImportRow(index, uid, state, amount, texts["currency"], texts["external_reference"],
+                                  texts["failure_reason"]))  # fmt: skip
+        errors.extend(problems)
+    if errors:
+        raise Problem(f"{len(errors)} problem(s) in the import; nothing was stored.", PAYOUT_IMPORT_INVALID,
+                      errors=errors[:100])  # fmt: skip
+    return rows
+
+
+def payout_import(rows: list[ImportRow], *, actor: Actor, now=None) -> list[dict]:
+    """Record what the payment system did with exported payouts: a row ``paid`` (with its
+    external reference) moves an approved payout to paid, a row ``failed`` (with a reason) moves
+    it to failed; a row in the payout's current state (and, for paid, the same reference) changes
+    nothing, so importing the same file twice is idempotent. All or nothing: the payouts are
+    locked (in id order), every row is checked, and one refused row refuses the import.
+
+    Returns ``[{"row", "id", "outcome": "paid" | "failed" | "unchanged"}]``. Raises Conflict 409
+    ``payout_import_conflict`` with ``rows: [{"row", "id", "code", "message"}]``, codes
+    ``payout_not_found``, ``amount_differs``, ``currency_differs``, ``reference_differs``,
+    ``transition_not_allowed`` (only paid and failed are imported; a reversal takes a reason
+    through the API) and ``statement_on_hold``.
+    """
+    now = now or timezone.now()
+    with transaction.atomic():
+        found = {
+            p.uid: p for p in Payout.objects.select_for_update().filter(uid__in=[r.uid for r in rows]).order_by("pk")
+        }
+        held = set(
+            PayoutHold.objects.filter(
+                statement_id__in=[p.statement_id for p in found.values()], released_at=None
+            ).values_list("statement_id", flat=True)
+        )
+        conflicts, plan = [], []
+        for row in rows:
+            payout = found.get(row.uid)
+
+            def refuse(code, message, row=row):
+                conflicts.append({"row": row.index, "id": str(row.uid), "code": code, "message": message})
+
+            if payout is None:
+                refuse("payout_not_found", "no payout has this id")
+                continue
+            if row.amount is not None and row.amount != payout.amount:
+                refuse("amount_differs", f"the payout's amount is {payout.amount}, the row says {row.amount}")
+            if row.currency and row.currency != payout.currency:
+                refuse("currency_differs", f"the payout's currency is {payout.currency}, the row says {row.currency}")
+            if row.state == payout.state:
+                if row.state == PayoutState.PAID and row.external_reference != payout.external_reference:
+                    refuse("reference_differs", "the payout was recorded paid with another reference")
+                else:
+                    plan.append((row, payout, "unchanged"))
+            elif row.state in IMPORT_STATES and payout.state == PayoutState.APPROVED:
+                if row.state == PayoutState.PAID and payout.statement_id in held:
+                    refuse(STATEMENT_ON_HOLD, "the statement has a payout hold")
+                plan.append((row, payout, row.state))
+            else:
+                refuse(TRANSITION_NOT_ALLOWED, f"a {payout.state} payout cannot become {row.state} by import")
+        if conflicts:
+            raise Conflict(f"{len(conflicts)} row(s) refused; nothing was stored.", PAYOUT_IMPORT_CONFLICT,
+                           rows=conflicts[:100])  # fmt: skip
+        results = []
+        for row, payout, outcome in plan:
+            if outcome == PayoutState.PAID:
+                payout_mark_paid(payout_id=payout.pk, external_reference=row.external_reference,
+                                 expected_version=None, actor=actor, now=now)  # fmt: skip
+            elif outcome == PayoutState.FAILED:
+                payout_mark_failed(payout_id=payout.pk, reason=row.failure_reason, expected_version=None,
+                                   actor=actor, now=now)  # fmt: skip
+            results.append({"row": row.index, "id": str(row.uid), "outcome": outcome})
+    return results
 
 
 def _correction_line(

@@ -19,4 +19,11 @@ BEAT_SCHEDULE = {
         "schedule": 300.0,
         "options": {"expires": 270.0},
     },
+    # Payout webhook notices that failed or whose task was lost (marketplace.webhooks): retried
+    # with backoff; a pass with nothing due is one indexed query.
+    "marketplace-deliver-payout-webhooks": {
+        "task": "marketplace.deliver_payout_webhooks",
+        "schedule": 30.0,
+        "options": {"expires": 27.0},
+    },
 }

@@ -6,7 +6,7 @@ from celery import shared_task
 
 from fleet.events import Actor
 
-from . import periods, reconciliation
+from . import periods, reconciliation, webhooks
 
 
 @shared_task(name="marketplace.reconcile_usage_record", ignore_result=True)
@@ -31,3 +31,16 @@ def reconcile_pool_periods() -> dict:
     each period is reconciled under its row lock, and a reconciled one is never evaluated again."""
     task_id = reconcile_pool_periods.request.id or ""
     return periods.reconcile_due_periods(actor=Actor.system("marketplace.reconcile_pool_periods", task_id))
+
+
+@shared_task(name="marketplace.deliver_payout_webhook", ignore_result=True)
+def deliver_payout_webhook(delivery_id: int) -> str:
+    """Send one payout webhook notice (marketplace.webhooks), queued after the transition's commit.
+    A failure is not raised: the row's ``next_attempt_at`` is set and the beat sweep retries it."""
+    return webhooks.deliver(delivery_id)
+
+
+@shared_task(name="marketplace.deliver_payout_webhooks", ignore_result=True)
+def deliver_payout_webhooks() -> dict:
+    """Beat: retry the payout webhook notices that are due (failed sends, lost broker messages)."""
+    return webhooks.deliver_due()

@@ -44,16 +44,19 @@ def allow_loopback(settings) -> None:
 
 class Receiver:
     """An HTTP server on 127.0.0.1 answering every request with ``status``, ``body`` and
-    ``headers``; ``requests`` holds ``(method, path, body)`` of each request it received."""
+    ``headers``; ``requests`` holds ``(method, path, body)`` of each request it received, and
+    ``request_headers`` the headers of each (a dict, in the same order)."""
 
     def __init__(self, status: int = 200, body: bytes = b"{}", headers: dict | None = None):
         self.status, self.body, self.headers, self.requests = status, body, headers or {}, []
+        self.request_headers: list[dict] = []
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def _answer(self):
                 length = int(self.headers.get("Content-Length") or 0)
                 receiver.requests.append((self.command, self.path, self.rfile.read(length)))
+                receiver.request_headers.append(dict(self.headers.items()))
                 self.send_response(receiver.status)
                 for name, value in receiver.headers.items():
                     self.send_header(name, value)

@@ -27,7 +27,14 @@ from nodepool.api.versioning import ETagMixin, expected_version
 
 from .. import payouts, periods
 from ..choices import LineAppealState, PayoutState, PoolPeriodState
-from ..errors import INVALID_DECIMAL, INVALID_FIELD, PAYOUT_NOT_FOUND, POOL_PERIOD_NOT_FOUND, UNKNOWN_EXPORT_FORMAT
+from ..errors import (
+    INVALID_DECIMAL,
+    INVALID_FIELD,
+    PAYOUT_IMPORT_INVALID,
+    PAYOUT_NOT_FOUND,
+    POOL_PERIOD_NOT_FOUND,
+    UNKNOWN_EXPORT_FORMAT,
+)
 from ..models import LineAppeal, MismatchItem, Payout, PayoutHold, PoolPeriod
 from .views import IsOperator, IsOperatorOrOwner, _body, _text
 
@@ -324,10 +331,6 @@ class PayoutAction(ETagMixin, APIView):
         return Response(payout_dict(payout))
 
 
-EXPORT_COLUMNS = ["id", "statement", "owner", "currency", "amount", "state", "requested_at", "approved_at",
-                  "paid_at", "external_reference"]  # fmt: skip
-
-
 class PayoutExport(APIView):
     """``GET /payouts/export.csv`` or ``export.json`` (operator; ?state=): one row per payout, keyed
     by its stable ``id`` (a UUID), so whatever imports it can do so idempotently."""
@@ -342,14 +345,47 @@ class PayoutExport(APIView):
         rows = _payouts(request).order_by("requested_at", "id")
         if state:
             rows = rows.filter(state=state)
-        records = [{k: payout_dict(p)[k] for k in EXPORT_COLUMNS} for p in rows]
+        records = [{k: payout_dict(p)[k] for k in payouts.EXPORT_COLUMNS} for p in rows]
         if kind == "json":
             return HttpResponse(json.dumps({"payouts": records}, indent=2), content_type="application/json")
         out = io.StringIO()
-        writer = csv.DictWriter(out, fieldnames=EXPORT_COLUMNS, lineterminator="\n")
+        writer = csv.DictWriter(out, fieldnames=payouts.EXPORT_COLUMNS, lineterminator="\n")
         writer.writeheader()
         writer.writerows(records)
         return HttpResponse(out.getvalue(), content_type="text/csv; charset=utf-8")
+
+
+class PayoutImport(APIView):
+    """``POST /payouts/import`` (operator): read back what the payment system did with an export.
+
+    The body is ``export.json``'s shape (``{"payouts": [rows]}``, ``application/json``) or
+    ``export.csv`` itself (``text/csv``, the header row first). Rows ``paid`` (with
+    ``external_reference``) and ``failed`` (with ``failure_reason``) move approved payouts; rows
+    already in the payout's state change nothing, so a re-import is idempotent. All or nothing:
+    400 ``payout_import_invalid`` (malformed rows, ``errors``), 409 ``payout_import_conflict``
+    (rows that contradict the stored payouts, ``rows``). Answers ``{"applied", "unchanged",
+    "results": [{"row", "id", "outcome"}]}``.
+    """
+
+    permission_classes = [IsOperator]
+
+    @extend_schema(request={"application/json": OpenApiTypes.OBJECT, "text/csv": OpenApiTypes.STR},
+                   responses=OpenApiTypes.OBJECT)  # fmt: skip
+    def post(self, request):
+        if (request.content_type or "").split(";")[0].strip().lower() == "text/csv":
+            try:
+                text = request.body.decode("utf-8-sig")
+            except UnicodeDecodeError as exc:
+                raise Problem("The CSV must be UTF-8.", PAYOUT_IMPORT_INVALID, errors=[]) from exc
+            records = [dict(row) for row in csv.DictReader(io.StringIO(text))]
+            for row in records:  # a row longer than the header: csv puts the rest under None
+                if None in row:
+                    row["(extra cells)"] = row.pop(None)
+        else:
+            records = _body(request, {"payouts"}).get("payouts")
+        results = payouts.payout_import(payouts.parse_import(records), actor=Actor.from_request(request))
+        unchanged = sum(1 for r in results if r["outcome"] == "unchanged")
+        return Response({"applied": len(results) - unchanged, "unchanged": unchanged, "results": results})
 
 
 # --- holds ----------------------------------------------------------------------------------------

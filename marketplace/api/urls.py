@@ -32,6 +32,7 @@ urlpatterns = [
     path("mismatch-items", money.MismatchItemList.as_view(), name="mismatchitem-list"),
     path("mismatch-items/<int:pk>/resolve", money.MismatchItemResolve.as_view(), name="mismatchitem-resolve"),
     path("payouts", money.PayoutList.as_view(), name="payout-list"),
+    path("payouts/import", money.PayoutImport.as_view(), name="payout-import"),
     path("payouts/export.<str:kind>", money.PayoutExport.as_view(), name="payout-export"),
     path("payouts/<int:pk>", money.PayoutDetail.as_view(), name="payout-detail"),
     path("payouts/<int:pk>/approve", money.PayoutAction.as_view(action="approve"), name="payout-approve"),

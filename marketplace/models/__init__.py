@@ -310,5 +310,5 @@ class OwnedQuarantine(Quarantine):
 
 # The money models live in modules of this package (small files); Django finds them through here.
 from .availability import AvailabilityClose, NodeAvailability  # noqa: E402, F401
-from .payouts import LineAppeal, Payout, PayoutHold  # noqa: E402, F401
+from .payouts import LineAppeal, Payout, PayoutDelivery, PayoutHold  # noqa: E402, F401
 from .periods import MismatchItem, PoolPeriod  # noqa: E402, F401

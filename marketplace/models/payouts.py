@@ -79,6 +79,34 @@ class Payout(models.Model):
         pass
 
 
+class PayoutDelivery(models.Model):
+    """One signed webhook notice of a payout transition: the outbox of ``marketplace.webhooks``.
+
+    Written in the transition's transaction when ``NODEPOOL_PAYOUT_WEBHOOK_URL`` is set, sent after
+    commit by a Celery task and, when that failed or the broker was down, again by the beat sweep
+    at ``next_attempt_at`` (backoff) until ``delivered_at`` is set or ``attempts`` reaches the
+    limit. ``delivery_id`` is in the signed body and the ``X-Nodepool-Delivery`` header: a receiver
+    drops a repeat. ``body`` is the JSON object sent, fixed when the transition happened."""
+
+    delivery_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    payout = models.ForeignKey(Payout, on_delete=models.PROTECT, related_name="deliveries")
+    body = models.JSONField()
+    created_at = models.DateTimeField()
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField()
+    delivered_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        indexes = [
+            models.Index(fields=["next_attempt_at"], condition=Q(delivered_at__isnull=True), name="payoutdelivery_due")
+        ]
+
+    def __str__(self) -> str:
+        return f"delivery {self.delivery_id} of payout {self.payout_id} ({'sent' if self.delivered_at else 'pending'})"
+
+
 class PayoutHold(models.Model):
     """A final statement that may not be paid until an operator releases it with a reason (apart
     from quarantine-held usage, ``UsageRecord.held_by``). One per (statement, reason)."""
