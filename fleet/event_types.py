@@ -28,16 +28,19 @@ _TYPES: dict[str, EventType] = {}
 
 class EventType(str):
     """A declared event type: the stored value (a ``str``), plus ``label`` (for people), ``app``
-    (the declaring package) and ``private`` (read only by the node's owner and operators: it
-    carries the owner's words or money, fleet.api.events)."""
+    (the declaring package), ``private`` (read only by the node's owner and operators: it
+    carries the owner's words or money, fleet.api.events) and ``owner_key`` (for events of no
+    node, such as a payout's: the member of ``data`` holding the user id of the owner who reads
+    them too; empty: none)."""
 
     label: str
     app: str
     private: bool
+    owner_key: str
 
-    def __new__(cls, value: str, label: str, *, app: str, private: bool = False):
+    def __new__(cls, value: str, label: str, *, app: str, private: bool = False, owner_key: str = ""):
         obj = super().__new__(cls, value)
-        obj.label, obj.app, obj.private = label, app, private
+        obj.label, obj.app, obj.private, obj.owner_key = label, app, private, owner_key
         return obj
 
     @property
@@ -52,11 +55,13 @@ def _restore(value: str) -> str:
     return _TYPES.get(value, value)
 
 
-def declare(value: str, label: str, *, private: bool = False) -> EventType:
+def declare(value: str, label: str, *, private: bool = False, owner_key: str = "") -> EventType:
     """Declare the event type ``value`` (at most 32 characters, stored as is) with ``label``.
 
-    ``private`` types are hidden from lease clients (fleet.api.events). The declaring app is the
-    caller's top-level package. Raises ``ValueError`` when another app declared ``value``."""
+    ``private`` types are hidden from lease clients (fleet.api.events). ``owner_key``: events of
+    this type that belong to no node are read by the owner whose user id is ``data[owner_key]``
+    (a payout's, a statement's). The declaring app is the caller's top-level package. Raises
+    ``ValueError`` when another app declared ``value``."""
     app = sys._getframe(1).f_globals.get("__name__", "?").split(".")[0]
     if not value or len(value) > 32 or value != value.strip():
         raise ValueError(f"event type {value!r}: 1-32 characters")
@@ -65,7 +70,7 @@ def declare(value: str, label: str, *, private: bool = False) -> EventType:
         if existing.app != app:
             raise ValueError(f"event type {value!r} is declared twice ({existing.app} and {app})")
         return existing
-    _TYPES[value] = EventType(value, label, app=app, private=private)
+    _TYPES[value] = EventType(value, label, app=app, private=private, owner_key=owner_key)
     return _TYPES[value]
 
 
@@ -82,6 +87,11 @@ def choices() -> list[tuple[str, str]]:
     """``[(value, label)]`` of every declared type, sorted by value: the field's and the filter's
     choices (a callable, so Django reads it when asked, after every app declared its types)."""
     return sorted((str(t), t.label) for t in _TYPES.values())
+
+
+def owner_keyed_types() -> dict[str, str]:
+    """``{type value: owner_key}`` of the types whose node-less events their owner reads."""
+    return {str(t): t.owner_key for t in _TYPES.values() if t.owner_key}
 
 
 def private_types() -> frozenset[str]:

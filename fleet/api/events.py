@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 
 from django.core.exceptions import ValidationError
-from django.db.models import F, Q
+from django.db.models import Case, F, IntegerField, Q, Value, When
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, serializers
 from rest_framework.permissions import BasePermission
@@ -107,13 +107,21 @@ def events_for(user):
     if is_operator(user):
         return events
     scope = Q(pk__in=[])
+    owned = F("node__owner_id")
     if is_owner(user):
         scope |= Q(node__owner=user)
+        # Events of no node that name their owner (a payout's, a line appeal's: event_types'
+        # owner_key): theirs to read, data whole, as the node owner reads a node's.
+        mine = Q(pk__in=[])
+        for type_, key in event_types.owner_keyed_types().items():
+            mine |= Q(node__isnull=True, type=type_, **{f"data__{key}": user.pk})
+        scope |= mine
+        owned = Case(When(mine, then=Value(user.pk)), default=F("node__owner_id"), output_field=IntegerField())
     if is_client(user):
         client_scope = (Q(node__isnull=False) & ~ABOUT_A_LEASE) | Q(lease_id__in=_own_lease_ids(user))
         scope |= client_scope & ~Q(type__in=event_types.private_types())
     # The node's owner, for data_for (one join, no query per event).
-    return events.filter(scope).annotate(node_owner_pk=F("node__owner_id"))
+    return events.filter(scope).annotate(node_owner_pk=owned)
 
 
 # Keys of an event's data (at any depth) holding a list of lease ids.
