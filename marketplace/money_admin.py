@@ -1,18 +1,45 @@
 """Admin pages of the money (docs/marketplace.md, "Pool periods", "Payouts"): operators read pool
 periods and work the queues of mismatch items, payouts, payout holds and line appeals with actions
-that take a reason; owners read their own payouts, holds and line appeals. Amounts (a correction,
-an external reference) are entered through the API."""
+that take a reason (marking a payout paid takes the external reference, correcting a line appeal
+its amount); owners read their own payouts, holds and line appeals, each page with its history
+(the events of that payout, hold or appeal)."""
 
 from __future__ import annotations
 
+from decimal import Decimal
+
+from django import forms
 from django.contrib import admin
+from django.utils.html import format_html, format_html_join
 
 from fleet.admin import OperatorOnlyAdmin
 from fleet.events import Actor
 from maintenance.admin import ReasonForm, Spec, run_with_form
 
 from . import payouts, periods
-from .models import LineAppeal, MismatchItem, NodeAvailability, Payout, PayoutHold, PoolPeriod
+from .models import LineAppeal, MismatchItem, NodeAvailability, Payout, PayoutDelivery, PayoutHold, PoolPeriod
+
+
+def history(subject_type: str, obj) -> str:
+    """The events of one payout, hold or line appeal, oldest first, as a small table (its owner
+    reads them here: they are theirs, fleet.api.events)."""
+    from fleet.models import NodeEvent
+
+    if obj is None or obj.pk is None:
+        return "-"
+    rows = NodeEvent.objects.filter(subject_type=subject_type, subject_id=str(obj.pk)).order_by("created_at", "id")
+    if not rows:
+        return "-"
+    body = format_html_join(
+        "",
+        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+        ((e.created_at.strftime("%Y-%m-%d %H:%M:%S UTC"), e.from_state or "-", e.to_state, e.reason) for e in rows),
+    )
+    return format_html(
+        '<table class="money-history"><thead><tr><th>at</th><th>from</th><th>to</th><th>reason</th></tr></thead>'
+        "<tbody>{}</tbody></table>",
+        body,
+    )
 
 
 class ReadOnly(OperatorOnlyAdmin):
@@ -132,6 +159,22 @@ def _reverse(payout, version, actor, data):
     payouts.payout_reverse(payout_id=payout.pk, reason=data["reason"], expected_version=version, actor=actor)
 
 
+class PaidForm(forms.Form):
+    external_reference = forms.CharField(max_length=200, help_text="The payment system's reference of the transfer.")
+
+
+def _paid(payout, version, actor, data):
+    payouts.payout_mark_paid(
+        payout_id=payout.pk, external_reference=data["external_reference"], expected_version=version, actor=actor
+    )
+
+
+@admin.action(description="Mark selected approved payouts paid (with the external reference)…")
+def pay_payouts(modeladmin, request, queryset):
+    spec = Spec("Mark payout paid", "marketplace.change_payout", PaidForm, _paid)
+    return run_with_form(modeladmin, request, queryset, spec, lambda payout: payout.version)
+
+
 @admin.action(description="Mark selected payouts failed (with a reason)…")
 def fail_payouts(modeladmin, request, queryset):
     spec = Spec("Mark payout failed", "marketplace.change_payout", ReasonForm, _fail)
@@ -149,7 +192,12 @@ class PayoutAdmin(OwnersRead):
     list_display = ["uid", "statement", "owner", "amount", "currency", "state", "external_reference", "requested_at"]
     list_filter = ["state", "currency"]
     list_select_related = ["owner"]
-    actions = [approve_payouts, fail_payouts, reverse_payouts]
+    actions = [approve_payouts, pay_payouts, fail_payouts, reverse_payouts]
+    readonly_fields = ["history"]
+
+    @admin.display(description="history")
+    def history(self, obj):
+        return history("payout", obj)
 
 
 def _release(hold, version, actor, data):
@@ -168,6 +216,11 @@ class PayoutHoldAdmin(OwnersRead):
     list_display = ["__str__", "statement", "reason", "message", "created_at", "released_at"]
     list_filter = ["reason", ("released_at", admin.EmptyFieldListFilter)]
     actions = [release_holds]
+    readonly_fields = ["history"]
+
+    @admin.display(description="history")
+    def history(self, obj):
+        return history("payout_hold", obj)
 
 
 def _reject(appeal, version, actor, data):
@@ -183,9 +236,49 @@ def reject_line_appeals(modeladmin, request, queryset):
     return run_with_form(modeladmin, request, queryset, spec, lambda appeal: appeal.version)
 
 
+class CorrectionForm(ReasonForm):
+    amount = forms.DecimalField(
+        max_digits=17,
+        decimal_places=2,
+        help_text="The correction, positive or negative (e.g. -1.20), in the line's currency.",
+    )
+
+    def clean_amount(self):
+        amount = self.cleaned_data["amount"]
+        if amount == Decimal(0):
+            raise forms.ValidationError("A correction is not zero; reject the appeal instead.")
+        return amount
+
+
+def _correct(appeal, version, actor, data):
+    payouts.line_appeal_resolve(
+        appeal_id=appeal.pk, outcome="corrected", resolution=data["reason"], amount=data["amount"],
+        expected_version=version, actor=actor,
+    )  # fmt: skip
+
+
+@admin.action(description="Correct selected line appeals (a correction line on the next statement)…")
+def correct_line_appeals(modeladmin, request, queryset):
+    spec = Spec("Correct line appeal", "marketplace.change_lineappeal", CorrectionForm, _correct)
+    return run_with_form(modeladmin, request, queryset, spec, lambda appeal: appeal.version)
+
+
 @admin.register(LineAppeal)
 class LineAppealAdmin(OwnersRead):
     list_display = ["__str__", "line", "owner", "state", "correction_amount", "created_at", "resolved_at"]
     list_filter = ["state"]
     list_select_related = ["owner"]
-    actions = [reject_line_appeals]
+    actions = [correct_line_appeals, reject_line_appeals]
+    readonly_fields = ["history"]
+
+    @admin.display(description="history")
+    def history(self, obj):
+        return history("line_appeal", obj)
+
+
+@admin.register(PayoutDelivery)
+class PayoutDeliveryAdmin(ReadOnly):
+    """The payout webhook's outbox (marketplace.webhooks): what was sent, what is pending and why."""
+
+    list_display = ["delivery_id", "payout", "created_at", "attempts", "delivered_at", "next_attempt_at", "last_error"]
+    list_filter = [("delivered_at", admin.EmptyFieldListFilter)]

@@ -1,17 +1,28 @@
-"""The money's admin pages: operators read and act (release a hold with a reason); owners read
-their own payouts, holds and line appeals and no one else's."""
+"""The money's admin pages: operators read and act (release a hold with a reason, mark a payout paid
+with its external reference, correct a line appeal with an amount); owners read their own payouts,
+holds and line appeals, each with its history, and no one else's."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 
 import pytest
+from django.contrib.auth.models import User
 
-from marketplace.models import PayoutHold, Statement
+from fleet.events import Actor
+from marketplace import payouts
+from marketplace.models import LineAppeal, Payout, PayoutHold, Statement, StatementLine
+from tests.marketplace.test_marketplace_money_api import (  # noqa: F401  (fixtures)
+    NEXT,
+    final_statement,
+    reconcile_and_finalize,
+    second_operator_api,
+)
 
 pytestmark = pytest.mark.django_db
 DAY = datetime(2026, 11, 2, tzinfo=UTC)
-PAGES = ["poolperiod", "mismatchitem", "payout", "payouthold", "lineappeal", "nodeavailability"]
+PAGES = ["poolperiod", "mismatchitem", "payout", "payouthold", "lineappeal", "nodeavailability", "payoutdelivery"]
 
 
 @pytest.fixture
@@ -52,3 +63,71 @@ def test_owners_see_their_holds_only(client, owner, other_owner, hold):
     assert client.get("/admin/marketplace/poolperiod/").status_code == 403
     client.force_login(other_owner)
     assert "10x" not in client.get("/admin/marketplace/payouthold/").content.decode()
+
+
+def as_actor(user):
+    return Actor("user", user.username, user=user)
+
+
+def staff(*users):
+    for user in users:
+        user.is_staff = True
+        user.save()
+
+
+def test_operators_mark_a_payout_paid_and_correct_a_line_appeal_in_the_admin(
+    client,
+    owner,
+    operator,
+    final_statement,  # noqa: F811
+    second_operator_api,  # noqa: F811
+):
+    statement, period, line = final_statement
+    statement = reconcile_and_finalize(statement, period)
+    appeal = payouts.line_appeal_create(owner=owner, line_id=line.pk, message="ran longer", actor=as_actor(owner))
+    staff(operator, owner)
+    client.force_login(operator)
+    form = client.post("/admin/marketplace/lineappeal/", {"action": "correct_line_appeals",
+                                                          "_selected_action": [appeal.pk]})  # fmt: skip
+    assert form.status_code == 200 and 'name="amount"' in form.content.decode()
+    answer = client.post("/admin/marketplace/lineappeal/", {
+        "action": "correct_line_appeals", "_selected_action": [appeal.pk], "apply": "1",
+        "reason": "the lease ran 6 minutes longer", "amount": "0.12", f"version_{appeal.pk}": "1",
+    })  # fmt: skip
+    assert answer.status_code == 302
+    appeal = LineAppeal.objects.get(pk=appeal.pk)
+    assert (appeal.state, appeal.correction_amount) == ("corrected", Decimal("0.12"))
+    correction = StatementLine.objects.get(pk=appeal.correction_line_id)
+    assert (correction.kind, correction.amount, correction.corrects_id) == ("correction", Decimal("0.12"), line.pk)
+    assert correction.statement_id != statement.pk, "on the owner's next open statement; the original is untouched"
+    payout = payouts.payout_request(statement_id=statement.pk, currency="EUR", actor=as_actor(operator), now=NEXT)
+    second = User.objects.get(username="paula-operator")
+    payouts.payout_approve(payout_id=payout.pk, expected_version=1, actor=as_actor(second), now=NEXT)
+    answer = client.post("/admin/marketplace/payout/", {
+        "action": "pay_payouts", "_selected_action": [payout.pk], "apply": "1",
+        "external_reference": "SEPA-2026-0042", f"version_{payout.pk}": "2",
+    })  # fmt: skip
+    assert answer.status_code == 302
+    payout = Payout.objects.get(pk=payout.pk)
+    assert (payout.state, payout.external_reference) == ("paid", "SEPA-2026-0042")
+    # The owner reads the payout's and the appeal's history on their pages, and no action.
+    client.force_login(owner)
+    page = client.get(f"/admin/marketplace/payout/{payout.pk}/change/").content.decode()
+    assert "money-history" in page and "paid: SEPA-2026-0042" in page and "approved" in page
+    page = client.get(f"/admin/marketplace/lineappeal/{appeal.pk}/change/").content.decode()
+    assert "the lease ran 6 minutes longer" in page
+    assert 'name="action"' not in client.get("/admin/marketplace/payout/").content.decode()
+
+
+def test_a_zero_correction_is_refused_by_the_form(client, owner, operator, final_statement):  # noqa: F811
+    statement, period, line = final_statement
+    reconcile_and_finalize(statement, period)
+    appeal = payouts.line_appeal_create(owner=owner, line_id=line.pk, message="m", actor=as_actor(owner))
+    staff(operator)
+    client.force_login(operator)
+    answer = client.post("/admin/marketplace/lineappeal/", {
+        "action": "correct_line_appeals", "_selected_action": [appeal.pk], "apply": "1",
+        "reason": "r", "amount": "0.00", f"version_{appeal.pk}": "1",
+    })  # fmt: skip
+    assert answer.status_code == 200 and "not zero" in answer.content.decode()
+    assert LineAppeal.objects.get(pk=appeal.pk).state == "open"
