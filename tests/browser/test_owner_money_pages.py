@@ -1,5 +1,6 @@
 """A marketplace owner in a real browser sees their payout, its state and reference, the hold on a
-statement and their line appeal — and no operator action on those pages."""
+statement and their line appeal — and no operator action on those pages; and, for money that went
+through the services, each payout's and appeal's history (its events) on its page."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from decimal import Decimal
 
 from playwright.sync_api import expect
 
+from fleet.events import Actor
+from marketplace import payouts
 from marketplace.models import LineAppeal, Payout, PayoutHold, Statement, StatementLine
-from tests.browser.conftest import login
+from tests.browser.conftest import _staff, login
 
 DAY = datetime(2026, 11, 2, tzinfo=UTC)
 
@@ -44,3 +47,42 @@ def test_the_owner_reads_payouts_holds_and_line_appeals(page, owner_user, operat
     expect(page.locator("#result_list")).to_contain_text("58.08 EUR is more than 10x")
     page.goto(f"{page.live_server_url}/admin/marketplace/lineappeal/")
     expect(page.locator("#result_list")).to_contain_text("open")
+
+
+def test_the_owner_follows_a_payout_and_an_appeal_through_their_history(page, owner_user, operator_user):
+    """Two lines (4.84 idle, 1.21 usage); the owner appeals the 1.21 one, so the payout, requested
+    by one operator and approved by another, is 4.84; it is paid with an external reference."""
+    statement = Statement.objects.create(
+        owner=owner_user, period="day", period_start=DAY, period_end=DAY + timedelta(days=1)
+    )
+    for amount, reason in (("4.84", "idle capacity"), ("1.21", "lease on attic-box")):
+        StatementLine.objects.create(
+            statement=statement, kind="correction", state="reconciled", pool_name="market", amount=Decimal(amount),
+            currency="EUR", reason=reason,
+        )  # fmt: skip
+    Statement.objects.filter(pk=statement.pk).update(state="final", totals={"EUR": "6.05"})
+    appealed = StatementLine.objects.get(amount=Decimal("1.21"))
+    owner = Actor("user", owner_user.username, user=owner_user)
+    appeal = payouts.line_appeal_create(owner=owner_user, line_id=appealed.pk, message="it ran 30 min", actor=owner)
+    requester = Actor("user", operator_user.username, user=operator_user)
+    second = _staff("paula-operator", "operators")
+    payout = payouts.payout_request(statement_id=statement.pk, currency="EUR", actor=requester)
+    payout = payouts.payout_approve(payout_id=payout.pk, expected_version=1, actor=Actor("user", "paula", user=second))
+    payout = payouts.payout_mark_paid(payout_id=payout.pk, external_reference="SEPA-88", expected_version=2,
+                                      actor=requester)  # fmt: skip
+
+    login(page, owner_user)
+    page.goto(f"{page.live_server_url}/admin/marketplace/payout/")
+    row = page.locator("#result_list tbody tr").first
+    expect(row).to_contain_text("4.84")
+    expect(row).to_contain_text("SEPA-88")
+    row.locator("th a").click()
+    history = page.locator("table.money-history")
+    expect(history.locator("tbody tr")).to_have_count(3)
+    expect(history).to_contain_text("requested: 4.84 EUR")
+    expect(history).to_contain_text("approved")
+    expect(history).to_contain_text("paid: SEPA-88")
+    expect(page.get_by_role("button", name="Save")).to_have_count(0)
+    page.goto(f"{page.live_server_url}/admin/marketplace/lineappeal/{appeal.pk}/change/")
+    expect(page.locator("table.money-history")).to_contain_text("it ran 30 min")
+    expect(page.locator("body")).to_contain_text("open")
