@@ -9,6 +9,10 @@ SETTINGS = AppSettings(
             "the settlement window's floor (seconds; a pool's default is the larger of this and twice its "
             "scaled loss threshold)"),
     Setting("RECONCILE_SWEEP_INTERVAL", float, 60.0, "how often the reconciliation sweep runs (seconds)"),
+    Setting("PAYOUT_WEBHOOK_URL", str, "",
+            "the optional payout webhook: every payout transition is POSTed there, signed "
+            "(docs/marketplace.md, \"Payout webhook\"); empty: off"),
+    Setting("PAYOUT_WEBHOOK_SECRET", str, "", "the payout webhook's HMAC-SHA256 key; without it nothing is sent"),
 )  # fmt: skip
 
 get = SETTINGS.get

@@ -30,12 +30,12 @@ import json
 import logging
 from datetime import datetime, timedelta
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from nodepool import egress, failsafe
 
+from . import conf
 from .models import Payout, PayoutDelivery
 
 logger = logging.getLogger(__name__)
@@ -48,7 +48,7 @@ SWEEP_BATCH = 100
 
 
 def url() -> str:
-    return getattr(settings, "NODEPOOL_PAYOUT_WEBHOOK_URL", "") or ""
+    return conf.get("PAYOUT_WEBHOOK_URL") or ""
 
 
 def backoff(attempts: int) -> timedelta:
@@ -96,7 +96,7 @@ def deliver(delivery_pk: int, *, now: datetime | None = None) -> str:
     """Send one pending delivery now; returns ``delivered``, ``failed`` (retried later),
     ``gave_up`` (the last attempt failed), or ``skipped`` (delivered already, being sent by
     another worker, or no webhook configured). Never raises for the receiver's failures."""
-    target, secret = url(), getattr(settings, "NODEPOOL_PAYOUT_WEBHOOK_SECRET", "") or ""
+    target, secret = url(), conf.get("PAYOUT_WEBHOOK_SECRET") or ""
     if not target or not secret:
         return "skipped"
     from operations.providers import signed_headers

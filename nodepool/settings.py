@@ -280,10 +280,6 @@ STATIC_ROOT.mkdir(exist_ok=True)
 # Destinations beyond the public internet that webhooks may reach: CIDR networks, addresses or
 # exact host names, comma-separated (e.g. "10.20.0.0/16,provider.corp.example"). Empty: none.
 NODEPOOL_EGRESS_ALLOW = env.list("NODEPOOL_EGRESS_ALLOW", default=[])
-# The optional payout webhook (marketplace.webhooks, docs/marketplace.md "Payout webhook"): every
-# payout transition is POSTed there, signed with HMAC-SHA256 under the secret. Empty URL: off.
-NODEPOOL_PAYOUT_WEBHOOK_URL = env.str("NODEPOOL_PAYOUT_WEBHOOK_URL", default="")
-NODEPOOL_PAYOUT_WEBHOOK_SECRET = env.str("NODEPOOL_PAYOUT_WEBHOOK_SECRET", default="")
 
 # --- Request limits --------------------------------------------------------------------------
 # Bodies above this are refused with 413 before parsing (see nodepool.api.parsers).

@@ -27,12 +27,15 @@ pytestmark = pytest.mark.django_db
 SECRET = "payout-hook-secret"
 
 
+def hooked(settings, url: str) -> None:
+    settings.NODEPOOL = {**settings.NODEPOOL, "PAYOUT_WEBHOOK_URL": url, "PAYOUT_WEBHOOK_SECRET": SECRET}
+
+
 @pytest.fixture
 def receiver(settings):
     allow_loopback(settings)
     hook = Receiver()
-    settings.NODEPOOL_PAYOUT_WEBHOOK_URL = hook.url
-    settings.NODEPOOL_PAYOUT_WEBHOOK_SECRET = SECRET
+    hooked(settings, hook.url)
     yield hook
     hook.close()
 
@@ -153,8 +156,7 @@ def test_a_destination_egress_refuses_is_recorded_not_raised(
     settings,
     django_capture_on_commit_callbacks,
 ):
-    settings.NODEPOOL_PAYOUT_WEBHOOK_URL = "http://169.254.169.254/latest/meta-data/"
-    settings.NODEPOOL_PAYOUT_WEBHOOK_SECRET = SECRET
+    hooked(settings, "http://169.254.169.254/latest/meta-data/")
     settings.NODEPOOL_EGRESS_ALLOW = []
     payout = request_and_approve(final_statement, people, django_capture_on_commit_callbacks)
     assert payout.state == "approved"
@@ -163,7 +165,7 @@ def test_a_destination_egress_refuses_is_recorded_not_raised(
 
 
 def test_no_webhook_configured_writes_no_delivery(final_statement, people, settings):  # noqa: F811
-    settings.NODEPOOL_PAYOUT_WEBHOOK_URL = ""
+    hooked(settings, "")
     statement, period, _ = final_statement
     reconcile_and_finalize(statement, period)
     payouts.payout_request(statement_id=statement.pk, currency="EUR", actor=people[0], now=NEXT)
