@@ -47,7 +47,8 @@ def collect_money() -> Iterable[Metric]:
     zeros included); ``nodepool_marketplace_mismatch_items_open{pool}``;
     ``nodepool_marketplace_payout_holds_open`` statements' unreleased payout holds;
     ``nodepool_marketplace_line_appeals_overdue`` line appeals open longer than their pool's
-    ``appeal_alert_after``."""
+    ``appeal_alert_after``; ``nodepool_marketplace_payout_webhooks_undelivered{state}`` payout
+    webhook notices not delivered: ``pending`` (will be retried) and ``gave_up`` (attempts spent)."""
     from django.db.models import Count
 
     from .payouts import appeals_open_longer_than_allowed
@@ -85,3 +86,15 @@ def collect_money() -> Iterable[Metric]:
         "Line appeals open longer than their pool's appeal_alert_after.",
         value=appeals_open_longer_than_allowed(timezone.now()),
     )
+    from .models import PayoutDelivery
+    from .webhooks import MAX_ATTEMPTS
+
+    undelivered = GaugeMetricFamily(
+        "nodepool_marketplace_payout_webhooks_undelivered",
+        "Payout webhook notices not delivered: pending (retried) or gave_up (attempts spent).",
+        labels=["state"],
+    )
+    waiting = PayoutDelivery.objects.filter(delivered_at__isnull=True)
+    undelivered.add_metric(["pending"], waiting.filter(attempts__lt=MAX_ATTEMPTS).count())
+    undelivered.add_metric(["gave_up"], waiting.filter(attempts__gte=MAX_ATTEMPTS).count())
+    yield undelivered

@@ -33,11 +33,11 @@ def test_the_price_in_force_is_exported_per_base_unit_hour(client):
     assert value(text, name, pool="gpu", resource="nvidia.com/gpu", unit="integer", currency="EUR") == 2
 
 
-def test_the_money_signals_count_mismatched_periods_open_holds_and_overdue_appeals(owner):
+def test_the_money_signals_count_mismatched_periods_open_holds_overdue_appeals_and_undelivered_webhooks(owner):
     from datetime import UTC, datetime, timedelta
 
     from marketplace.collectors import collect_money
-    from marketplace.models import PayoutHold, PoolPeriod, Statement
+    from marketplace.models import Payout, PayoutDelivery, PayoutHold, PoolPeriod, Statement
     from tests.factories import PoolFactory
 
     pool = PoolFactory(name="money")
@@ -49,8 +49,19 @@ def test_the_money_signals_count_mismatched_periods_open_holds_and_overdue_appea
         owner=owner, period="day", period_start=start, period_end=start + timedelta(days=1)
     )
     PayoutHold.objects.create(statement=statement, reason="outlier", message="x", created_at=start)
+    payout = Payout.objects.create(
+        statement=statement, owner=owner, currency="EUR", amount=1, requested_by=owner, requested_at=start
+    )
+    for attempts in (1, 12):
+        PayoutDelivery.objects.create(
+            payout=payout, body={}, created_at=start, next_attempt_at=start, attempts=attempts
+        )
     families = {f.name: f for f in collect_money()}
     periods = {tuple(s.labels.values()): s.value for s in families["nodepool_marketplace_pool_periods"].samples}
     assert periods[("money", "mismatched")] == 1 and periods[("money", "reconciled")] == 0
     assert families["nodepool_marketplace_payout_holds_open"].samples[0].value == 1
     assert families["nodepool_marketplace_line_appeals_overdue"].samples[0].value == 0
+    undelivered = {
+        s.labels["state"]: s.value for s in families["nodepool_marketplace_payout_webhooks_undelivered"].samples
+    }
+    assert undelivered == {"pending": 1, "gave_up": 1}
