@@ -61,7 +61,9 @@ def enqueue(payout: Payout, from_state: str, now: datetime) -> PayoutDelivery | 
     and send it after commit. None when no webhook is configured."""
     if not url():
         return None
-    delivery = PayoutDelivery(payout=payout, created_at=now, next_attempt_at=now, body={})
+    # The task sends it at once; the sweep only if that has not happened within the first backoff
+    # (a lost broker message), so the two rarely race (and when they do, the row lock decides).
+    delivery = PayoutDelivery(payout=payout, created_at=now, next_attempt_at=now + FIRST_BACKOFF, body={})
     delivery.body = {
         "delivery_id": str(delivery.delivery_id),
         "type": f"payout.{payout.state}",
