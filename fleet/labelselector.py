@@ -270,8 +270,10 @@ def filter_nodes(queryset, selectors: Iterable[str], *, view: str = PLACEMENT):
 
     ``PLACEMENT`` is :func:`fleet.labelview.label_view`, the set placement matches on: platform
     labels, pool labels, identity and verified features, and node-declared labels only where the
-    pool trusts them. The view is built per node in Python from one query of the label columns
-    (about 10 ms per 1,000 nodes), then the queryset keeps the matching primary keys.
+    pool trusts them. The view is built per node in Python from one query of the label columns,
+    then the queryset keeps the matching primary keys. Cost, measured on a busy 2-core machine:
+    the Python part took 366 ms for 10,000 nodes (about 37 ms per 1,000), plus the query; nothing
+    is narrowed in SQL first (yet).
 
     Raises:
         SelectorError: see :func:`parse_selector`; nothing is filtered then.
