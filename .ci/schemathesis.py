@@ -6,6 +6,11 @@ and runs ``st run`` with every check enabled, as the operator, the node and the 
 Operations that would cut the fuzzing roles off (revoking or rotating credentials, quarantine,
 retire) are left out of those runs and fuzzed last, in a separate phase, by the operator.
 
+Then once more as the operator through the shipped nginx (deploy/nginx, rendered by
+bench.common.Nginx as compose mounts it), so that what the proxy answers itself (its problem+json
+refusals, 405, /healthz from gunicorn's master probe) is checked against the schema too
+(``ST_PROXY_SECONDS``, default 40 s; skipped with a notice when nginx is not installed).
+
 Bounded: ``--max-time`` per phase (``ST_SECONDS``, default 45 s) keeps the whole step near 5 minutes.
 Exit status: non-zero when any phase reports a failure.
 """
@@ -24,12 +29,16 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # bench.common (nginx rendered from the shipped template)
+from bench.common import Nginx, nginx_binary  # noqa: E402 - needs ROOT on sys.path
+
 BIN = Path(sys.executable).parent
 DESTRUCTIVE = r".*/(credentials/revoke|credentials/rotate|credentials|quarantine|retire|release|revoke)$"
 # Log out everywhere would revoke the fuzzing role's own token: not fuzzed (tests/plumbing/test_token_lifetimes.py).
 NOT_FUZZED = DESTRUCTIVE.replace("|revoke)$", "|revoke|logout-everywhere)$")
 SECONDS = int(os.environ.get("ST_SECONDS", "45"))
 EXAMPLES = os.environ.get("ST_MAX_EXAMPLES", "25")
+PROXY_SECONDS = int(os.environ.get("ST_PROXY_SECONDS", "40"))
 
 
 def free_port() -> int:
@@ -53,6 +62,8 @@ def main() -> int:
         NODEPOOL_AUTH_FAILURE_LIMIT="0",
         PYTHONUNBUFFERED="1",
     )
+    probe_port = free_port()
+    env["NODEPOOL_PROBE_BIND"] = f"127.0.0.1:{probe_port}"  # gunicorn's master answers /healthz
     python = str(BIN / "python")
     subprocess.run([python, "manage.py", "migrate", "--noinput", "-v0"], cwd=ROOT, env=env, check=True)
     seed = subprocess.run(
@@ -67,6 +78,7 @@ def main() -> int:
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     base = f"http://127.0.0.1:{port}"
+    proxy = None
     try:
         for _ in range(100):
             try:
@@ -79,17 +91,26 @@ def main() -> int:
             ("node", f"Node {fixtures['node']}", ["--exclude-path-regex", NOT_FUZZED]),
             ("owner", f"Token {fixtures['owner']}", ["--exclude-path-regex", NOT_FUZZED]),
             ("destructive (operator)", f"Token {fixtures['operator']}", ["--include-path-regex", DESTRUCTIVE]),
+            ("operator, through nginx", f"Token {fixtures['operator']}", ["--exclude-path-regex", DESTRUCTIVE]),
         ]
+        proxy = None
+        if nginx_binary() is not None:
+            proxy = Nginx(f"127.0.0.1:{port}", probe_upstream=f"127.0.0.1:{probe_port}")
+            proxy.__enter__()
         failed = []
         for name, authorization, selection in phases:
             print(f"\n== schemathesis as {name}", flush=True)
+            if name == "operator, through nginx" and proxy is None:
+                print("nginx is not installed: phase skipped (apt-get install -y nginx)", flush=True)
+                continue
+            target = proxy.base if name == "operator, through nginx" else base
             command = [
-                str(BIN / "st"), "run", f"{base}/api/schema/",
+                str(BIN / "st"), "run", f"{target}/api/schema/",
                 "--header", f"Authorization: {authorization}",
                 "--checks", "all",
                 "--phases", "examples,coverage,fuzzing",
                 "--max-examples", EXAMPLES,
-                "--max-time", str(SECONDS),
+                "--max-time", str(PROXY_SECONDS if name == "operator, through nginx" else SECONDS),
                 "--workers", "1",  # two threads tripped a hypothesis AST race on Python 3.11
                 "--seed", os.environ.get("ST_SEED", "11"),
                 "--request-timeout", "20",
@@ -104,6 +125,8 @@ def main() -> int:
         )
         return 1 if failed else 0
     finally:
+        if proxy is not None:
+            proxy.__exit__(None, None, None)
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=30)
         log.close()

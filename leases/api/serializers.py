@@ -7,7 +7,18 @@ from rest_framework import serializers
 
 from nodepool.quantity import format_quantity
 
+from ..choices import WorkloadState
 from ..models import ConsistencyReport, Lease, LeaseRequest, Shape
+
+# A lease's workload state is "" until its node first reports on it (issue 30, item 8: the schema
+# says so; a ModelSerializer's read-only choice field would drop the blank from the enum).
+WORKLOAD_STATE_HELP = 'What the node last reported for the job; "" until it reports (unknown: it ended while running).'
+
+
+def workload_state_field() -> serializers.ChoiceField:
+    return serializers.ChoiceField(
+        choices=WorkloadState.choices, allow_blank=True, read_only=True, help_text=WORKLOAD_STATE_HELP
+    )
 
 
 class LeaseSerializer(serializers.ModelSerializer):
@@ -15,6 +26,7 @@ class LeaseSerializer(serializers.ModelSerializer):
     pool = serializers.SlugRelatedField(slug_field="name", read_only=True)
     shape = serializers.SlugRelatedField(slug_field="name", read_only=True)
     client = serializers.SlugRelatedField(slug_field="username", read_only=True)
+    workload_state = workload_state_field()
     placement = serializers.JSONField(
         read_only=True,
         help_text="The placement the request asked for: node_selector, affinity, tolerations, spread, features.",
@@ -112,7 +124,7 @@ def lease_representation(lease: Lease) -> dict:
 @extend_schema_serializer(component_name="QueuedLeaseRequest")  # "LeaseRequest" is Lease's request body
 class LeaseRequestSerializer(serializers.ModelSerializer):
     pool = serializers.SlugRelatedField(slug_field="name", read_only=True)
-    lease_id = serializers.UUIDField(read_only=True)
+    lease_id = serializers.UUIDField(read_only=True, allow_null=True, help_text="null until placed, and when cancelled")
     pending_seconds = serializers.SerializerMethodField()
     lease_request = serializers.UUIDField(source="id", read_only=True)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.core.exceptions import ObjectDoesNotExist
 from rest_framework import serializers
 
+from leases.api.serializers import workload_state_field
 from leases.models import EvidenceInterval, Lease, LeaseCheckpoint
 
 from .. import statements
@@ -45,7 +46,8 @@ class OwnedLeaseSerializer(serializers.ModelSerializer):
 
     node = serializers.UUIDField(source="node_id", read_only=True)
     pool = serializers.CharField(source="pool.name", read_only=True)
-    shape = serializers.CharField(source="shape.name", read_only=True, default=None)
+    shape = serializers.CharField(source="shape.name", read_only=True, default=None, allow_null=True)
+    workload_state = workload_state_field()
     usage_record = serializers.SerializerMethodField()
 
     class Meta:
@@ -91,7 +93,7 @@ class OwnedLeaseDetailSerializer(OwnedLeaseSerializer):
 class UsageRecordSerializer(serializers.ModelSerializer):
     node = serializers.UUIDField(source="node_id", read_only=True)
     pool = serializers.CharField(source="pool.name", read_only=True)
-    owner = serializers.CharField(source="owner.username", read_only=True, default=None)
+    owner = serializers.CharField(source="owner.username", read_only=True, default=None, allow_null=True)
     lease = serializers.UUIDField(source="lease_id", read_only=True)
 
     class Meta:
