@@ -34,6 +34,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from nodepool import egress, failsafe
+from nodepool.celery import app as celery_app
 
 from . import conf
 from .models import Payout, PayoutDelivery
@@ -87,9 +88,8 @@ def enqueue(payout: Payout, from_state: str, now: datetime) -> PayoutDelivery | 
 
 def _publisher(delivery_pk: int):
     def publish():
-        from .tasks import deliver_payout_webhook
-
-        failsafe.publish(deliver_payout_webhook, args=(delivery_pk,))
+        # By name (marketplace.tasks imports this module): no import cycle.
+        failsafe.publish(celery_app.signature("marketplace.deliver_payout_webhook"), args=(delivery_pk,))
 
     return publish
 
