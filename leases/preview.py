@@ -23,6 +23,7 @@ from django.utils import timezone
 
 from fleet.choices import SchedulingPolicy
 from fleet.models import Pool
+from nodepool.api.problems import Problem
 
 from . import placement
 from .errors import INVALID_COUNT
@@ -240,19 +241,32 @@ def request_class_spec(request_class: dict[str, Any]) -> PlacementSpec | None:
     """The :class:`PlacementSpec` of one of a pool's request classes (``Pool.request_classes``).
 
     None when the class names a shape that does not exist (reported as such, never an error:
-    a metric scrape or a page must not fail because an operator deleted a shape).
+    a metric scrape or a page must not fail because an operator deleted a shape). A shape's device
+    requests come along (as ``resolve_shape`` takes them for a grant), so "can serve N now" of a
+    class of 4 × H100 on one NVLink island counts what the devices give, not the GPU count.
     """
+    from . import device_requests
+    from .spec import device_requests_from_wire, with_device_counts
+
     resources = dict(request_class.get("resources") or {})
     features = dict(request_class.get("features") or {})
+    explicit: tuple = ()
     if request_class.get("shape"):
         shape = Shape.objects.filter(name=request_class["shape"]).order_by("-version").first()
         if shape is None:
             return None
-        resources = dict(shape.resources)
+        try:
+            explicit = device_requests_from_wire(shape.devices or None)
+            resources = with_device_counts(dict(shape.resources), explicit)
+        except Problem:  # stored before today's validation: reported as a class that cannot be judged
+            return None
         features = {**(shape.features or {}), **features}
     if not resources:
         return None
-    return PlacementSpec(workload_id=PREVIEW_WORKLOAD, pool="", resources=resources, features=features)
+    return PlacementSpec(
+        workload_id=PREVIEW_WORKLOAD, pool="", resources=resources, features=features,
+        devices=device_requests.combined(explicit, resources),
+    )  # fmt: skip
 
 
 def request_class_fits(pool: Pool, *, now=None) -> list[dict[str, Any]]:

@@ -65,3 +65,18 @@ def test_a_preview_of_a_device_constrained_request_counts_matching_devices_not_t
     assert placement_preview(data={"pool": "gpu", "devices": [h100s]})["fits"] == 1
     # a count-only request still counts by the count resource: 16 − 2 held
     assert placement_preview(data={"pool": "gpu", "resources": {"nvidia.com/gpu": 1}})["fits"] == 14
+
+
+def test_a_request_class_of_a_shape_with_device_requests_counts_what_the_devices_give():
+    from fleet.events import Actor
+    from leases.preview import request_class_fits
+    from leases.services import shape_create
+
+    pool = PoolFactory(name="gpu", request_classes=[{"name": "two-h100", "shape": "two-h100"}])
+    node, _ = make_gpu_node(pool, count=8)
+    Device.objects.filter(node=node, index__gte=4).update(model=A100)  # 4 H100 and 4 A100
+    shape_create(
+        name="two-h100", resources={"cpu": "1"}, actor=Actor.system("test"),
+        devices=[{"type": "nvidia.com/gpu", "count": 2, "constraints": [H100_GLOB]}],
+    )  # fmt: skip
+    assert request_class_fits(pool) == [{"name": "two-h100", "fits": 2}]  # not 8 // 2
