@@ -89,7 +89,13 @@ def test_release_returns_capacity_and_records_the_outcome(client_api, lease, nod
 
 @pytest.mark.parametrize(
     ("change", "code"),
-    [({"fencing_token": 99}, "stale_fencing_token"), ({"node_incarnation": 0}, "stale_incarnation")],
+    [
+        ({"fencing_token": 99}, "stale_fencing_token"),
+        ({"node_incarnation": 0}, "stale_incarnation"),
+        # Another incarnation than the lease's, even a later one (a restarted node writing on its
+        # old lease): tests/mutations.py's stale_incarnation survived without it.
+        ({"node_incarnation": 2}, "stale_incarnation"),
+    ],
 )
 def test_stale_token_or_incarnation_is_refused_and_changes_nothing(client_api, lease, change, code):
     for action in ("renew", "release"):
