@@ -25,6 +25,7 @@ class OperationsConfig(AppConfig):
             event_types,  # noqa: F401  (declares the app's event types)
             preemption,
             targets,
+            tasks,  # noqa: F401  (registers the tasks the domain modules send by name)
             upgrades,
         )
         from .metrics import OperationsCollector

@@ -30,6 +30,7 @@ from maintenance import drains
 from maintenance.choices import DrainState, EvictionPolicy
 from maintenance.models import Drain
 from nodepool.api.problems import Conflict, NotFound, Unprocessable
+from nodepool.celery import app as celery_app
 
 from . import conf, event_types, outofservice
 from .choices import PreemptionState
@@ -109,12 +110,14 @@ def preemption_notice(*, node_id, deadline: datetime, source: str, actor: Actor,
             if drain is not None:
                 Preemption.objects.filter(pk=preemption.pk).update(drain_id=drain.pk)
                 preemption.drain_id = drain.pk
-            from .tasks import follow_preemption, request_replacement
-
-            preemption_id, pool_id, node_id = preemption.pk, node.pool_id, str(node.pk)
-            transaction.on_commit(lambda: follow_preemption.delay(preemption_id), robust=True)
+            # Tasks by name: operations.tasks runs this module (no import cycle).
+            follow = celery_app.signature("operations.follow_preemption", args=[preemption.pk])
+            transaction.on_commit(lambda: follow.apply_async(), robust=True)
             # Replacement capacity now, not once the evicted work comes back as pending requests.
-            transaction.on_commit(lambda: request_replacement.delay(pool_id, preemption_id, node_id), robust=True)
+            replace = celery_app.signature(
+                "operations.request_replacement", args=[node.pool_id, preemption.pk, str(node.pk)]
+            )
+            transaction.on_commit(lambda: replace.apply_async(), robust=True)
     except IntegrityError:  # a concurrent notice for the same node won
         return Preemption.objects.get(node=node, state=PreemptionState.DRAINING), False
     return preemption, True

@@ -33,6 +33,7 @@ from fleet.events import Actor
 from fleet.models import Node
 from maintenance import drains
 from nodepool.api.problems import Problem
+from nodepool.celery import app as celery_app
 
 from . import capacity, disruption, outofservice
 from .choices import NODE_IN_PROGRESS, DisruptionReason, PauseCause, UpgradeNodeState, UpgradePhase, UpgradeState
@@ -395,11 +396,13 @@ def _request_surge(upgrade: Upgrade) -> None:
     """Ask the provider for ``max_surge_nodes`` extra nodes once, from a task after this tick
     commits (the provider is never called while the upgrade row is locked)."""
     from .models import ScaleDecision
-    from .tasks import request_surge
 
     if upgrade.max_surge_nodes and not ScaleDecision.objects.filter(data__upgrade_id=str(upgrade.pk)).exists():
-        upgrade_id, pool_id, count = str(upgrade.pk), upgrade.pool_id, upgrade.max_surge_nodes
-        transaction.on_commit(lambda: request_surge.delay(pool_id, count, upgrade_id), robust=True)
+        # By name: operations.tasks runs this module (no import cycle).
+        surge = celery_app.signature(
+            "operations.request_surge", args=[upgrade.pool_id, upgrade.max_surge_nodes, str(upgrade.pk)]
+        )
+        transaction.on_commit(lambda: surge.apply_async(), robust=True)
 
 
 def _rolling(upgrade: Upgrade, actor: Actor, now) -> None:

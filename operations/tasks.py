@@ -15,23 +15,15 @@ from datetime import timedelta
 
 from celery import shared_task
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import Q
 from django.utils import timezone
 
 from fleet.events import Actor
 
-from . import conf, outofservice
+from . import conf, outofservice, upgrades
 from .models import Upgrade
 
 logger = logging.getLogger(__name__)
-
-
-def start_ticking(upgrade: Upgrade) -> None:
-    """Start a new tick chain for ``upgrade`` after the current transaction commits."""
-    Upgrade.objects.filter(pk=upgrade.pk).update(tick_generation=F("tick_generation") + 1)
-    generation = Upgrade.objects.filter(pk=upgrade.pk).values_list("tick_generation", flat=True).get()
-    upgrade_id = str(upgrade.pk)
-    transaction.on_commit(lambda: advance_upgrade.apply_async(args=[upgrade_id, generation]), robust=True)
 
 
 @shared_task(name="operations.advance_upgrade", bind=True, ignore_result=True)
@@ -63,7 +55,7 @@ def sweep_upgrades() -> int:
         Q(last_tick_at__isnull=True) | Q(last_tick_at__lt=overdue)
     ):
         with transaction.atomic():
-            start_ticking(upgrade)
+            upgrades.start_ticking(upgrade)
         restarted += 1
     return restarted
 

@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Count, Q
+from django.db.models import Count, F, Q
 from django.utils import timezone
 from django_fsm import can_proceed
 
@@ -30,6 +30,7 @@ from maintenance.models import Drain
 from nodepool.api.errors import TRANSITION_NOT_ALLOWED
 from nodepool.api.problems import Conflict, NotFound, Problem
 from nodepool.api.versioning import check_version
+from nodepool.celery import app as celery_app
 
 from . import capacity, disruption, event_types
 from .choices import (
@@ -326,11 +327,20 @@ def _act(upgrade_id, expected_version: int | None, actor: Actor, change) -> Upgr
             check_version(upgrade.version, expected_version)
         change(upgrade)
         upgrade.save()
-    from . import tasks
-
     if upgrade.state in MOVING_UPGRADE_STATES:
-        tasks.start_ticking(upgrade)
+        start_ticking(upgrade)
     return upgrade
+
+
+def start_ticking(upgrade: Upgrade) -> None:
+    """Start a new tick chain for ``upgrade`` after the current transaction commits.
+
+    The task ``operations.advance_upgrade`` is sent by name: operations.tasks runs this app's
+    domain modules, so they do not import it (no import cycle); operations.apps imports the tasks."""
+    Upgrade.objects.filter(pk=upgrade.pk).update(tick_generation=F("tick_generation") + 1)
+    generation = Upgrade.objects.filter(pk=upgrade.pk).values_list("tick_generation", flat=True).get()
+    advance = celery_app.signature("operations.advance_upgrade", args=[str(upgrade.pk), generation])
+    transaction.on_commit(lambda: advance.apply_async(), robust=True)
 
 
 def upgrade_start(*, upgrade_id, expected_version: int | None, actor: Actor, reason: str = "") -> Upgrade:

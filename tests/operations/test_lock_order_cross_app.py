@@ -298,7 +298,7 @@ def test_an_upgrade_tick_taking_two_nodes_out_and_a_liveness_sweep_moving_both_c
     from operations.models import PoolOperations, UpgradeNode
     from tests.operations_support import ready_pool
 
-    monkeypatch.setattr("operations.tasks.start_ticking", lambda upgrade: None)
+    monkeypatch.setattr("operations.upgrades.start_ticking", lambda upgrade: None)
     pool, members = ready_pool("general", 2)
     a, b = (node for node, _ in members)
     # Both nodes at once: the pool's budget must allow it (the default 10 % allows one).

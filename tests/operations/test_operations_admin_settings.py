@@ -81,7 +81,7 @@ def test_upgrade_actions_ask_for_a_reason_and_act_at_the_version_the_form_showed
     from operations.models import Upgrade
     from tests.operations_support import ready_pool
 
-    monkeypatch.setattr("operations.tasks.start_ticking", lambda upgrade: None)
+    monkeypatch.setattr("operations.upgrades.start_ticking", lambda upgrade: None)
     pool, _ = ready_pool("general", 2)
     actor = Actor.system("test:operator")
     upgrade = upgrades.upgrade_create(data={"pool": pool.name, "target": {"version": "2.0.0"}, "canary_nodes": 0},

@@ -23,7 +23,7 @@ ACTOR = Actor.system("test:operator")
 @pytest.fixture(autouse=True)
 def _no_tick_chain(monkeypatch):
     """The racers are the only ticks: no (eager) tick chain starts with the upgrade."""
-    monkeypatch.setattr("operations.tasks.start_ticking", lambda upgrade: None)
+    monkeypatch.setattr("operations.upgrades.start_ticking", lambda upgrade: None)
 
 
 def started_upgrade(pool, **fields) -> Upgrade:
