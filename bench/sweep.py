@@ -1,9 +1,11 @@
 """The liveness sweep over 100,000 nodes on PostgreSQL, next to the raw SQL UPDATE it compares with.
 
-    .venv/bin/python bench/sweep.py [--nodes 100000] [--repeat 5] [--pools 1,100]
+    .venv/bin/python bench/sweep.py [--nodes 100000] [--repeat 5] [--pools 1,100] [--scenarios all_due,one_percent_due]
+    .venv/bin/python bench/sweep.py --quick     # CI: 300 nodes, one run, 1 and 3 pools
 
 Two scenarios, each timed ``--repeat`` times from the same starting state (median reported), for
-a fleet in one pool and in 100 pools (the sweep commits pool by pool):
+a fleet in one pool and in 100 pools (pools short of ``lost`` are moved in one statement, so 100
+pools should cost what one does):
 
 * ``all_due``: every node missed its deadline at once, so the sweep moves all of them
   alive → stale and appends one event each (the worst case: 100,000 transitions in one run);
