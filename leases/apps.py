@@ -13,6 +13,7 @@ class LeasesConfig(AppConfig):
             errors,  # noqa: F401  (declares the app's problem codes: the registry is complete)
             event_types,  # noqa: F401  (declares the app's event types)
             signals,  # registers the queue kick on node saves
+            tasks,  # noqa: F401  (registers the tasks leases.services sends by name)
         )
 
         # What fleet publishes and leases acts on (fleet never imports leases); the orders are

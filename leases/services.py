@@ -35,6 +35,7 @@ from nodepool import failsafe
 from nodepool.api.errors import CONCURRENT_MODIFICATION
 from nodepool.api.permissions import is_operator
 from nodepool.api.problems import Conflict, NotFound, Problem, Unprocessable
+from nodepool.celery import app as celery_app
 from nodepool.db import fetch_rows, insert_row, prepared_cursor
 from nodepool.structured_logs import bind
 
@@ -649,10 +650,9 @@ def kick_queue() -> None:
         return  # a trailing kick is already due after this trigger
     if not LeaseRequest.objects.filter(state=LeaseRequestState.PENDING).exists():
         return
-    from .tasks import place_pending_requests
-
     # One bounded attempt, failing open (nodepool.failsafe): the beat entry places what it misses.
-    failsafe.publish(place_pending_requests, **options)
+    # By name: leases.tasks runs the sweeps, which use this module (no import cycle).
+    failsafe.publish(celery_app.signature("leases.place_pending_requests"), **options)
 
 
 # --- shapes --------------------------------------------------------------------------------------
