@@ -476,10 +476,11 @@ class NodeAdmin(admin.ModelAdmin):
         key, eq, value = term.partition("=")
         if eq and key:
             from .filtersets import _label_filter
+            from .labelselector import NODE_DECLARED, PLACEMENT
 
             try:
-                platform = _label_filter(queryset, "labels", [term])
-                declared = _label_filter(queryset, "node_labels", [term])
+                platform = _label_filter(queryset, [term], PLACEMENT)
+                declared = _label_filter(queryset, [term], NODE_DECLARED)
             except Problem:
                 return queryset.none(), False
             return (platform | declared).distinct(), True

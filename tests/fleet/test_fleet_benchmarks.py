@@ -1,4 +1,5 @@
 from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 from django.utils import timezone
@@ -143,7 +144,6 @@ def test_benchmark_endpoint_bad_inputs(benchmarked, operator_api, django_capture
 
 
 def test_resume_sweep_redispatches_stalled_admissions_only(benchmarked, time_machine, monkeypatch):
-    from fleet import tasks
     from tests.factories import NodeFactory
 
     time_machine.move_to(timezone.now(), tick=False)
@@ -152,7 +152,7 @@ def test_resume_sweep_redispatches_stalled_admissions_only(benchmarked, time_mac
     stuck = NodeFactory()
     node_admit(node_id=stuck.pk, expected_version=1, actor=Actor.system("t"))  # its task is lost
     dispatched = []
-    monkeypatch.setattr(tasks.run_admission, "delay", lambda *a: dispatched.append(a))
+    monkeypatch.setattr(admission, "run_admission_task", lambda: SimpleNamespace(delay=lambda *a: dispatched.append(a)))
     assert admission.admissions_resume() == 0
     time_machine.shift(11 * 60)
     assert admission.admissions_resume() == 1
