@@ -26,7 +26,7 @@ from nodepool.api.permissions import is_operator, is_owner
 from nodepool.api.problems import Problem
 
 from . import appeals, reconciliation, selectors, statements
-from .choices import AppealState
+from .choices import AppealState, LineAppealState, StatementState
 from .models import (
     Appeal,
     OwnedLease,
@@ -165,6 +165,41 @@ class StatementLineInline(ReadOnlyInline):
         "currency",
         "reason",
     ]
+
+    def get_fields(self, request, obj=None):
+        # Owners appeal their own lines here (docs/marketplace.md, "Line appeals"); operators read
+        # the appeal's state and work it on the *Line appeals* page.
+        owner = is_owner(request.user) and not is_operator(request.user)
+        return [*self.fields, "appeal_for_owner" if owner else "appeal_state"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return self.get_fields(request, obj)
+
+    @staticmethod
+    def _appeal(line):
+        return line.appeals.exclude(state=LineAppealState.WITHDRAWN).order_by("-created_at", "-id").first()
+
+    @admin.display(description="appeal")
+    def appeal_state(self, line):
+        appeal = self._appeal(line)
+        if appeal is None:
+            return "—"
+        return _link("admin:marketplace_lineappeal_change", appeal.pk, appeal.state)
+
+    @admin.display(description="appeal")
+    def appeal_for_owner(self, line):
+        appeal = self._appeal(line)
+        if appeal is not None:
+            shown = _link("admin:marketplace_lineappeal_change", appeal.pk, appeal.state)
+            if appeal.state != LineAppealState.OPEN:
+                return shown
+            withdraw = reverse("admin:marketplace_lineappeal_withdraw", args=[appeal.pk])
+            return format_html('{} · <a href="{}">Withdraw the appeal</a>', shown, withdraw)
+        if line.statement.state != StatementState.FINAL:
+            return "—"
+        return format_html(
+            '<a href="{}">Appeal this line</a>', reverse("admin:marketplace_lineappeal_file", args=[line.pk])
+        )
 
 
 def _finalize_run(statement, version, actor, data):

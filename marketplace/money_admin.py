@@ -9,15 +9,30 @@ from __future__ import annotations
 from decimal import Decimal
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.http import Http404
+from django.shortcuts import redirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
 from fleet.admin import OperatorOnlyAdmin
 from fleet.events import Actor
 from maintenance.admin import ReasonForm, Spec, run_with_form
+from nodepool.api.problems import Problem
 
 from . import payouts, periods
-from .models import LineAppeal, MismatchItem, NodeAvailability, Payout, PayoutDelivery, PayoutHold, PoolPeriod
+from .models import (
+    LineAppeal,
+    MismatchItem,
+    NodeAvailability,
+    Payout,
+    PayoutDelivery,
+    PayoutHold,
+    PoolPeriod,
+    StatementLine,
+)
 
 
 def history(subject_type: str, obj) -> str:
@@ -263,17 +278,103 @@ def correct_line_appeals(modeladmin, request, queryset):
     return run_with_form(modeladmin, request, queryset, spec, lambda appeal: appeal.version)
 
 
+class LineAppealMessageForm(forms.Form):
+    message = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 5, "cols": 80}),
+        help_text="What is wrong with this line (an operator reads it and corrects or rejects the line).",
+    )
+
+
 @admin.register(LineAppeal)
 class LineAppealAdmin(OwnersRead):
+    """Operators correct or reject appeals (actions); owners read theirs, file one from a line of
+    their statement page (``<line>/file/``) and withdraw an open one (``<appeal>/withdraw/``), both
+    through the API's services (marketplace.payouts: own lines of final unpaid statements, once per
+    line)."""
+
     list_display = ["__str__", "line", "owner", "state", "correction_amount", "created_at", "resolved_at"]
     list_filter = ["state"]
     list_select_related = ["owner"]
     actions = [correct_line_appeals, reject_line_appeals]
     readonly_fields = ["history"]
 
+    def get_readonly_fields(self, request, obj=None):
+        owner = self._owner(request) and not self._operator(request)
+        return [*self.readonly_fields, "withdraw"] if owner else self.readonly_fields
+
     @admin.display(description="history")
     def history(self, obj):
         return history("line_appeal", obj)
+
+    @admin.display(description="withdraw")
+    def withdraw(self, obj):
+        if obj is None or obj.state != "open":
+            return "-"
+        url = reverse("admin:marketplace_lineappeal_withdraw", args=[obj.pk])
+        return format_html('<a href="{}">Withdraw this appeal</a>', url)
+
+    def get_urls(self):
+        view = self.admin_site.admin_view
+        return [
+            path("<int:line_id>/file/", view(self.file_view), name="marketplace_lineappeal_file"),
+            path("<int:appeal_id>/withdraw/", view(self.withdraw_view), name="marketplace_lineappeal_withdraw"),
+            *super().get_urls(),
+        ]
+
+    def _owner_only(self, request):
+        if not self._owner(request) or self._operator(request):
+            raise PermissionDenied("Owners appeal their own lines.")
+
+    def _page(self, request, title, subject, form, submit):
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "title": title,
+            "subject": subject,
+            "form": form,
+            "submit": submit,
+        }
+        return TemplateResponse(request, "admin/marketplace/line_appeal_form.html", context)
+
+    def file_view(self, request, line_id):
+        """GET: the form (a message); POST: ``payouts.line_appeal_create``; a refusal is shown
+        on the form (409: not final, paid, appealed already), another owner's line is a 404."""
+        self._owner_only(request)
+        line = StatementLine.objects.filter(pk=line_id, statement__owner=request.user).first()
+        if line is None:
+            raise Http404("No such statement line.")
+        form = LineAppealMessageForm(request.POST if request.method == "POST" else None)
+        if request.method == "POST" and form.is_valid():
+            try:
+                appeal = payouts.line_appeal_create(
+                    owner=request.user, line_id=line.pk, message=form.cleaned_data["message"],
+                    actor=Actor.from_request(request),
+                )  # fmt: skip
+            except Problem as exc:
+                if exc.status_code == 404:
+                    raise Http404(str(exc.detail)) from exc
+                form.add_error(None, str(exc.detail))
+            else:
+                messages.success(request, f"Line {line.pk} appealed; an operator will correct or reject it.")
+                return redirect("admin:marketplace_lineappeal_change", appeal.pk)
+        return self._page(request, "Appeal a statement line", line, form, "Appeal this line")
+
+    def withdraw_view(self, request, appeal_id):
+        """GET: a confirmation; POST: ``payouts.line_appeal_withdraw`` (only the owner's open appeal)."""
+        self._owner_only(request)
+        appeal = LineAppeal.objects.filter(pk=appeal_id, owner=request.user).select_related("line").first()
+        if appeal is None:
+            raise Http404("No such line appeal.")
+        form = forms.Form(request.POST if request.method == "POST" else None)
+        if request.method == "POST" and form.is_valid():
+            try:
+                payouts.line_appeal_withdraw(appeal_id=appeal.pk, owner=request.user, actor=Actor.from_request(request))
+            except Problem as exc:
+                form.add_error(None, str(exc.detail))
+            else:
+                messages.success(request, f"Appeal of line {appeal.line_id} withdrawn.")
+                return redirect("admin:marketplace_statement_change", appeal.line.statement_id)
+        return self._page(request, "Withdraw a line appeal", appeal, form, "Withdraw this appeal")
 
 
 @admin.register(PayoutDelivery)

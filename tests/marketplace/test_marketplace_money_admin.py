@@ -11,6 +11,7 @@ import pytest
 from django.contrib.auth.models import User
 
 from fleet.events import Actor
+from fleet.models import NodeEvent
 from marketplace import payouts
 from marketplace.models import LineAppeal, Payout, PayoutHold, Statement, StatementLine
 from tests.marketplace.test_marketplace_money_api import (  # noqa: F401  (fixtures)
@@ -131,3 +132,66 @@ def test_a_zero_correction_is_refused_by_the_form(client, owner, operator, final
     })  # fmt: skip
     assert answer.status_code == 200 and "not zero" in answer.content.decode()
     assert LineAppeal.objects.get(pk=appeal.pk).state == "open"
+
+
+def test_owners_appeal_and_withdraw_a_line_on_their_statement_page(
+    client,
+    owner,
+    other_owner,
+    operator,
+    final_statement,  # noqa: F811
+):
+    """The statement page offers each line of a final statement an appeal form that goes through
+    payouts.line_appeal_create (same rules as the API) and an open appeal a withdrawal."""
+    statement, period, line = final_statement
+    staff(owner, other_owner, operator)
+    client.force_login(owner)
+    page = client.get(f"/admin/marketplace/statement/{statement.pk}/change/").content.decode()
+    assert "Appeal this line" not in page, "an open statement may still change: no appeal"
+    assert client.post(f"/admin/marketplace/lineappeal/{line.pk}/file/", {"message": "too early"}).status_code == 200
+    assert not LineAppeal.objects.exists()
+    statement = reconcile_and_finalize(statement, period)
+    file_url = f"/admin/marketplace/lineappeal/{line.pk}/file/"
+    assert f'href="{file_url}"' in client.get(f"/admin/marketplace/statement/{statement.pk}/change/").content.decode()
+    assert 'name="message"' in client.get(file_url).content.decode()
+    assert "This field is required" in client.post(file_url, {"message": ""}).content.decode()
+    answer = client.post(file_url, {"message": "the lease ended an hour earlier"})
+    appeal = LineAppeal.objects.get()
+    assert answer.status_code == 302 and answer.url == f"/admin/marketplace/lineappeal/{appeal.pk}/change/"
+    assert (appeal.line_id, appeal.owner, appeal.state, appeal.message) == (
+        line.pk, owner, "open", "the lease ended an hour earlier"
+    )  # fmt: skip
+    assert NodeEvent.objects.filter(subject_type="line_appeal", subject_id=str(appeal.pk)).count() == 1
+    # Once per line: the second form answers with the service's refusal, nothing stored.
+    again = client.post(file_url, {"message": "again"})
+    assert again.status_code == 200 and "appealed already" in again.content.decode()
+    assert LineAppeal.objects.count() == 1
+    # The statement page shows the open appeal with its withdrawal; another owner cannot reach either.
+    withdraw_url = f"/admin/marketplace/lineappeal/{appeal.pk}/withdraw/"
+    page = client.get(f"/admin/marketplace/statement/{statement.pk}/change/").content.decode()
+    assert f'href="{withdraw_url}"' in page and "Appeal this line" not in page
+    client.force_login(other_owner)
+    assert client.get(file_url).status_code == 404
+    assert client.post(file_url, {"message": "not mine"}).status_code == 404
+    assert client.post(withdraw_url).status_code == 404
+    client.force_login(operator)
+    assert client.get(file_url).status_code == 403, "operators resolve appeals, they do not file them"
+    assert (
+        f"/admin/marketplace/lineappeal/{appeal.pk}/change/"
+        in client.get(f"/admin/marketplace/statement/{statement.pk}/change/").content.decode()
+    )
+    assert (
+        "Withdraw this appeal" not in client.get(f"/admin/marketplace/lineappeal/{appeal.pk}/change/").content.decode()
+    )
+    client.force_login(owner)
+    assert f'href="{withdraw_url}"' in client.get(f"/admin/marketplace/lineappeal/{appeal.pk}/change/").content.decode()
+    assert "Withdraw this appeal" in client.get(withdraw_url).content.decode()
+    answer = client.post(withdraw_url)
+    assert answer.status_code == 302 and answer.url == f"/admin/marketplace/statement/{statement.pk}/change/"
+    assert LineAppeal.objects.get().state == "withdrawn"
+    again = client.post(withdraw_url)
+    assert again.status_code == 200 and "withdrawn already" in again.content.decode()
+    # Withdrawn: the line can be appealed again (the API's rule).
+    assert f'href="{file_url}"' in client.get(f"/admin/marketplace/statement/{statement.pk}/change/").content.decode()
+    assert client.post(file_url, {"message": "after all"}).status_code == 302
+    assert LineAppeal.objects.filter(state="open").count() == 1
