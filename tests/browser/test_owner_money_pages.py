@@ -86,3 +86,28 @@ def test_the_owner_follows_a_payout_and_an_appeal_through_their_history(page, ow
     page.goto(f"{page.live_server_url}/admin/marketplace/lineappeal/{appeal.pk}/change/")
     expect(page.locator("table.money-history")).to_contain_text("it ran 30 min")
     expect(page.locator("body")).to_contain_text("open")
+
+
+def test_the_owner_appeals_a_line_and_withdraws_the_appeal_on_the_statement_page(page, owner_user):
+    statement = Statement.objects.create(
+        owner=owner_user, period="day", period_start=DAY, period_end=DAY + timedelta(days=1)
+    )
+    line = StatementLine.objects.create(
+        statement=statement, kind="correction", state="reconciled", pool_name="market", amount=Decimal("1.21"),
+        currency="EUR", reason="lease on attic-box",
+    )  # fmt: skip
+    Statement.objects.filter(pk=statement.pk).update(state="final", totals={"EUR": "1.21"})
+    login(page, owner_user)
+    page.goto(f"{page.live_server_url}/admin/marketplace/statement/{statement.pk}/change/")
+    page.get_by_role("link", name="Appeal this line").click()
+    page.get_by_label("Message").fill("the lease ended at 14:00")
+    page.get_by_role("button", name="Appeal this line").click()
+    expect(page.locator(".messagelist")).to_contain_text(f"Line {line.pk} appealed")
+    expect(page.locator("table.money-history")).to_contain_text("the lease ended at 14:00")
+    page.goto(f"{page.live_server_url}/admin/marketplace/statement/{statement.pk}/change/")
+    expect(page.get_by_role("link", name="open")).to_be_visible()
+    page.get_by_role("link", name="Withdraw the appeal").click()
+    page.get_by_role("button", name="Withdraw this appeal").click()
+    expect(page.locator(".messagelist")).to_contain_text("withdrawn")
+    expect(page.get_by_role("link", name="Appeal this line")).to_be_visible()
+    assert LineAppeal.objects.get().state == "withdrawn"
