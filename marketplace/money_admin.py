@@ -377,9 +377,20 @@ class LineAppealAdmin(OwnersRead):
         return self._page(request, "Withdraw a line appeal", appeal, form, "Withdraw this appeal")
 
 
+@admin.action(description="Retry selected undelivered notices (a fresh set of attempts, due now)")
+def retry_deliveries(modeladmin, request, queryset):
+    from . import webhooks
+
+    count = webhooks.retry(queryset.values_list("pk", flat=True))
+    modeladmin.message_user(request, f"{count} payout webhook notice(s) due again; delivered ones were left alone.")
+
+
 @admin.register(PayoutDelivery)
 class PayoutDeliveryAdmin(ReadOnly):
-    """The payout webhook's outbox (marketplace.webhooks): what was sent, what is pending and why."""
+    """The payout webhook's outbox (marketplace.webhooks): what was sent, what is pending and why;
+    operators retry notices that gave up (alert NodepoolPayoutWebhooksGaveUp) once the cause is fixed."""
+
+    actions = [retry_deliveries]
 
     list_display = ["delivery_id", "payout", "created_at", "attempts", "delivered_at", "next_attempt_at", "last_error"]
     list_filter = [("delivered_at", admin.EmptyFieldListFilter)]

@@ -145,3 +145,14 @@ def deliver_due(*, now: datetime | None = None, limit: int = SWEEP_BATCH) -> dic
         outcome = deliver(pk, now=now)
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
     return outcomes
+
+
+def retry(delivery_ids, *, now: datetime | None = None) -> int:
+    """Give undelivered notices (those that gave up included) a fresh ``MAX_ATTEMPTS``, due now:
+    the beat task sends them again with their original ``delivery_id`` (a receiver drops one it
+    has). ``last_error`` stays until the next attempt. Delivered rows are left alone. Returns the
+    number of rows re-armed."""
+    now = now or timezone.now()
+    return PayoutDelivery.objects.filter(pk__in=list(delivery_ids), delivered_at=None).update(
+        attempts=0, next_attempt_at=now
+    )

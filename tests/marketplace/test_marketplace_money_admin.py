@@ -195,3 +195,37 @@ def test_owners_appeal_and_withdraw_a_line_on_their_statement_page(
     assert f'href="{file_url}"' in client.get(f"/admin/marketplace/statement/{statement.pk}/change/").content.decode()
     assert client.post(file_url, {"message": "after all"}).status_code == 302
     assert LineAppeal.objects.filter(state="open").count() == 1
+
+
+def test_operators_retry_payout_webhook_notices_that_gave_up(client, owner, operator, hold):
+    """The runbook of NodepoolPayoutWebhooksGaveUp: once the cause is fixed, the admin action gives
+    the undelivered rows a fresh set of attempts, due now; a delivered row is left alone."""
+    from marketplace import webhooks
+    from marketplace.models import PayoutDelivery
+
+    payout = Payout.objects.create(
+        statement=hold.statement, owner=owner, currency="EUR", amount=1, requested_by=owner, requested_at=DAY
+    )
+    gave_up, delivered = (
+        PayoutDelivery.objects.create(payout=payout, body={}, created_at=DAY, next_attempt_at=DAY + timedelta(hours=6),
+                                      attempts=webhooks.MAX_ATTEMPTS, last_error="HTTP 503", delivered_at=at)
+        for at in (None, DAY)
+    )  # fmt: skip
+    staff(operator)
+    client.force_login(operator)
+    answer = client.post("/admin/marketplace/payoutdelivery/", {
+        "action": "retry_deliveries", "_selected_action": [gave_up.pk, delivered.pk],
+    })  # fmt: skip
+    assert answer.status_code == 302
+    gave_up.refresh_from_db()
+    delivered.refresh_from_db()
+    assert gave_up.attempts == 0 and gave_up.next_attempt_at > DAY + timedelta(days=1)
+    assert gave_up.last_error == "HTTP 503", "kept until the next attempt says otherwise"
+    assert (delivered.attempts, delivered.next_attempt_at) == (webhooks.MAX_ATTEMPTS, DAY + timedelta(hours=6))
+    from marketplace.collectors import collect_money
+
+    families = {f.name: f for f in collect_money()}
+    undelivered = {
+        s.labels["state"]: s.value for s in families["nodepool_marketplace_payout_webhooks_undelivered"].samples
+    }
+    assert undelivered == {"pending": 1, "gave_up": 0}
