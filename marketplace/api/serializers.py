@@ -6,6 +6,7 @@ from django.core.exceptions import ObjectDoesNotExist
 from rest_framework import serializers
 
 from leases.api.serializers import workload_state_field
+from leases.choices import EvidenceClose
 from leases.models import EvidenceInterval, Lease, LeaseCheckpoint
 
 from .. import statements
@@ -14,6 +15,13 @@ from ..models import PoolPrice, Statement, StatementLine, UsageRecord
 
 class EvidenceIntervalSerializer(serializers.ModelSerializer):
     seconds = serializers.FloatField(read_only=True)
+    # Explicit: a read-only model field loses allow_blank, and the schema then left out "" (still open).
+    close_reason = serializers.ChoiceField(
+        choices=EvidenceClose.choices,
+        allow_blank=True,
+        read_only=True,
+        help_text='Why the interval closed; "" while it is open.',
+    )
 
     class Meta:
         model = EvidenceInterval
@@ -139,8 +147,9 @@ class UsageRecordDetailSerializer(UsageRecordSerializer):
 
 
 class StatementLineSerializer(serializers.ModelSerializer):
-    lease = serializers.UUIDField(source="usage_record.lease_id", read_only=True)
-    workload_id = serializers.CharField(source="usage_record.workload_id", read_only=True)
+    # Idle and correction lines have no usage record: null (the keys were left out, against the schema).
+    lease = serializers.UUIDField(source="usage_record.lease_id", read_only=True, allow_null=True)
+    workload_id = serializers.CharField(source="usage_record.workload_id", read_only=True, allow_null=True)
     node = serializers.CharField(source="node_id_text", read_only=True)
     pool = serializers.CharField(source="pool_name", read_only=True)
 

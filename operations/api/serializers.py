@@ -13,6 +13,7 @@ from maintenance.choices import EvictionPolicy
 from nodepool.api.fields import AwareDateTimeField
 from nodepool.api.strict import StrictBooleanField, StrictSerializer
 
+from ..choices import PauseCause
 from ..models import PoolOperations, Preemption, ProviderMachine, ScaleDecision, Upgrade, UpgradeNode
 
 
@@ -28,6 +29,13 @@ class UpgradeNodeSerializer(serializers.ModelSerializer):
 class UpgradeSerializer(serializers.ModelSerializer):
     pool = serializers.SlugRelatedField(slug_field="name", read_only=True)
     canary_pool = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    # Explicit: a read-only model field loses allow_blank, and the schema then left out "" (not paused).
+    pause_cause = serializers.ChoiceField(
+        choices=PauseCause.choices,
+        allow_blank=True,
+        read_only=True,
+        help_text='Why the upgrade is paused; "" when it is not paused.',
+    )
     progress = serializers.SerializerMethodField()
 
     class Meta:
