@@ -15,6 +15,8 @@ from django.db import models
 from django.db.models import F, Q
 from django_fsm import ConcurrentTransitionMixin, FSMField, transition
 
+from nodepool.fsm import SerializedFSMRefresh
+
 from . import event_types
 from .choices import (
     ActorType,
@@ -137,7 +139,7 @@ class Pool(models.Model):
         return totals
 
 
-class Node(ConcurrentTransitionMixin, models.Model):
+class Node(SerializedFSMRefresh, ConcurrentTransitionMixin, models.Model):
     """A worker machine. ``id`` is its durable identity: never derived from hostname or address.
 
     Capability dicts (``declared``, ``measured``, ``verified``) share one shape:

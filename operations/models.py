@@ -15,6 +15,7 @@ from django.db.models import Q
 from django_fsm import RETURN_VALUE, ConcurrentTransitionMixin, FSMField, transition
 
 from maintenance.choices import EvictionPolicy
+from nodepool.fsm import SerializedFSMRefresh
 
 from .choices import (
     ACTIVE_UPGRADE_STATES,
@@ -110,7 +111,7 @@ class PoolOperations(models.Model):
         return f"operations of {self.pool}"
 
 
-class Upgrade(ConcurrentTransitionMixin, models.Model):
+class Upgrade(SerializedFSMRefresh, ConcurrentTransitionMixin, models.Model):
     """A rolling upgrade of one pool to ``target`` (shape of :attr:`PoolOperations.target`).
 
     ``max_unavailable_nodes`` is a count (``"2"``) or a percentage of the pool (``"10%"``, rounded

@@ -15,10 +15,12 @@ from django.db import models
 from django.db.models import Q
 from django_fsm import FSMField, transition
 
+from nodepool.fsm import SerializedFSMRefresh
+
 from ..choices import HoldReason, LineAppealState, PayoutState
 
 
-class Payout(models.Model):
+class Payout(SerializedFSMRefresh, models.Model):
     """One payout of one final statement in one currency: at most one per (statement, currency),
     enforced by the database. ``uid`` is the stable id of exports and webhooks (a re-import keyed
     on it is idempotent). ``excluded_lines`` lists the line ids under open appeal when the amount
@@ -132,7 +134,7 @@ class PayoutHold(models.Model):
         return f"hold {self.reason} on statement {self.statement_id} ({'released' if self.released_at else 'open'})"
 
 
-class LineAppeal(models.Model):
+class LineAppeal(SerializedFSMRefresh, models.Model):
     """An owner contesting one line of a final statement before it is paid (apart from quarantine
     appeals, ``marketplace.Appeal``). Resolving it ``corrected`` adds a correction line to the
     owner's next open statement (``correction_line``); the original line is never edited."""

@@ -12,10 +12,12 @@ from django.db import models
 from django.db.models import Q
 from django_fsm import FSMField, transition
 
+from nodepool.fsm import SerializedFSMRefresh
+
 from ..choices import MismatchKind, PoolPeriodState, StatementPeriod
 
 
-class PoolPeriod(models.Model):
+class PoolPeriod(SerializedFSMRefresh, models.Model):
     """One settlement period ``[period_start, period_end)`` (UTC) of one pool and its reconciliation.
 
     ``offered`` ``{resource: quantity}``: what the pool's nodes offered (availability evidence);
