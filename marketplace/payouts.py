@@ -617,7 +617,7 @@ def payout_import(rows: list[ImportRow], *, actor: Actor, now=None) -> list[dict
                 conflicts.append({"row": row.index, "id": str(row.uid), "code": code, "message": message})
 
             if payout is None:
-                refuse("payout_not_found", "no payout has this id")
+                refuse(str(PAYOUT_NOT_FOUND), "no payout has this id")
                 continue
             if row.amount is not None and row.amount != payout.amount:
                 refuse("amount_differs", f"the payout's amount is {payout.amount}, the row says {row.amount}")

@@ -98,6 +98,7 @@ def test_only_the_proxy_is_published_and_web_trusts_exactly_that_one_proxy(compo
     assert proxy["ports"] == ["${NODEPOOL_PORT:-8000}:8080"]
     assert proxy["environment"] == {
         "NODEPOOL_UPSTREAM": "web:8000",
+        "NODEPOOL_PROBE_UPSTREAM": "web:8001",  # /healthz: gunicorn's master probe (NODEPOOL_PROBE_BIND)
         "NODEPOOL_RESOLVER": "127.0.0.11",
         "NODEPOOL_NODE_RATE_PER_ADDRESS": "${NODEPOOL_NODE_RATE_PER_ADDRESS:-200r/s}",
     }
