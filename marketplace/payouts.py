@@ -525,18 +525,19 @@ def parse_import(records) -> list[ImportRow]:
     ``amount`` and ``currency`` (optional; when given they must be the payout's: a decimal string,
     never a JSON number); the export's other columns are allowed and ignored, any other member
     is refused. Raises Problem 400 ``payout_import_invalid`` listing every bad row
-    (``errors: [{"row", "field", "message"}]``)."""
+    (``errors: [{"row", "field", "code", "message"}]``, ``code`` always ``invalid``: the problem
+    schema's field error with the row it is in)."""
     if not isinstance(records, list) or not records or len(records) > MAX_IMPORT_ROWS:
         raise Problem(
             f"payouts: a list of 1 to {MAX_IMPORT_ROWS} rows of the payouts export.", PAYOUT_IMPORT_INVALID,
-            errors=[{"row": 0, "field": "payouts", "message": "not a list of 1 to 1000 rows"}],
+            errors=[{"row": 0, "field": "payouts", "code": "invalid", "message": "not a list of 1 to 1000 rows"}],
         )  # fmt: skip
     errors, rows, seen = [], [], set()
     for index, record in enumerate(records, start=1):
         problems = []
 
         def bad(field, message, problems=problems, index=index):
-            problems.append({"row": index, "field": field, "message": message})
+            problems.append({"row": index, "field": field, "code": "invalid", "message": message})
 
         if not isinstance(record, dict):
             bad("", "a row is an object of the export's columns")

@@ -120,7 +120,9 @@ def test_malformed_imports_are_400_and_store_nothing(approved, operator_api):
     paid = {**good, "state": "paid", "external_reference": "X"}
     body = refused(operator_api.post(IMPORT, {"payouts": [paid, paid]}, format="json"), 400,
                    "payout_import_invalid", before)  # fmt: skip
-    assert body["errors"] == [{"row": 2, "field": "id", "message": "this payout is in the import twice"}]
+    assert body["errors"] == [
+        {"row": 2, "field": "id", "code": "invalid", "message": "this payout is in the import twice"}
+    ]
     ragged = "id,state\n" + f"{good['id']},paid,extra\n"
     refused(operator_api.generic("POST", IMPORT, ragged.encode(), content_type="text/csv"), 400,
             "payout_import_invalid", before)  # fmt: skip
