@@ -89,7 +89,8 @@ class PoolAdminForm(forms.ModelForm):
             "allowed_agent_versions", "required_capabilities", "required_labels", "benchmark_required",
             "benchmark_tolerance", "benchmark_timeout", "attestation_required", "attestation_public_key",
             "trust_node_labels", "heartbeat_interval", "heartbeat_grace", "loss_threshold", "unhealthy_conditions",
-            "degraded_conditions", "allowed_undeclared_resources", "scheduling_policy",
+            "degraded_conditions", "allowed_undeclared_resources", "scheduling_policy", "reverification_period",
+            "reverification_window", "reverification_tolerance_percent", "reverification_busy_policy",
         ]  # fmt: skip
 
     def __init__(self, *args, **kwargs):

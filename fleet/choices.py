@@ -96,3 +96,24 @@ class DeviceHealth(models.TextChoices):
     HEALTHY = "healthy", "healthy"
     UNHEALTHY = "unhealthy", "unhealthy (a fault taints it)"
     MISSING = "missing", "missing (no longer reported by the node)"
+
+
+class ReverificationState(models.TextChoices):
+    """A scheduled re-verification run (fleet.reverification): ``scheduled`` (its due time drawn,
+    never shown to the node) → ``running`` (claimed by a sweep; a benchmark asked for) →
+    ``passed`` | ``failed``; ``cancelled`` when the node left service or the pool's schedule
+    changed before it ran."""
+
+    SCHEDULED = "scheduled", "scheduled"
+    RUNNING = "running", "running"
+    PASSED = "passed", "passed"
+    FAILED = "failed", "failed (deverified)"
+    CANCELLED = "cancelled", "cancelled"
+
+
+class ReverificationBusyPolicy(models.TextChoices):
+    """What a re-verification does on a node with live leases (fleet.reverification)."""
+
+    FREE = "free", "measure only what is free (allocatable − allocated)"
+    IDLE = "idle", "wait until the node has no live leases"
+    FULL = "full", "measure the whole machine even while busy"

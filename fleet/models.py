@@ -28,6 +28,8 @@ from .choices import (
     Lifecycle,
     Liveness,
     PoolKind,
+    ReverificationBusyPolicy,
+    ReverificationState,
     SchedulingPolicy,
 )
 
@@ -90,6 +92,21 @@ class Pool(models.Model):
     )
     scheduling_policy = models.CharField(
         max_length=16, choices=SchedulingPolicy.choices, default=SchedulingPolicy.BINPACK
+    )
+    # Scheduled re-verification (fleet.reverification): off while the period is null. Each node's
+    # next check falls at a random moment in the last ``window`` seconds of each ``period``,
+    # drawn by the server and never shown to the node. Both 60 s – 30 days, window <= period.
+    reverification_period = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Seconds between a node's re-verifications; empty turns them off."
+    )
+    reverification_window = models.PositiveIntegerField(
+        default=3600, help_text="Seconds: the check falls at a random time within the last window of each period."
+    )
+    reverification_tolerance_percent = models.FloatField(
+        default=20.0, help_text="Percent a measurement may fall below verified before the node is deverified."
+    )
+    reverification_busy_policy = models.CharField(
+        max_length=8, choices=ReverificationBusyPolicy.choices, default=ReverificationBusyPolicy.FREE
     )
     # Observability (docs/observability.md). Alert rules cannot read the database, so the Node
     # Ready SLO is exported as the gauge nodepool_pool_ready_ratio_objective for the burn-rate rules.
@@ -663,6 +680,83 @@ class Benchmark(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node_id}/{self.nonce}: {self.status}"
+
+
+class Reverification(SerializedFSMRefresh, models.Model):
+    """One scheduled re-verification of a node (fleet.reverification): its due time, its run and
+    its outcome with the evidence. The node's re-verification history is its rows, newest first.
+
+    ``due_at`` is drawn server-side and never rendered to the node. ``mode``: ``full`` (the
+    benchmark measured the whole machine against ``verified``) or ``free`` (a busy node measured
+    only its free capacity, ``expected`` = allocatable − allocated). ``expected`` and
+    ``measured`` are ``{resource: canonical int}`` (cpu millicores, memory bytes). ``code`` is the
+    outcome's stable code (``passed``, ``measured_below_verified``, ``inventory_mismatch``,
+    ``attestation_failed``, ``no_answer``, ``node_left_service``, ``schedule_changed``) and
+    ``evidence`` its detail: ``{"ratios": {resource: measured/expected}, "shortfalls": [...],
+    "inventory": [{"device_id", "field", "verified", "reported"}], "attestation": str}``.
+    At most one run per node is open (scheduled or running): the constraint
+    ``reverification_one_open_per_node``, which also keeps two sweeps from both scheduling one.
+    """
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="reverifications")
+    pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="+")
+    state = FSMField(
+        max_length=12, choices=ReverificationState.choices, default=ReverificationState.SCHEDULED, protected=True
+    )
+    due_at = models.DateTimeField()
+    postponed = models.PositiveIntegerField(default=0, help_text="times the run waited for an idle node")
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    benchmark = models.ForeignKey(Benchmark, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    mode = models.CharField(max_length=8, blank=True)
+    expected = models.JSONField(default=dict, blank=True)
+    measured = models.JSONField(default=dict, blank=True)
+    code = models.CharField(max_length=32, blank=True)
+    reason = models.TextField(blank=True)
+    evidence = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-due_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["node"],
+                condition=Q(state__in=[ReverificationState.SCHEDULED, ReverificationState.RUNNING]),
+                name="reverification_one_open_per_node",
+            ),
+        ]
+        indexes = [
+            # The sweep reads scheduled runs that are due.
+            models.Index(
+                fields=["due_at"], name="reverification_due", condition=Q(state=ReverificationState.SCHEDULED)
+            ),
+            # The reliability record and reconciliation read a node's history by time.
+            models.Index(fields=["node", "-finished_at"], name="reverification_node_history"),
+        ]
+
+    def __str__(self) -> str:
+        return f"re-verification of {self.node_id} due {self.due_at}: {self.state}"
+
+    # --- transitions: memory only (fleet.reverification saves and logs) ----------------------
+    @transition(field=state, source=ReverificationState.SCHEDULED, target=ReverificationState.RUNNING)
+    def start(self):
+        """scheduled → running: a sweep claimed the due run."""
+
+    @transition(field=state, source=ReverificationState.RUNNING, target=ReverificationState.PASSED)
+    def confirm(self):
+        """running → passed: measurement within tolerance, inventory as verified."""
+
+    @transition(field=state, source=ReverificationState.RUNNING, target=ReverificationState.FAILED)
+    def fail(self):
+        """running → failed: the node is deverified."""
+
+    @transition(
+        field=state,
+        source=[ReverificationState.SCHEDULED, ReverificationState.RUNNING],
+        target=ReverificationState.CANCELLED,
+    )
+    def cancel(self):
+        """scheduled | running → cancelled: the node left service or the schedule changed."""
 
 
 class LivenessSweepState(models.Model):

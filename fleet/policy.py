@@ -5,6 +5,7 @@ Every function raises :class:`fleet.capability.CapabilityError` (dotted field pa
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from cryptography.exceptions import UnsupportedAlgorithm
@@ -117,12 +118,51 @@ def check_timings(*, heartbeat_interval: int, heartbeat_grace: int, loss_thresho
         )
 
 
+REVERIFICATION_MIN_SECONDS = 60
+REVERIFICATION_MAX_SECONDS = 30 * 86400
+
+
+def check_reverification(*, period: int | None, window: int, tolerance_percent: float) -> None:
+    """A pool's re-verification schedule (fleet.reverification).
+
+    ``period`` and ``window`` are seconds, each within 1 minute – 30 days, with ``window <=
+    period`` (a window longer than the period would let two checks of one node overlap);
+    ``period`` None turns re-verification off (the window and tolerance are still checked).
+    ``tolerance_percent``: how far (0–100 %) a measurement may fall below verified.
+    Raises :class:`CapabilityError` naming the field.
+    """
+    bounds = f"{REVERIFICATION_MIN_SECONDS} s (1 minute) to {REVERIFICATION_MAX_SECONDS} s (30 days)"
+    for name, value in (("reverification_period", period), ("reverification_window", window)):
+        if value is None and name == "reverification_period":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise CapabilityError(name, "must be a whole number of seconds")
+        if not REVERIFICATION_MIN_SECONDS <= value <= REVERIFICATION_MAX_SECONDS:
+            raise CapabilityError(name, f"must be from {bounds}, got {value} s")
+    if period is not None and window > period:
+        raise CapabilityError(
+            "reverification_window", f"must not be longer than the period ({period} s), got {window} s"
+        )
+    if (
+        isinstance(tolerance_percent, bool)
+        or not isinstance(tolerance_percent, int | float)
+        or not math.isfinite(tolerance_percent)
+        or not 0 <= tolerance_percent <= 100
+    ):
+        raise CapabilityError("reverification_tolerance_percent", "must be a percentage from 0 to 100")
+
+
 def check_pool(values: dict[str, Any]) -> None:
     """Cross-field rules of a whole pool (``values`` are the pool's fields after the change)."""
     check_timings(
         heartbeat_interval=values["heartbeat_interval"],
         heartbeat_grace=values["heartbeat_grace"],
         loss_threshold=values["loss_threshold"],
+    )
+    check_reverification(
+        period=values.get("reverification_period"),
+        window=values.get("reverification_window", 3600),
+        tolerance_percent=values.get("reverification_tolerance_percent", 20.0),
     )
     tolerance = values.get("benchmark_tolerance", 0.8)
     if not (0 < tolerance <= 1):

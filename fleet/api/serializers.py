@@ -76,7 +76,9 @@ class PoolSerializer(StrictInput, serializers.ModelSerializer):
             "benchmark_tolerance", "benchmark_timeout", "attestation_required", "attestation_public_key",
             "trust_node_labels", "heartbeat_interval", "status_report_interval", "heartbeat_grace", "loss_threshold",
             "unhealthy_conditions", "degraded_conditions", "allowed_undeclared_resources", "scheduling_policy",
-            "ready_ratio_objective", "request_classes", "node_count", "version", "created_at", "updated_at",
+            "ready_ratio_objective", "request_classes", "reverification_period", "reverification_window",
+            "reverification_tolerance_percent", "reverification_busy_policy", "node_count", "version", "created_at",
+            "updated_at",
         ]  # fmt: skip
         read_only_fields = ["id", "version", "created_at", "updated_at"]
 
