@@ -12,14 +12,16 @@ from django.contrib.auth import get_user_model
 from django.db.models import F, OuterRef, Subquery, Value
 from django.db.models.functions import Coalesce, Greatest
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
+import humanunits
 from nodepool.api.permissions import OWNERS
 from nodepool.quantity import CPU, MEMORY, humanize_quantity
 
 from .admin_sections import NodeSection, register_node_section
-from .choices import Health, Lifecycle, Liveness
+from .choices import Health, Lifecycle, Liveness, Readiness
 from .models import Node, NodeEvent, NodeResource
+from .readiness import health_state, readiness_state
 from .selectors import UNSCHEDULABLE_REASON_LABELS, schedulable_q, unschedulable_reason_q, unschedulable_reasons
 
 GPU = "nvidia.com/gpu"
@@ -47,15 +49,33 @@ def state_badge(dimension: str, value: str):
     return badge(value, TONES[dimension].get(value, "muted"))
 
 
+def readiness_badge(node: Node):
+    """Readiness as shown (fleet.readiness): ``ready`` green, ``not ready`` amber, ``unknown`` grey
+    once the node is unreachable, lost or never heard from — the last reported value in the tooltip."""
+    shown = readiness_state(liveness=node.liveness, ready=node.ready)
+    if shown == Readiness.UNKNOWN:
+        said = "ready" if node.ready else "not ready"
+        return badge("unknown", "muted", f"no current report; last reported {said}")
+    if shown == Readiness.READY:
+        return badge("ready", "ok")
+    return badge("not ready", "warn", node.ready_reason)
+
+
+def health_badge(node: Node):
+    """Health as shown (fleet.readiness): grey ``unknown`` once signals are not current, with the
+    last judged value in the tooltip; otherwise the judged health's own tone."""
+    shown = health_state(liveness=node.liveness, health=node.health)
+    if shown == Health.UNKNOWN and node.health != Health.UNKNOWN:
+        return badge("unknown", "muted", f"no current report; last judged {node.health}")
+    return state_badge("health", shown)
+
+
 def age(moment: datetime | None, now: datetime | None = None) -> str:
-    """``"12 s ago"``, ``"5 min ago"``, ``"3 h ago"``, ``"2 d ago"``; ``"never"`` for None."""
+    """``"45s ago"``, ``"5m30s ago"``, ``"3h12m ago"`` (kubectl's ages, humanunits.duration);
+    ``"never"`` for None."""
     if moment is None:
         return "never"
-    seconds = max(0, int(((now or timezone.now()) - moment).total_seconds()))
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            return f"{seconds // size} {unit} ago"
-    return f"{seconds} s ago"
+    return f"{humanunits.age(moment, now or timezone.now())} ago"
 
 
 def free_annotation(resource: str):
@@ -86,13 +106,40 @@ def short_id(node: Node):
 
 
 def schedulable_cell(node: Node):
+    """``yes``, or ``no`` with every reason written out in full, one per line (no "(+4)", nothing
+    cut: the column wraps)."""
     reasons = unschedulable_reasons(node)
     if not reasons:
         return badge("yes", "ok")
-    more = f" (+{len(reasons) - 1})" if len(reasons) > 1 else ""
-    title = "; ".join(r["message"] for r in reasons)
-    return format_html("{} <span class='np-reason' title='{}'>{}{}</span>", badge("no", "bad"), title,
-                       reasons[0]["message"], more)  # fmt: skip
+    lines = format_html_join("", '<li title="{}">{}</li>', ((r["code"], r["message"]) for r in reasons))
+    return format_html('{} <ul class="np-reasons-cell">{}</ul>', badge("no", "bad"), lines)
+
+
+def liveness_cell(node: Node):
+    """The liveness badge and, under it, how long ago the last heartbeat arrived: ``heard 12s ago``
+    or ``never heard`` (the absolute time on hover)."""
+    when = humanunits.timestamp(node.last_heartbeat_at) if node.last_heartbeat_at else "never heard from"
+    return format_html(
+        '{}<br><span class="np-age" title="last heartbeat {}">{}</span>',
+        state_badge("liveness", node.liveness),
+        when,
+        f"heard {age(node.last_heartbeat_at)}" if node.last_heartbeat_at else "never heard",
+    )
+
+
+def free_cell(node: Node):
+    """Free capacity in one cell: cpu · memory, then the free GPUs (by model when the node reports
+    devices: ``5×H100 …``, fleet.devices.free_devices_text), e.g. ``40 cores · 128 GiB`` / ``5×H100``."""
+    cpu_memory = format_html(
+        "{} · {}", humanize_quantity(CPU, node.free_cpu), humanize_quantity(MEMORY, node.free_memory)
+    )
+    by_model = getattr(node, "free_devices_text", "")
+    if by_model:
+        devices = format_html('<span class="np-devices" title="free devices by model">{}</span>', by_model)
+        return format_html("{}<br>{}", cpu_memory, devices)
+    if node.free_gpu:
+        return format_html("{}<br>{} gpu", cpu_memory, humanize_quantity(GPU, node.free_gpu))
+    return cpu_memory
 
 
 # --- list filters ----------------------------------------------------------------------------------------
@@ -143,8 +190,8 @@ def _summary(request, node: Node) -> dict:
         "badges": [
             ("lifecycle", state_badge("lifecycle", node.lifecycle)),
             ("liveness", state_badge("liveness", node.liveness)),
-            ("readiness", badge("ready", "ok") if node.ready else badge("not ready", "warn", node.ready_reason)),
-            ("health", state_badge("health", node.health)),
+            ("readiness", readiness_badge(node)),
+            ("health", health_badge(node)),
             ("cordon", badge("cordoned", "warn") if node.cordoned else badge("no holds", "muted")),
             ("schedulable", badge("yes", "ok") if not reasons else badge("no", "bad")),
         ],
@@ -155,9 +202,10 @@ def _summary(request, node: Node) -> dict:
             ("owner", node.owner or "—"),
             ("addresses", ", ".join(node.addresses or []) or "—"),
             ("lifecycle reason", node.lifecycle_reason or "—"),
-            ("last heartbeat", f"{age(node.last_heartbeat_at)} ({node.last_heartbeat_at or '—'})"),
+            ("last heartbeat", humanunits.moment(node.last_heartbeat_at)),
             # Renewals keep liveness fresh; readiness, health and usage are as old as the last report.
-            ("last status report", f"{age(node.last_status_report_at)} ({node.last_status_report_at or '—'})"),
+            ("last status report", humanunits.moment(node.last_status_report_at)),
+            ("last reported", _last_reported(node)),
             ("agent", f"{node.agent_version or '—'}, incarnation {node.incarnation}, sequence {node.sequence}"),
             ("artifacts blocked", "yes" if node.artifacts_blocked else "no"),
             ("version", node.version),
@@ -165,6 +213,15 @@ def _summary(request, node: Node) -> dict:
         "labels": sorted({**(node.node_labels or {}), **(node.labels or {})}.items()),
         "taints": node.taints or [],
     }
+
+
+def _last_reported(node: Node) -> str:
+    """What the node last said of itself, kept for reference when readiness and health are shown
+    ``unknown`` (fleet.readiness): ``"ready, healthy (3h ago)"``."""
+    said = "ready" if node.ready else f"not ready ({node.ready_reason})" if node.ready_reason else "not ready"
+    if node.last_status_report_at is None and node.last_heartbeat_at is None:
+        return "nothing yet"
+    return f"{said}, {node.health} (as of {age(node.last_status_report_at or node.last_heartbeat_at)})"
 
 
 def _capability(request, node: Node) -> dict:

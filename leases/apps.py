@@ -32,11 +32,6 @@ class LeasesConfig(AppConfig):
 
         register_collector("leases", collectors.collect)
 
-        from django.contrib import admin
-
-        # The admin index links the fleet overview (leases/templates/admin/nodepool_index.html).
-        admin.site.index_template = "admin/nodepool_index.html"
-
         from .fencing import register_lease_secret_verifier
         from .secrets import lease_secret_verifier
 

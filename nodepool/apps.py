@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.contrib.admin.apps import AdminConfig
 from django.db.models.signals import post_migrate
 
 
@@ -29,3 +30,9 @@ class NodepoolConfig(AppConfig):
         from .tracing import configure_tracing
 
         configure_tracing()  # does nothing unless OTEL_EXPORTER_OTLP_ENDPOINT is set
+
+
+class NodepoolAdminConfig(AdminConfig):
+    """django.contrib.admin with nodepool's site as ``admin.site`` (nodepool.admin_site)."""
+
+    default_site = "nodepool.admin_site.NodepoolAdminSite"

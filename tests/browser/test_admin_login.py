@@ -16,7 +16,7 @@ def test_operator_logs_in_and_sees_the_node_list(page, operator_user):
     make_schedulable_node(gpu, hostname="rack1-n2.example.test")
 
     login(page, operator_user)
-    expect(page.get_by_role("heading", name="Site administration")).to_be_visible()
+    expect(page.get_by_role("heading", name="Fleet console")).to_be_visible()
     page.get_by_role("link", name="Nodes", exact=True).first.click()
 
     expect(page).to_have_url(re.compile(r"/admin/fleet/node/$"))
@@ -33,4 +33,4 @@ def test_a_wrong_password_is_refused_and_shows_no_admin(page, operator_user):
     page.get_by_label("Password").fill("not-the-password")
     page.get_by_role("button", name="Log in").click()
     expect(page.locator(".errornote")).to_contain_text("correct username and password")
-    expect(page.get_by_role("heading", name="Site administration")).to_have_count(0)
+    expect(page.get_by_role("heading", name="Fleet console")).to_have_count(0)

@@ -3,6 +3,8 @@ repaired by a recorded operator action, and readiness is shown as reported (case
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.contrib import admin
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
@@ -166,8 +168,12 @@ def test_a_lost_node_is_not_shown_with_a_green_ready_tick(admin_client):
     page = admin_client.get("/admin/fleet/node/").content.decode()
 
     assert "liveness is lost" in page  # the schedulable column names why not (fleet.admin_display)
-    assert "ready, reported " in page
-    assert "readiness (reported by the node)" in page.lower() or "Readiness (reported by the node)" in page
+    # Readiness and health read "unknown" in grey (issue 33 item 2), the last reported value on hover.
+    assert '<span class="np-badge np-muted" title="no current report; last reported ready">unknown</span>' in page
+    assert '<span class="np-badge np-muted" title="no current report; last judged healthy">unknown</span>' in page
+    for column in ("readiness_cell", "health_cell"):
+        cell = re.search(rf'<td class="field-{column}">(.*?)</td>', page).group(1)
+        assert "np-muted" in cell and "np-ok" not in cell, cell
     assert 'alt="True"' not in page  # no boolean tick anywhere in the row
 
 

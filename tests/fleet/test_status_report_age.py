@@ -49,8 +49,9 @@ def test_the_admin_node_page_shows_the_status_report_time_and_age(operator, rene
     response = staff_client(operator).get(f"/admin/fleet/node/{renewing_node.pk}/change/")
     assert response.status_code == 200
     page = response.content.decode()
-    assert '<th scope="row">last status report</th><td>5 min ago (2026-11-29 09:00:00+00:00)</td>' in page
-    assert '<th scope="row">last heartbeat</th><td>10 s ago' in page  # the renewal's, apart
+    # One absolute format and a kubectl age (humanunits.moment), as everywhere a person reads.
+    assert '<th scope="row">last status report</th><td>2026-11-29 09:00:00 UTC (5m ago)</td>' in page
+    assert '<th scope="row">last heartbeat</th><td>2026-11-29 09:04:50 UTC (10s ago)</td>' in page  # the renewal's
 
 
 def test_the_admins_reported_readiness_is_the_status_reports_time(renewing_node):
