@@ -257,10 +257,12 @@ def describe_node(obj: Context, node):
 @click.argument("pool")
 @click.pass_obj
 def describe_pool(obj: Context, pool):
-    """A pool: its disruption budgets and windows, the disruptions allowed now, blocked ones."""
+    """A pool: provisioning and consolidation, its disruption budgets and windows, the disruptions
+    allowed now, blocked ones."""
     found = obj.api.get(f"/pools/{pool}")
     disruptions = obj.api.get(f"/pools/{pool}/disruptions")
-    render.print_whole(console(), describe_mod.describe_pool(found, disruptions))
+    operations = obj.api.get(f"/pools/{pool}/operations")
+    render.print_whole(console(), describe_mod.describe_pool(found, disruptions, operations))
 
 
 def rfc3339(value: str) -> str:

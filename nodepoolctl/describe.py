@@ -154,10 +154,12 @@ def describe_node(node: dict, leases: list[dict], events: list[dict], *, pool: d
     return Group(*parts)
 
 
-def describe_pool(pool: dict, disruptions: dict) -> Group:
-    """The pool as sections: its fields, disruption budgets (each with its window, active or
-    next), the disruptions allowed now per reason, and the nodes automation may not disrupt, each
-    with its blocker. ``disruptions`` is ``GET /pools/{name}/disruptions``."""
+def describe_pool(pool: dict, disruptions: dict, operations: dict | None = None) -> Group:
+    """The pool as sections: its fields, provisioning (back-off, launches, fallback pools) and
+    consolidation when ``operations`` (``GET /pools/{name}/operations``) is given, disruption
+    budgets (each with its window, active or next), the disruptions allowed now per reason, and the
+    nodes automation may not disrupt, each with its blocker. ``disruptions`` is
+    ``GET /pools/{name}/disruptions``."""
     fields = [
         ("Name", pool.get("name") or "-"),
         ("Kind", pool.get("kind") or "-"),
@@ -186,6 +188,20 @@ def describe_pool(pool: dict, disruptions: dict) -> Group:
         for b in disruptions.get("blocked") or []
     ]
     parts = [_grid(fields)]
+    if operations and operations.get("provider"):
+        after = operations.get("consolidate_after")
+        parts += _section("Provisioning", _grid([
+            ("Provider", f"{operations['provider']} "
+                         f"({operations.get('min_nodes')}..{operations.get('max_nodes')} nodes)"),
+            ("Launches in flight", f"at most {operations.get('max_launches_in_flight')}"),
+            ("Back-off", f"{operations.get('scale_up_backoff_base')}s doubled per failure, at most "
+                         f"{operations.get('scale_up_backoff_max')}s"),
+            ("Consecutive failures", str(operations.get("consecutive_failures", 0))),
+            ("Backing off until", operations.get("backoff_until") or "<not backing off>"),
+            ("Fallback pools", ", ".join(operations.get("fallback_pools") or []) or "<none>"),
+            ("Consolidation", "off" if after is None else
+             f"empty nodes after {after}s; replace when saving ≥ {operations.get('consolidation_min_saving'):.0%}"),
+        ]))  # fmt: skip
     parts += _section("Disruption budgets", _table(["#", "NODES", "LIMIT", "REASONS", "SCHEDULE", "WINDOW"], budgets))
     parts += _section("Allowed disruptions", _table(["REASON", "ALLOWED NOW"], allowed))
     parts += _section("Blocked disruptions", _table(["NODE", "REASON", "BLOCKER", "FOR", "DETAIL"], blocked))

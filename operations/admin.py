@@ -12,6 +12,7 @@ from maintenance.admin import ReasonForm, Spec, run_with_form
 from nodepool.api.problems import Problem
 
 from . import disruption, services, upgrades
+from .autoscaler import fallback_pool_names
 from .models import PoolOperations, Preemption, ProviderMachine, ScaleDecision, Upgrade, UpgradeNode
 
 
@@ -100,13 +101,20 @@ class PoolOperationsAdminForm(forms.ModelForm):
             "spot", "fallback_pool", "drain_policy", "drain_timeout", "provider", "provider_url", "provider_secret",
             "min_nodes", "max_nodes", "node_template", "scale_up_delay", "scale_up_cooldown",
             "max_nodes_per_scale_up", "scale_down_utilization", "scale_down_after", "scale_down_cooldown",
-            "boot_timeout", "max_launches_in_flight", "scale_up_backoff_max", "disruption_budgets",
+            "boot_timeout", "max_launches_in_flight", "scale_up_backoff_base", "scale_up_backoff_max",
+            "disruption_budgets", "consolidate_after", "consolidation_min_saving",
         ]  # fmt: skip
+
+    fallback_pools = forms.CharField(
+        required=False,
+        help_text="Pool names, comma-separated, in the order to try while this pool backs off.",
+    )
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         if self.instance.pk:
             self.fields["expected_version"].initial = self.instance.version
+            self.initial["fallback_pools"] = ", ".join(fallback_pool_names(self.instance))
 
     def wire_changes(self) -> dict:
         """The changed fields as a ``PATCH /pools/{name}/operations`` body."""
@@ -119,6 +127,8 @@ class PoolOperationsAdminForm(forms.ModelForm):
                 value = value.name if value is not None else None
             elif name == "node_template":
                 value = _wire_template(value)
+            elif name == "fallback_pools":
+                value = [part.strip() for part in (value or "").split(",") if part.strip()]
             body[name] = value
         return body
 

@@ -103,7 +103,10 @@ def template_preview(pool: Pool, template: dict, spec: PlacementSpec) -> str | N
         taints=list(template.get("taints") or []),
         verified={"resources": dict(template.get("resources") or {}), "features": features},
     )
-    failure = placement.constraint_failure(node, pool, spec, placement.GroupCounts())
+    # The group's live leases count: a template node in a topology domain an anti-affinity group
+    # already holds would be launched for a request it could never take.
+    counts = placement.group_counts(spec, pool) if spec.anti_affinity else placement.GroupCounts()
+    failure = placement.constraint_failure(node, pool, spec, counts)
     if failure:
         return failure
     return placement.resource_failure(template_allocatable(pool, template), spec)

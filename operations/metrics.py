@@ -31,7 +31,7 @@ from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from . import disruption
-from .choices import BUDGETED_REASONS, MachineState, ScaleOutcome, UpgradeNodeState
+from .choices import BUDGETED_REASONS, MachineState, ProviderKind, ScaleOutcome, UpgradeNodeState
 from .models import DisruptionBlock, PoolOperations, Preemption, ProviderMachine, ScaleDecision, Upgrade, UpgradeNode
 
 
@@ -77,6 +77,12 @@ def samples() -> dict:
             allowed[(ops.pool.name, reason)] = value if value is not None else max(0, counts[0] - counts[1])
     for pool, reason, n in DisruptionBlock.objects.values_list("pool__name", "reason").annotate(n=Count("pk")):
         blocked[(pool, reason)] = n
+    backoff, failures = {}, {}
+    for name, until, n in PoolOperations.objects.exclude(provider=ProviderKind.NONE).values_list(
+        "pool__name", "backoff_until", "consecutive_failures"
+    ):
+        backoff[(name,)] = max(0.0, (until - now).total_seconds()) if until else 0.0
+        failures[(name,)] = float(n)
     return {
         "nodepool_upgrade_nodes_total": dict(nodes),
         "nodepool_upgrade_success_ratio": ratio,
@@ -87,6 +93,8 @@ def samples() -> dict:
         "nodepool_preemptions_total": preemptions,
         "nodepool_pool_allowed_disruptions": allowed,
         "nodepool_pool_disruptions_blocked": blocked,
+        "nodepool_pool_scale_up_backoff_seconds": backoff,
+        "nodepool_pool_scale_up_consecutive_failures": failures,
     }
 
 
@@ -132,6 +140,14 @@ class OperationsCollector:
             ("nodepool_pool_disruptions_blocked", "Nodes automation wants to disrupt but may not, per reason."),
         ):
             gauge = GaugeMetricFamily(name, help_text, labels=["pool", "reason"])
+            for labels, value in data[name].items():
+                gauge.add_metric(list(labels), value)
+            yield gauge
+        for name, help_text in (
+            ("nodepool_pool_scale_up_backoff_seconds", "Seconds left of the pool's scale-up back-off (0: none)."),
+            ("nodepool_pool_scale_up_consecutive_failures", "Consecutive failed launches (reset by a ready machine)."),
+        ):
+            gauge = GaugeMetricFamily(name, help_text, labels=["pool"])
             for labels, value in data[name].items():
                 gauge.add_metric(list(labels), value)
             yield gauge

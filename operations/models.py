@@ -46,7 +46,8 @@ class PoolOperations(models.Model):
     ``{"version": "2.0.0", "agent_versions": ">=2.0,<3" (PEP 440, default ==version),
     "image": str, "kernel": str, "labels": {k: v}, "artifact": {"ref": str, "sha256": hex},
     "action": "agent"}``; empty = no target. ``node_template`` is the shape of a node the provider
-    creates: ``{"resources": {name: canonical int}, "labels": {}, "taints": [...], "features": {}}``.
+    creates: ``{"resources": {name: canonical int}, "labels": {}, "taints": [...], "features": {},
+    "price": "0.40"}`` (``price``: what one such machine costs per hour, optional, a decimal string).
     Times are seconds; ``scale_down_utilization`` a fraction 0..1 of allocatable.
     """
 
@@ -85,7 +86,20 @@ class PoolOperations(models.Model):
     # consecutive failures (provider errors, machines not ready within boot_timeout, refused at
     # admission) scale-up backs off exponentially: scale_up_cooldown × 2^(failures − 1), capped.
     max_launches_in_flight = models.PositiveIntegerField(default=10)
+    scale_up_backoff_base = models.PositiveIntegerField(
+        default=120, help_text="Seconds: the first back-off after a failure (doubled per consecutive failure)."
+    )
     scale_up_backoff_max = models.PositiveIntegerField(default=3600, help_text="Seconds: the back-off's cap.")
+    # Ordered pool ids (cluster-autoscaler's priority expander): while this pool backs off, its
+    # waiting requests go to the first of these pools that can launch a node holding them.
+    fallback_pools = models.JSONField(default=list, blank=True)
+    # Consolidation (operations.consolidation): off while consolidate_after is null. An empty machine
+    # is removed after consolidate_after seconds; an under-used one is replaced by a cheaper template
+    # node, or merged into the others, when its leases fit and it saves at least this fraction.
+    consolidate_after = models.PositiveIntegerField(null=True, blank=True, help_text="Seconds; empty = off.")
+    consolidation_min_saving = models.FloatField(
+        default=0.2, help_text="Fraction 0..1 of a node's hourly price a replacement must save."
+    )
     consecutive_failures = models.PositiveIntegerField(default=0)
     backoff_until = models.DateTimeField(null=True, blank=True)
     last_scale_up_at = models.DateTimeField(null=True, blank=True)
@@ -104,6 +118,10 @@ class PoolOperations(models.Model):
             models.CheckConstraint(
                 condition=Q(scale_down_utilization__gte=0) & Q(scale_down_utilization__lte=1),
                 name="poolops_utilization_fraction",
+            ),
+            models.CheckConstraint(
+                condition=Q(consolidation_min_saving__gte=0) & Q(consolidation_min_saving__lte=1),
+                name="poolops_saving_fraction",
             ),
         ]
 
@@ -281,6 +299,9 @@ class ProviderMachine(models.Model):
     # A removal claimed (state deleting): the state it ends in (deleted or failed) and why.
     removing_to = models.CharField(max_length=16, choices=MachineState.choices, blank=True)
     removal_reason = models.TextField(blank=True)
+    # What the machine was made from: the pool's node template when it was requested (its
+    # resources and hourly ``price``), so consolidation knows its type and price later.
+    template = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["-requested_at"]

@@ -7,6 +7,7 @@ target always names the upgrade that put it there.
 
 from __future__ import annotations
 
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from django.db import transaction
@@ -39,6 +40,7 @@ INTS = (
     "scale_down_cooldown",
     "boot_timeout",
     "max_launches_in_flight",
+    "scale_up_backoff_base",
     "scale_up_backoff_max",
 )
 FIELDS = {
@@ -52,11 +54,15 @@ FIELDS = {
     "node_template",
     "scale_down_utilization",
     "disruption_budgets",
+    "fallback_pools",
+    "consolidate_after",
+    "consolidation_min_saving",
 }
+MAX_FALLBACK_POOLS = 10
 
 
 def _bad(field: str, message: str, code: str = INVALID_POOL_OPERATIONS) -> Problem:
-    return Problem(f"{field}: {message}", code, errors=[{"field": field, "message": message}])
+    return Problem(f"{field}: {message}", code, field=field, errors=[{"field": field, "message": message}])
 
 
 def parse_changes(data: Any, pool: Pool) -> dict:
@@ -85,10 +91,18 @@ def parse_changes(data: Any, pool: Pool) -> dict:
                 egress.check_url(value, destination=False)
             except egress.EgressRefused as exc:
                 raise _bad(name, exc.summary) from None
-        elif name == "scale_down_utilization" and (
+        elif name in ("scale_down_utilization", "consolidation_min_saving") and (
             isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1
         ):
             raise _bad(name, "must be a number from 0 to 1")
+        elif (
+            name == "consolidate_after"
+            and value is not None
+            and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 10**7)
+        ):
+            raise _bad(name, "must be null (consolidation off) or an integer from 0 to 10000000 (seconds)")
+        elif name == "fallback_pools":
+            value = parse_fallback_pools(value, pool)
         elif name == "fallback_pool":
             if value is None:
                 changes[name] = None
@@ -108,6 +122,44 @@ def parse_changes(data: Any, pool: Pool) -> dict:
     return changes
 
 
+def parse_fallback_pools(value: Any, pool: Pool) -> list[int]:
+    """``["spare", "on-demand"]`` (pool names, in the order to try) → the pools' ids.
+
+    Raises 400 naming the member (``fallback_pools[1]``): ``unknown_pool`` for a name that is no
+    pool, ``invalid_pool_operations`` for the pool itself, a repeat, more than
+    :data:`MAX_FALLBACK_POOLS`, or a cycle (a fallback whose own fallbacks lead back here: a
+    back-off in both would hand requests to and fro)."""
+    if not isinstance(value, list) or len(value) > MAX_FALLBACK_POOLS:
+        raise _bad("fallback_pools", f"must be a list of at most {MAX_FALLBACK_POOLS} pool names")
+    ids: list[int] = []
+    for index, name in enumerate(value):
+        path = f"fallback_pools[{index}]"
+        if not isinstance(name, str):
+            raise _bad(path, "must be a pool name (a string)")
+        other = Pool.objects.filter(name=name).first()
+        if other is None:
+            raise _bad(path, f"no pool is named {name!r}", UNKNOWN_POOL)
+        if other.pk == pool.pk:
+            raise _bad(path, "a pool cannot fall back to itself")
+        if other.pk in ids:
+            raise _bad(path, f"{name!r} is named twice")
+        ids.append(other.pk)
+    # A cycle: walk the fallbacks' own fallbacks (as stored) and refuse any way back to this pool.
+    stored = dict(PoolOperations.objects.exclude(pool=pool).values_list("pool_id", "fallback_pools"))
+    for index, start in enumerate(ids):
+        seen, frontier = set(), [start]
+        while frontier:
+            current = frontier.pop()
+            if current == pool.pk:
+                cycle = f"{value[index]!r} falls back, in turn, to {pool.name!r}: a cycle"
+                raise _bad(f"fallback_pools[{index}]", cycle)
+            if current in seen:
+                continue
+            seen.add(current)
+            frontier.extend(stored.get(current) or [])
+    return ids
+
+
 def _check_webhook_destination(changes: dict, pool: Pool) -> None:
     """A webhook provider's URL must lead somewhere the server may call (nodepool.egress):
     checked when either the provider or the URL changes, against the values after the change."""
@@ -124,9 +176,21 @@ def _check_webhook_destination(changes: dict, pool: Pool) -> None:
 
 
 def parse_template(value: Any) -> dict:
-    """``{"resources": {name: quantity}, "labels": {}, "taints": [...], "features": {}}`` → canonical."""
-    if not isinstance(value, dict) or set(value) - {"resources", "labels", "taints", "features"}:
-        raise _bad("node_template", "must be {resources, labels, taints, features}")
+    """``{"resources": {name: quantity}, "labels": {}, "taints": [...], "features": {}, "price": "0.40"}``
+    → canonical. ``price`` (optional): what one such machine costs per hour, a non-negative decimal
+    string in the operator's currency (consolidation compares it; Karpenter reads instance prices
+    from the cloud's price list, a webhook provider has none, so the operator states it)."""
+    if not isinstance(value, dict) or set(value) - {"resources", "labels", "taints", "features", "price"}:
+        raise _bad("node_template", "must be {resources, labels, taints, features, price}")
+    price = value.get("price")
+    if price is not None:
+        try:
+            amount = Decimal(price) if isinstance(price, str) else None
+        except InvalidOperation:
+            amount = None
+        if amount is None or not amount.is_finite() or amount < 0 or amount > 10**9:
+            raise _bad("node_template.price", 'must be a non-negative decimal string per hour, e.g. "0.40"')
+        price = str(amount)
     try:
         resources = resources_from_wire(value.get("resources") or {})
     except Problem as exc:
@@ -140,7 +204,10 @@ def parse_template(value: Any) -> dict:
     features = value.get("features") or {}
     if not isinstance(features, dict):
         raise _bad("node_template.features", "must be an object")
-    return {"resources": resources, "labels": labels, "taints": taints, "features": features}
+    template = {"resources": resources, "labels": labels, "taints": taints, "features": features}
+    if price is not None:
+        template["price"] = price
+    return template
 
 
 def pool_operations_update(*, pool: Pool, expected_version: int, data: Any, actor: Actor):
@@ -158,6 +225,10 @@ def pool_operations_update(*, pool: Pool, expected_version: int, data: Any, acto
             setattr(ops, name, value)
         if ops.max_nodes and ops.max_nodes < ops.min_nodes:
             raise _bad("max_nodes", "must be at least min_nodes (or 0)")
+        if ops.scale_up_backoff_base > ops.scale_up_backoff_max:
+            raise _bad("scale_up_backoff_base", "must be at most scale_up_backoff_max")
+        if ops.max_launches_in_flight < 1:
+            raise _bad("max_launches_in_flight", "must be at least 1 (0 would never launch)")
         ops.version += 1
         ops.save()
         if ops.spot != was_spot:

@@ -13,6 +13,7 @@ from maintenance.choices import EvictionPolicy
 from nodepool.api.fields import AwareDateTimeField
 from nodepool.api.strict import StrictBooleanField, StrictSerializer
 
+from ..autoscaler import fallback_pool_names
 from ..choices import PauseCause
 from ..models import PoolOperations, Preemption, ProviderMachine, ScaleDecision, Upgrade, UpgradeNode
 
@@ -91,6 +92,7 @@ class PoolOperationsSerializer(serializers.ModelSerializer):
     provider_secret_set = serializers.SerializerMethodField()
     # A string, not format "uri": it is empty while the pool has no webhook provider.
     provider_url = serializers.CharField(read_only=True, help_text="webhook: the operator's URL; empty otherwise")
+    fallback_pools = serializers.SerializerMethodField()
 
     class Meta:
         model = PoolOperations
@@ -115,10 +117,14 @@ class PoolOperationsSerializer(serializers.ModelSerializer):
             "scale_down_cooldown",
             "boot_timeout",
             "max_launches_in_flight",
+            "scale_up_backoff_base",
             "scale_up_backoff_max",
+            "fallback_pools",
             "consecutive_failures",
             "backoff_until",
             "disruption_budgets",
+            "consolidate_after",
+            "consolidation_min_saving",
             "last_scale_up_at",
             "last_scale_down_at",
             "version",
@@ -128,6 +134,10 @@ class PoolOperationsSerializer(serializers.ModelSerializer):
     def get_provider_secret_set(self, obj: PoolOperations) -> bool:
         """The secret itself is never shown."""
         return bool(obj.provider_secret)
+
+    def get_fallback_pools(self, obj: PoolOperations) -> list[str]:
+        """The pools tried, in order, while this one backs off (names; a deleted pool drops out)."""
+        return fallback_pool_names(obj)
 
 
 class ScaleDecisionSerializer(serializers.ModelSerializer):

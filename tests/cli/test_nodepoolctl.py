@@ -249,6 +249,22 @@ def test_describe_pool_shows_budgets_windows_and_blocked_disruptions(ctl, fleet)
     assert "cpu-1" in blocked and "blackout window: pool budget #1" in blocked
 
 
+def test_describe_pool_shows_back_off_fallback_pools_and_consolidation(ctl, fleet):
+    from fleet.models import Pool
+    from operations.models import PoolOperations
+
+    spare = Pool.objects.create(name="spare")
+    PoolOperations.objects.create(
+        pool=fleet["cpu-1"].pool, provider="simulated", max_nodes=5, consecutive_failures=3,
+        backoff_until=timezone.now() + timedelta(minutes=4), fallback_pools=[spare.pk], consolidate_after=300,
+    )  # fmt: skip
+    code, text, _ = ctl("describe", "pool", "general")
+    assert code == 0, text
+    provisioning = text[text.index("Provisioning:") : text.index("Disruption budgets:")]
+    assert "Consecutive failures" in provisioning and "3" in provisioning
+    assert "spare" in provisioning and "empty nodes after 300s" in provisioning
+
+
 def test_describe_node_shows_the_status_report_age_apart_from_the_renewal(ctl, fleet):
     now = timezone.now()
     Node.objects.filter(pk=fleet["cpu-1"].pk).update(

@@ -70,7 +70,7 @@ def test_the_node_template_takes_quantities_and_survives_a_second_save(console):
     assert console.post(url, {**form_data(console, url), "node_template": canonical}).status_code == 302
     assert PoolOperations.objects.get(pk=ops.pk).node_template["resources"] == {"cpu": 2000, "memory": 8 * 2**30}
     wrong = console.post(url, {**form_data(console, url), "node_template": '{"cpus": 4}'})
-    assert wrong.status_code == 200 and b"must be {resources, labels, taints, features}" in wrong.content
+    assert wrong.status_code == 200 and b"must be {resources, labels, taints, features, price}" in wrong.content
 
 
 def test_upgrade_actions_ask_for_a_reason_and_act_at_the_version_the_form_showed(console, monkeypatch):

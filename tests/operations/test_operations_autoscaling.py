@@ -651,7 +651,7 @@ def test_a_pool_that_keeps_failing_backs_off_exponentially_up_to_a_cap_and_a_rea
         pool = PoolFactory(name="general")
         make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})
         configure(operator_api, pool, provider="webhook", provider_url=failing.url, provider_secret="hook-secret",
-                  scale_up_cooldown=60, scale_up_backoff_max=300)  # fmt: skip
+                  scale_up_cooldown=60, scale_up_backoff_base=60, scale_up_backoff_max=300)  # fmt: skip
         client_api.post("/api/v1/node-leases", {"workload_id": "busy", "pool": "general", "resources": {"cpu": "3"}},
                         format="json")  # fmt: skip
         queue(client_api, "job-1")
