@@ -178,7 +178,7 @@ class BootstrapTokenAdmin(AppendOnlyAdminMixin, OperatorOnlyAdmin):
     """Tokens are revoked (an action), never deleted: the nodes they enrolled name them."""
 
     form = BootstrapTokenAdminForm
-    list_display = ["prefix", "pool", "description", "uses", "max_uses", "expires_at", "revoked_at", "owner"]
+    list_display = ["prefix", "pool", "node", "description", "uses", "max_uses", "expires_at", "revoked_at", "owner"]
     list_filter = ["pool"]
     search_fields = ["prefix", "description"]
     actions = ["revoke_tokens"]
@@ -188,8 +188,11 @@ class BootstrapTokenAdmin(AppendOnlyAdminMixin, OperatorOnlyAdmin):
 
     def get_readonly_fields(self, request, obj=None):
         if obj is None:
-            return ["prefix", "uses", "revoked_at", "created_by"]
-        return ["pool", "prefix", "expires_at", "max_uses", "uses", "owner", "created_by", "created_at", "revoked_at"]
+            return ["prefix", "node", "uses", "revoked_at", "created_by"]
+        return [
+            "pool", "node", "prefix", "expires_at", "max_uses", "uses", "owner", "created_by", "created_at",
+            "revoked_at",
+        ]  # fmt: skip
 
     def save_model(self, request, obj, form, change):
         if change:
@@ -350,7 +353,7 @@ class NodeAdmin(admin.ModelAdmin):
     ordering = ["pool__name", "hostname"]
     search_fields = ["hostname", "display_name"]
     list_select_related = ["pool", "owner"]
-    actions = ["admit_nodes"]
+    actions = ["admit_nodes", "allow_takeover"]
     inlines = [DeviceInline, NodeHoldInline, AdmissionCheckInline, NodeCredentialInline]
     change_form_template = "admin/fleet/node/node_page.html"
 
@@ -531,4 +534,27 @@ class NodeAdmin(admin.ModelAdmin):
                 self.message_user(request, f"{node}: {exc.detail}", messages.ERROR)
         if admitted:
             self.message_user(request, f"Admission started for {admitted} node(s).", messages.SUCCESS)
+        return None
+
+    @admin.action(description="Allow an agent to take over (a one-hour bootstrap token naming the node)",
+                  permissions=["admit"])  # fmt: skip
+    def allow_takeover(self, request, queryset):
+        """One bootstrap token per selected node, naming it (fleet.takeover), used once, valid one
+        hour; each secret is shown once. For an imported node's first agent, or an agent whose
+        credential expired or was revoked (docs/fleet.md, "Recovering a revoked or expired credential")."""
+        expires_at = timezone.now() + timezone.timedelta(hours=1)
+        for node in queryset:
+            try:
+                _, secret = services.bootstrap_token_create(
+                    pool=None, node_id=node.pk, expires_at=expires_at, created_by=request.user,
+                    description=f"take over {node}",
+                )  # fmt: skip
+            except Problem as exc:
+                self.message_user(request, f"{node}: {exc.detail}", messages.ERROR)
+                continue
+            self.message_user(
+                request,
+                f"{node}: bootstrap token naming it (copy it now, it will not be shown again; valid 1 h): {secret}",
+                messages.WARNING,
+            )
         return None

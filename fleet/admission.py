@@ -79,8 +79,24 @@ def skipped(detail: str) -> Outcome:
 # --- the checks: pure functions of the node and its pool -----------------------------------------
 
 
+# The failed agent_version check's ``data.code`` when no agent ever enrolled on the node (an
+# imported Kubernetes node, fleet.k8s_import): what is missing, not a version-string complaint.
+AGENT_MISSING = "agent_missing"
+
+
 def check_agent_version(node: Node, pool: Pool) -> Outcome:
-    """The agent version must satisfy the pool's PEP 440 specifier set (pre-releases included)."""
+    """The agent version must satisfy the pool's PEP 440 specifier set (pre-releases included).
+
+    A node no agent has enrolled on (imported, ``agent_version`` empty) fails with
+    ``data.code = "agent_missing"`` and says how an agent takes it over (fleet.takeover).
+    """
+    if not node.agent_version:
+        return failed(
+            "no agent runs on this node (it was imported, not enrolled): create a bootstrap token naming it "
+            f'(POST /bootstrap-tokens {{"node": "{node.pk}"}}) and start nodepool-agent with that token, '
+            "then release the rejected node and admit it again",
+            code=AGENT_MISSING,
+        )
     try:
         version = Version(node.agent_version)
     except InvalidVersion:

@@ -102,6 +102,7 @@ def private_types() -> frozenset[str]:
 # --- fleet's own words: a node's enrollment, lifecycle, liveness, health, credentials, policy.
 
 ENROLLED = declare("enrolled", "enrolled")
+TAKEN_OVER = declare("taken_over", "agent took the node over (bootstrap token naming it)")
 LIFECYCLE = declare("lifecycle", "lifecycle transition")
 ADMISSION_CHECK = declare("admission_check", "admission check")
 BENCHMARK = declare("benchmark", "benchmark")

@@ -351,7 +351,8 @@ def import_nodes(*, text: str, pool: Pool, actor: Actor, dry_run: bool = False, 
 
     Idempotent on ``metadata.uid``: a node imported before is updated in place when its mapped
     fields changed (a ``policy`` event lists them) and left alone otherwise; its lifecycle is
-    never touched. A node imported into another pool is skipped (nodes do not change pool).
+    never touched. A node imported into another pool is skipped (nodes do not change pool), and so
+    is a node an agent took over (fleet.takeover: the agent's inventory wins over the dump's).
     Each node is its own transaction, so one bad object does not stop the rest.
 
     Raises:
@@ -380,6 +381,8 @@ def import_nodes(*, text: str, pool: Pool, actor: Actor, dry_run: bool = False, 
             outcome, node = _upsert(mapped, pool=pool, actor=actor, source=source)
         if outcome == "skipped":
             report.skipped.append(f"{mapped.name}: already imported into pool {node.pool.name}; not moved")
+        elif outcome == "taken_over":
+            report.skipped.append(f"{mapped.name}: an agent took this node over; its report wins, not updated")
         else:
             getattr(report, outcome).append(mapped.name)
         report.node_ids[mapped.name] = str(node.pk)
@@ -414,6 +417,10 @@ def _upsert(mapped: MappedNode, *, pool: Pool, actor: Actor, source: str) -> tup
             return "created", node
         if node.pool_id != pool.pk:
             return "skipped", node
+        if node.enrolled_agent_version:
+            # An agent took the node over (fleet.takeover): its own word about the machine (and
+            # its real devices) wins over the dump's, so a re-import leaves it alone.
+            return "taken_over", node
         _import_devices(node, mapped, actor, force=False)
         changed = [name for name, value in mapped.fields.items() if getattr(node, name) != value]
         added = taint_times.stamp(node.taints_added_at, mapped.fields["taints"], now, given=mapped.taints_added)

@@ -585,9 +585,23 @@ Event = NodeEvent
 
 
 class BootstrapToken(models.Model):
-    """A pool-scoped enrollment secret with an expiry and a maximum number of uses."""
+    """A pool-scoped enrollment secret with an expiry and a maximum number of uses.
+
+    A token that names a ``node`` enrolls no new node: it lets an agent take that node over (an
+    imported node's first agent, an agent whose credential expired or was revoked), keeping the
+    node's identity (fleet.services.node_enroll). Such a token is used once.
+    """
 
     pool = models.ForeignKey(Pool, on_delete=models.CASCADE, related_name="bootstrap_tokens")
+    # CASCADE, not SET_NULL: a token naming a deleted node must not become a token for a new node.
+    node = models.ForeignKey(
+        "Node",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="+",
+        help_text="The node an agent takes over with this token (none: the token enrolls new nodes).",
+    )
     description = models.CharField(max_length=200, blank=True)
     prefix = models.CharField(max_length=16, unique=True, editable=False)
     secret_hash = models.CharField(max_length=64, editable=False)

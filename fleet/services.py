@@ -24,7 +24,7 @@ from nodepool.api.problems import Conflict, Forbidden, Gone, NotFound, Problem, 
 from nodepool.api.versioning import check_version
 from nodepool.celery import app as celery_app
 
-from . import clock, conf, event_types
+from . import clock, conf, event_types, takeover
 from . import devices as device_inventory
 from . import secrets as node_secrets
 from . import taints as taint_times
@@ -38,6 +38,7 @@ from .errors import (
     BOOTSTRAP_TOKEN_INVALID,
     BOOTSTRAP_TOKEN_NOT_FOUND,
     BOOTSTRAP_TOKEN_REVOKED,
+    BOOTSTRAP_TOKEN_WRONG_NODE,
     BOOTSTRAP_TOKEN_WRONG_POOL,
     CREDENTIAL_SUPERSEDED,
     INVALID_EXPIRY,
@@ -226,20 +227,32 @@ def bootstrap_token_validate(*, pool: Pool, expires_at: datetime, max_uses: int,
 
 def bootstrap_token_create(
     *,
-    pool: Pool,
+    pool: Pool | None,
     expires_at: datetime,
     max_uses: int = 1,
     description: str = "",
     owner=None,
     created_by=None,
+    node_id=None,
     now: datetime | None = None,
 ) -> tuple[BootstrapToken, str]:
     """Create a bootstrap token; returns ``(token, secret)``. The secret is shown once, stored hashed.
 
+    ``node_id``: the token names that node (fleet.takeover): an agent enrolling with it takes the
+    node over instead of enrolling a new one. Its pool and owner are the node's (``pool`` may be
+    None), and it is used once.
+
     Raises:
         Problem 400 ``invalid_expiry`` (past, or more than a year ahead), ``invalid_max_uses``,
-        ``owner_required`` (a marketplace pool's token must name the contributor whose nodes it enrolls).
+        ``owner_required`` (a marketplace pool's token must name the contributor whose nodes it enrolls);
+        with ``node_id``: 400 ``unknown_node``, 400 ``node_pool_mismatch``, 400 ``invalid_max_uses``
+        (not 1), 410 ``node_retired``, 409 ``node_quarantined``.
     """
+    node = None
+    if node_id is not None:
+        node, pool = takeover.token_node(node_id=node_id, pool=pool)
+        takeover.check_max_uses(max_uses)
+        owner = node.owner
     bootstrap_token_validate(pool=pool, expires_at=expires_at, max_uses=max_uses, owner=owner, now=now)
     secret, prefix, digest = node_secrets.new_secret(BOOTSTRAP_KIND)
     token = BootstrapToken.objects.create(
@@ -251,6 +264,7 @@ def bootstrap_token_create(
         max_uses=max_uses,
         owner=owner,
         created_by=created_by,
+        node=node,
     )
     return token, secret
 
@@ -270,9 +284,12 @@ def _bootstrap_refused(detail: str, code: str) -> Forbidden:
 
 
 def bootstrap_token_use(
-    *, secret: str, expected_pool: str | None = None, now: datetime | None = None
+    *, secret: str, expected_pool: str | None = None, expected_node: str | None = None, now: datetime | None = None
 ) -> BootstrapToken:
     """Spend one use of the bootstrap token ``secret``. Call inside the enrollment transaction.
+
+    ``expected_node`` (a node id as the agent sent it): the agent means to take over that node, so
+    the token must name exactly it.
 
     The spend is one conditional UPDATE (``uses = uses + 1 WHERE uses < max_uses AND not expired
     AND not revoked``), so two enrollments racing for the last use cannot both win, on SQLite and
@@ -280,7 +297,8 @@ def bootstrap_token_use(
 
     Raises (403, nothing spent): ``bootstrap_token_invalid`` (malformed or unknown),
     ``bootstrap_token_expired``, ``bootstrap_token_revoked``, ``bootstrap_token_exhausted``,
-    ``bootstrap_token_wrong_pool`` (the enrollment names another pool than the token's).
+    ``bootstrap_token_wrong_pool`` (the enrollment names another pool than the token's),
+    ``bootstrap_token_wrong_node`` (``expected_node`` is sent and the token names another node, or none).
     """
     now = now or timezone.now()
     prefix = node_secrets.split_prefix(secret, BOOTSTRAP_KIND) if isinstance(secret, str) else None
@@ -292,6 +310,11 @@ def bootstrap_token_use(
             f"This bootstrap token enrolls into pool {token.pool.name!r}, not {expected_pool!r}.",
             BOOTSTRAP_TOKEN_WRONG_POOL,
         )
+    if expected_node is not None and str(expected_node) != str(token.node_id or ""):
+        # Never says whether the node exists: the caller is not authenticated yet.
+        named = "names no node (it enrolls new nodes)" if token.node_id is None else "names another node"
+        raise _bootstrap_refused(f"This bootstrap token {named}, not node {expected_node!s:.64}.",
+                                 BOOTSTRAP_TOKEN_WRONG_NODE)  # fmt: skip
     # Expiry at control-plane time: a forward clock jump not yet detected must not expire it.
     valid_at = now if token.expires_at > now else clock.control_plane_now(now)
     spent = BootstrapToken.objects.filter(
@@ -314,6 +337,7 @@ def node_enroll(
     *,
     bootstrap_token: str,
     expected_pool: str | None = None,
+    expected_node: str | None = None,
     hostname: str = "",
     display_name: str = "",
     addresses: list[str] | None = None,
@@ -334,13 +358,29 @@ def node_enroll(
     node's platform labels and taints. The owner is the token's owner (the contributor, for
     marketplace pools). A pool with automatic admission starts admission at once.
 
-    Returns ``(node, credential, credential_secret)``. Raises the errors of :func:`bootstrap_token_use`.
+    A token that names a node creates none: the agent takes that node over, keeping its identity
+    (:mod:`fleet.takeover`; ``expected_node``, when sent, must be that node), in a new incarnation.
+
+    Returns ``(node, credential, credential_secret)``. Raises the errors of :func:`bootstrap_token_use`,
+    and for a token naming a node 410 ``node_retired`` and 409 ``node_quarantined`` (nothing spent).
     """
     now = now or timezone.now()
     with transaction.atomic():
-        token = bootstrap_token_use(secret=bootstrap_token, expected_pool=expected_pool, now=now)
+        token = bootstrap_token_use(
+            secret=bootstrap_token, expected_pool=expected_pool, expected_node=expected_node, now=now
+        )
         pool = token.pool
         actor = Actor(ActorType.SYSTEM, f"bootstrap-token:{token.prefix}", request_id=request_id)
+        if token.node_id is not None:
+            node = _locked_node(token.node_id)
+            credential, secret = takeover.take_over(
+                node=node, token=token, hostname=hostname, display_name=display_name, addresses=addresses or [],
+                agent_version=agent_version, labels=labels or {}, capability=capability, actor=actor, now=now,
+            )  # fmt: skip
+            _enrollment_devices(node, devices, boot_id, actor, now)
+            if node.lifecycle == Lifecycle.PENDING and pool.admission_mode == AdmissionMode.AUTOMATIC:
+                _start_admission(node, actor, reason="automatic admission (pool policy)", now=now)
+            return node, credential, secret
         node = Node.objects.create(
             pool=pool,
             owner=token.owner,
@@ -368,15 +408,20 @@ def node_enroll(
             reason=f"enrolled with bootstrap token {token.prefix}",
             data={"hostname": hostname, "agent_version": agent_version, "credential": credential.prefix},
         )
-        if devices is not None or boot_id:
-            # The device inventory as rows (unverified until admission; fleet.devices).
-            parsed, refusals = parse_devices(devices)
-            device_inventory.apply_report(
-                node=node, devices=parsed, refusals=refusals, boot_id=boot_id, actor=actor, now=now, force=True
-            )
+        _enrollment_devices(node, devices, boot_id, actor, now)
         if pool.admission_mode == AdmissionMode.AUTOMATIC:
             _start_admission(node, actor, reason="automatic admission (pool policy)", now=now)
     return node, credential, secret
+
+
+def _enrollment_devices(node: Node, devices: Any, boot_id: str, actor: Actor, now: datetime) -> None:
+    """The enrollment's device inventory as rows (unverified until admission; fleet.devices). On a
+    node taken over these are the same node's devices: a handover, never an identity conflict."""
+    if devices is not None or boot_id:
+        parsed, refusals = parse_devices(devices)
+        device_inventory.apply_report(
+            node=node, devices=parsed, refusals=refusals, boot_id=boot_id, actor=actor, now=now, force=True
+        )
 
 
 # --- admission start ----------------------------------------------------------------------------------

@@ -147,7 +147,7 @@ class BootstrapTokenSerializer(serializers.ModelSerializer):
     class Meta:
         model = BootstrapToken
         fields = [
-            "id", "pool", "description", "prefix", "expires_at", "max_uses", "uses", "owner", "created_by",
+            "id", "pool", "node", "description", "prefix", "expires_at", "max_uses", "uses", "owner", "created_by",
             "created_at", "revoked_at", "state",
         ]  # fmt: skip
 
@@ -160,7 +160,13 @@ class BootstrapTokenSerializer(serializers.ModelSerializer):
 
 
 class BootstrapTokenCreateSerializer(StrictSerializer):
-    pool = serializers.SlugRelatedField(slug_field="name", queryset=Pool.objects.all())
+    """``pool`` (a token enrolling new nodes into it), or ``node`` (a token letting an agent take
+    that node over, fleet.takeover; its pool is the node's), or both when they agree."""
+
+    pool = serializers.SlugRelatedField(slug_field="name", queryset=Pool.objects.all(), required=False)
+    # Checked by the service (400 unknown_node, not a field error): the operator reads the same
+    # code as every other "no such node" answer to a body member.
+    node = serializers.CharField(max_length=64, required=False)
     description = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     expires_at = AwareDateTimeField(required=False)
     ttl_seconds = serializers.IntegerField(min_value=60, max_value=365 * 86400, required=False)
@@ -170,6 +176,10 @@ class BootstrapTokenCreateSerializer(StrictSerializer):
     )
 
     def validate(self, attrs):
+        if "pool" not in attrs and "node" not in attrs:
+            raise serializers.ValidationError({"pool": ["send pool, or node for a token naming a node"]})
+        if "node" in attrs and attrs.get("owner") is not None:
+            raise serializers.ValidationError({"owner": ["a token naming a node carries the node's owner"]})
         if "expires_at" in attrs and "ttl_seconds" in attrs:
             raise serializers.ValidationError("send expires_at or ttl_seconds, not both")
         if "expires_at" not in attrs:
@@ -186,11 +196,13 @@ class AttestationSerializer(StrictSerializer):
 
 
 class EnrollmentSerializer(StrictSerializer):
-    """``POST /node-enrollments`` (docs/api-contract.md). ``pool``, when sent, must be the token's pool."""
+    """``POST /node-enrollments`` (docs/api-contract.md). ``pool``, when sent, must be the token's pool;
+    ``node`` (the id of the node the agent already is), when sent, must be the node the token names."""
 
     protected_fields = PROTECTED_NODE_FIELDS
     bootstrap_token = serializers.CharField(max_length=200)
     pool = serializers.SlugField(max_length=63, required=False)
+    node = serializers.UUIDField(required=False)
     hostname = serializers.CharField(max_length=253, required=False, allow_blank=True, default="")
     display_name = serializers.CharField(max_length=200, required=False, allow_blank=True, default="")
     addresses = serializers.ListField(child=serializers.CharField(max_length=64), max_length=32, required=False)

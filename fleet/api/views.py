@@ -100,7 +100,8 @@ class BootstrapTokenViewSet(
     def create(self, request, *args, **kwargs):
         data = _valid(BootstrapTokenCreateSerializer, request)
         token, secret = services.bootstrap_token_create(
-            pool=data["pool"],
+            pool=data.get("pool"),
+            node_id=data.get("node"),
             expires_at=data["expires_at"],
             max_uses=data["max_uses"],
             description=data["description"],
@@ -134,6 +135,7 @@ class NodeEnrollmentView(APIView):
         node, credential, secret = services.node_enroll(
             bootstrap_token=data["bootstrap_token"],
             expected_pool=data.get("pool"),
+            expected_node=str(data["node"]) if data.get("node") else None,
             hostname=data["hostname"],
             display_name=data["display_name"],
             addresses=data.get("addresses") or [],
