@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('fleet', '0013_event_types_declared_by_apps'),
+        ('fleet', '0014_reverification'),
     ]
 
     operations = [
