@@ -35,7 +35,7 @@ from nodepool import failsafe, metrics
 from nodepool.api.problems import Conflict, Gone, NotFound
 from nodepool.celery import app as celery_app
 
-from . import event_types
+from . import event_types, signals, trust
 from .capability import CapabilityError, implausible_values
 from .choices import BenchmarkStatus, CheckStatus, Lifecycle, PoolKind
 from .devices import sync_counts as sync_device_counts
@@ -345,7 +345,7 @@ def finalize_admission(*, node_id, attempt: int, actor: Actor, now: datetime | N
             return "stale"
         checks = list(AdmissionCheck.objects.filter(node=node, attempt=attempt))
         failures = [c for c in checks if c.status == CheckStatus.FAILED]
-        before = node.lifecycle
+        before, lifted = node.lifecycle, False
         if failures:
             AdmissionCheck.objects.filter(node=node, attempt=attempt, status=CheckStatus.PENDING).update(
                 status=CheckStatus.SKIPPED, detail="not run: another check failed", finished_at=now
@@ -365,6 +365,8 @@ def finalize_admission(*, node_id, attempt: int, actor: Actor, now: datetime | N
             node_inventory_set(node=node, resources=node.verified["resources"])
             # Devices present now are verified (fleet.devices); their count replaces the declared one.
             verify_node_devices(node=node, actor=actor, now=now)
+            # Verified anew: a mark left by a failed re-verification before the node went out of service goes.
+            lifted = trust.clear_unverified(node, message="verified again by admission", now=now)
             node.admit()
             node.lifecycle_reason = "every admission check passed"
             if node.enrolled_at is not None:
@@ -373,9 +375,8 @@ def finalize_admission(*, node_id, attempt: int, actor: Actor, now: datetime | N
             data = {"attempt": attempt, "checks": [c.name for c in checks]}
         node.lifecycle_changed_at = now
         node.version += 1
-        node.save(
-            update_fields=["lifecycle", "lifecycle_reason", "lifecycle_changed_at", "verified", "version", "updated_at"]
-        )
+        fields = ["lifecycle", "lifecycle_reason", "lifecycle_changed_at", "verified", "version", "updated_at"]
+        node.save(update_fields=[*fields, *(("taints", "taints_added_at", "conditions") if lifted else ())])
         sync_device_counts(node)
         post_instructions([node.pk], Instruction.LIFECYCLE)
         record_event(
@@ -451,11 +452,19 @@ def benchmark_complete(*, node: Node, nonce: str, figures: dict[str, Any], actor
         if not won:
             raise Conflict("This benchmark was completed or timed out meanwhile.", BENCHMARK_ALREADY_COMPLETED)
         measured = {"cpu": figures["cpu_millicores"], "memory": figures["memory_bytes"]}
+        # A benchmark limited to the free part of a busy node (a re-verification's) measured only
+        # that part: it is the re-verification's evidence, not the node's measured capability.
         Node.objects.filter(pk=node.pk).update(
-            measured={
-                "resources": measured,
-                "benchmark": {"nonce": nonce, "completed_at": now.isoformat(), **figures},
-            },
+            **(
+                {}
+                if bench.limits
+                else {
+                    "measured": {
+                        "resources": measured,
+                        "benchmark": {"nonce": nonce, "completed_at": now.isoformat(), **figures},
+                    }
+                }
+            ),
             version=F("version") + 1,
         )
         record_event(
@@ -469,6 +478,8 @@ def benchmark_complete(*, node: Node, nonce: str, figures: dict[str, Any], actor
             node.refresh_from_db(fields=["declared", "pool"])
             _record_outcome(check, compare_benchmark(node, measured), actor, started_at=bench.requested_at, now=now)
             _dispatch_admission(node.pk, check.attempt)
+        else:
+            signals.benchmark_finished.send(sender=Benchmark, benchmark=bench, measured=measured, actor=actor, now=now)
     bench.refresh_from_db()
     return bench
 
@@ -501,6 +512,8 @@ def benchmarks_expire(*, actor: Actor, now: datetime | None = None, limit: int =
                 outcome = failed(f"the node did not return the benchmark by its deadline {bench.deadline.isoformat()}")
                 _record_outcome(check, outcome, actor, started_at=bench.requested_at, now=now)
                 _dispatch_admission(bench.node_id, check.attempt)
+            else:
+                signals.benchmark_finished.send(sender=Benchmark, benchmark=bench, measured=None, actor=actor, now=now)
     return count
 
 

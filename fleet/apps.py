@@ -12,6 +12,7 @@ class FleetConfig(AppConfig):
             errors,  # noqa: F401  (declares the app's problem codes: the registry is complete)
             event_types,  # noqa: F401  (fleet's own event types, and the registry every app declares in)
             metrics,  # noqa: F401  (the heartbeat counter exists, at 0, from process start)
+            reverification,  # noqa: F401  (connects its receiver of fleet.signals.benchmark_finished)
             tasks,  # noqa: F401  (registers the tasks fleet.admission and fleet.services enqueue by name)
         )
 

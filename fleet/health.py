@@ -26,6 +26,8 @@ READY = "Ready"
 CLOCK_SKEW = "ClockSkew"
 # Server-owned: set by the liveness sweep when status reports stop (fleet.status_reports).
 STATUS_REPORT_OVERDUE = "StatusReportOverdue"
+# Server-owned: set by a failed re-verification, cleared by a passed one (fleet.trust).
+UNVERIFIED = "Unverified"
 TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
 CONDITION_STATUSES = (TRUE, FALSE, UNKNOWN)
 

@@ -41,7 +41,7 @@ from . import conf, event_types, health, liveness
 from .choices import BenchmarkStatus, Lifecycle, Liveness
 from .errors import CONCURRENT_HEARTBEAT, NODE_RETIRED
 from .events import Actor, event_row
-from .instructions import status_report_instructions
+from .instructions import Instruction, status_report_instructions
 from .models import Benchmark, Node, NodeCredential, NodeEvent
 
 logger = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ SKEW_CLEAR_RATIO = 0.8
 MAX_ATTEMPTS = 5
 # Benchmarks are part of admission (issue 3): only a node being admitted is asked to run one, so
 # a ready node's heartbeat does not pay for the lookup.
-BENCHMARK_LIFECYCLES = (Lifecycle.PENDING, Lifecycle.ADMITTING)
+ADMISSION_LIFECYCLES = (Lifecycle.PENDING, Lifecycle.ADMITTING)
 
 # A node whose status report is late by this many status-report intervals gets StatusReportOverdue.
 STATUS_REPORT_OVERDUE_INTERVALS = 2
@@ -178,12 +178,15 @@ def skew_condition(previous: dict | None, skew: float, received_at: datetime) ->
 
 def merge_conditions(stored: list[dict], reported: list[dict], skew: dict | None, now: datetime) -> list[dict]:
     """The node's new condition list: what it reported (its own ``ClockSkew`` ignored) plus the
-    server's ``ClockSkew``. ``last_transition_time`` is kept while a condition's status holds."""
+    server's ``ClockSkew``, and the stored ``Unverified`` (fleet.trust) as it is. ``last_transition_time``
+    is kept while a condition's status holds."""
     previous = {c.get("type"): c for c in stored or []}
     stamp = now.isoformat()
     merged = []
-    server_owned = (health.CLOCK_SKEW, STATUS_REPORT_OVERDUE)
-    for condition in [*(c for c in reported if c["type"] not in server_owned), *([skew] if skew else [])]:
+    server_owned = (health.CLOCK_SKEW, STATUS_REPORT_OVERDUE, health.UNVERIFIED)
+    # Unverified is the re-verification's (fleet.trust): carried over as stored, whatever the node says.
+    kept = [previous[health.UNVERIFIED]] if health.UNVERIFIED in previous else []
+    for condition in [*(c for c in reported if c["type"] not in server_owned), *([skew] if skew else []), *kept]:
         before = previous.get(condition["type"])
         same = before is not None and before.get("status") == condition["status"]
         merged.append({**condition, "last_transition_time": before.get("last_transition_time") if same else stamp})
@@ -360,6 +363,8 @@ def _try_apply(
     # UPDATE in autocommit (atomic by itself): no BEGIN/COMMIT round trips; its reconciliation then
     # runs in its own transaction, and, being recomputed from every report, a crash between the
     # two is repaired by the next one.
+    # Read before the UPDATE clears it: a benchmark was posted for a node in service (fleet.reverification).
+    benchmark_posted = bool(node.instructions & Instruction.BENCHMARK)
     with transaction.atomic() if events or report.leases else nullcontext():
         version = _conditional_update(node=node, report=report, values=values)
         if version is None:
@@ -379,7 +384,7 @@ def _try_apply(
         # Reads in autocommit on the fast path; the writers inside (lease reconciliation, an
         # automatic quarantine) open their own transactions.
         return _after_apply(node=node, report=report, actor=actor, received_at=received_at, timings=timings,
-                            restarted=restarted, events=len(events))  # fmt: skip
+                            restarted=restarted, events=len(events), benchmark_posted=benchmark_posted)  # fmt: skip
 
 
 def _conditional_update(*, node: Node, report: HeartbeatReport, values: dict[str, Any]) -> int | None:
@@ -428,7 +433,7 @@ def _conditional_update(*, node: Node, report: HeartbeatReport, values: dict[str
     return row[0] if row else None
 
 
-def _after_apply(*, node, report, actor, received_at, timings, restarted, events) -> HeartbeatOutcome:
+def _after_apply(*, node, report, actor, received_at, timings, restarted, events, benchmark_posted) -> HeartbeatOutcome:
     """Hand the status report to the apps above (lease reconciliation, automatic-quarantine rules,
     upgrades: the ordered registry of fleet.instructions) and add the benchmark instruction."""
     if report.devices is not None or report.device_refusals or report.boot_id is not None:
@@ -444,11 +449,13 @@ def _after_apply(*, node, report, actor, received_at, timings, restarted, events
         actor=actor,
     )
     benchmark = None
-    if node.lifecycle in BENCHMARK_LIFECYCLES:
+    # Being admitted: looked up at every report. In service: only when a re-verification posted the
+    # BENCHMARK bit, so that a ready node's report costs no query for it otherwise.
+    if node.lifecycle in ADMISSION_LIFECYCLES or (node.lifecycle == Lifecycle.READY and benchmark_posted):
         benchmark = (
             Benchmark.objects.filter(node_id=node.pk, status=BenchmarkStatus.REQUESTED, deadline__gt=received_at)
             .order_by("-requested_at")
-            .values_list("nonce", "deadline")
+            .values_list("nonce", "deadline", "limits")
             .first()
         )
     return HeartbeatOutcome(
@@ -463,7 +470,11 @@ def _after_apply(*, node, report, actor, received_at, timings, restarted, events
         stop_leases=[str(i) for i in leases.get("stop", [])],
         checkpoint_leases=[str(i) for i in leases.get("checkpoint", [])],
         assigned_leases=leases.get("assigned"),
-        run_benchmark={"nonce": benchmark[0], "deadline": benchmark[1]} if benchmark else None,
+        run_benchmark=(
+            {"nonce": benchmark[0], "deadline": benchmark[1], **({"limits": benchmark[2]} if benchmark[2] else {})}
+            if benchmark
+            else None
+        ),
         events=events,
         # Instructions of the apps above beyond the lease ones (operations' "upgrade"), as they
         # returned them (fleet.instructions, the ordered registry of status-report handlers).

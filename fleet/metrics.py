@@ -26,6 +26,14 @@ HEARTBEATS = Counter(
     ["kind", "outcome"],
 )
 
+# Finished re-verifications by pool and outcome (passed | failed): a rising failed rate is
+# deverifications (fleet.reverification). Bounded labels: pools, two outcomes.
+REVERIFICATIONS = Counter(
+    "nodepool_node_reverifications",
+    "Scheduled node re-verifications finished, by pool and outcome (failed: the node was deverified).",
+    ["pool", "outcome"],
+)
+
 _children: dict[tuple[str, str], object] = {}
 
 

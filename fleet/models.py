@@ -679,7 +679,8 @@ class AdmissionCheck(models.Model):
 
 
 class Benchmark(models.Model):
-    """A benchmark the control plane asked a node to run, identified by a nonce."""
+    """A benchmark the control plane asked a node to run, identified by a nonce: for admission
+    (its ``benchmark`` check) or for a scheduled re-verification (``Reverification.benchmark``)."""
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="benchmarks")
     nonce = models.CharField(max_length=64, unique=True)
@@ -688,6 +689,10 @@ class Benchmark(models.Model):
     deadline = models.DateTimeField()
     completed_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(default=dict, blank=True)
+    # What the node may use for it, ``{resource: canonical int}`` (cpu millicores, memory bytes);
+    # empty: the whole machine. A re-verification of a busy node limits it to the free capacity
+    # (fleet.reverification), so that it never takes capacity from running leases.
+    limits = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["-requested_at"]

@@ -32,6 +32,9 @@ BEAT_SCHEDULE = {
         "schedule": _FLEET_STATE,
         "options": {"expires": _FLEET_STATE * 0.8},
     },
+    # Scheduled re-verification (fleet/reverification.py): the due times are drawn per node, so a
+    # minute's resolution is plenty; a run cut short is finished by the next pass.
+    "fleet-reverify-due-nodes": {"task": "fleet.reverify_due_nodes", "schedule": 60.0, "options": {"expires": 50.0}},
     # Retention (nodepool/retention.py): hourly, bounded batches; a run cut short resumes next hour.
     "fleet-prune-events": {"task": "fleet.prune_events", "schedule": 3600.0, "options": {"expires": 3000.0}},
 }

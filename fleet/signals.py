@@ -34,6 +34,12 @@ Signals (``sender`` is always :class:`fleet.models.Node`):
     (``drained``) taint, outside any transaction; leases revokes and requeues the leases holding
     them that do not tolerate the taint (its device-fault trigger).
 
+``benchmark_finished(benchmark, measured, actor, now)``
+    inside the transaction that completed (``measured``: ``{"cpu", "memory"}`` canonical ints) or
+    timed out (``measured`` None) a benchmark (fleet.admission); fleet.reverification finishes
+    the re-verification that asked for it. Sent by fleet for fleet (fleet.admission is below
+    fleet.reverification, which uses its checks), connected in ``FleetConfig.ready()``.
+
 Anything that needs the node to act sends no signal back: it sets a bit of the node's
 pending-instructions marker through :func:`fleet.instructions.post_instructions`, which the next
 renewal reports.
@@ -48,3 +54,4 @@ node_revived = Signal()
 device_identity_conflict = Signal()
 device_faulted = Signal()
 devices_above_verified = Signal()
+benchmark_finished = Signal()

@@ -69,3 +69,11 @@ def refresh_fleet_state_task() -> float:
     from .fleet_state import refresh
 
     return refresh().duration_seconds
+
+
+@shared_task(name="fleet.reverify_due_nodes", bind=True, ignore_result=True)
+def reverify_due_nodes(self) -> dict:
+    """Beat: schedule, start and cancel scheduled re-verifications (fleet/reverification.py; safe twice at once)."""
+    from .reverification import reverify_due
+
+    return reverify_due(actor=Actor.system("fleet.reverify_due_nodes", self.request.id or ""))

@@ -14,7 +14,8 @@ reads them at each beat:
 * ``duplicate_next`` — the next N heartbeats are sent twice with the same sequence;
 * ``reorder_next`` — the next N pairs of heartbeats are sent later one first;
 * ``impossible`` — declared at enrollment: absurd capacity;
-* ``benchmark_factor`` — benchmarks answer declared × factor (< 1: declared but not confirmed);
+* ``benchmark_factor`` — benchmarks answer declared × factor (< 1: declared but not confirmed; set
+  after admission, a machine "swapped" for weaker hardware, which re-verification deverifies);
 * ``broken_upgrade`` — an ``upgrade`` instruction restarts the node but the new version does
   not take (it comes back with the old one, so admission refuses the target);
 * ``inject_xid(device, xid)`` — a GPU reports an XID: the next beat is a status report carrying
@@ -550,9 +551,14 @@ class VirtualNode:
             return
         duration = self.rng.uniform(0.2, 1.0)
         noise = self.rng.uniform(0.95, 1.0)
+        # A re-verification of a busy node sends ``limits`` (its free capacity): the benchmark
+        # measures at most that much, as the real agent does, and never what leases are using.
+        limits = request.get("limits") or {}
+        cpu = min(self.spec.cpu * 1000, limits.get("cpu", self.spec.cpu * 1000))
+        memory = min(self.spec.memory, limits.get("memory", self.spec.memory))
         result = {
-            "cpu_millicores": int(self.spec.cpu * 1000 * noise * self.benchmark_factor),
-            "memory_bytes": int(self.spec.memory * noise * self.benchmark_factor),
+            "cpu_millicores": int(cpu * noise * self.benchmark_factor),
+            "memory_bytes": int(memory * noise * self.benchmark_factor),
             "duration_seconds": round(duration, 3),
             "details": {"simulated": True, "factor": self.benchmark_factor},
         }

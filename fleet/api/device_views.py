@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.response import Response
@@ -18,10 +19,10 @@ from nodepool.api.permissions import IsOperator, IsOperatorOrReadOnlyOwner
 from nodepool.api.problems import NotFound
 from nodepool.api.versioning import ETagMixin, expected_version
 
-from .. import devices
+from .. import devices, reverification
 from ..errors import NODE_NOT_FOUND
 from ..events import Actor
-from ..models import Device
+from ..models import Device, Node
 from ..selectors import node_queryset_for
 from .serializers import ReasonSerializer, StrictSerializer
 
@@ -112,6 +113,20 @@ class NodeDeviceList(APIView):
         if request.query_params.get("retired") == "false":
             rows = rows.filter(retired_at__isnull=True)
         return Response([device_representation(row) for row in rows[:1024]])
+
+
+class NodeVerificationView(APIView):
+    """``GET /nodes/{id}/verification``: whether the node is verified now, and if not why and what to
+    do, with its re-verification history (fleet.reverification.verification_view). Operators and the
+    node's owner; never the next check's due time (the node must not learn it in advance)."""
+
+    permission_classes = [IsOperatorOrReadOnlyOwner]
+
+    @extend_schema(responses=OpenApiTypes.OBJECT)
+    def get(self, request, pk):
+        if not node_queryset_for(request.user).filter(pk=pk).exists():
+            raise NotFound("No such node.", NODE_NOT_FOUND)
+        return Response(reverification.verification_view(Node.objects.select_related("pool").get(pk=pk)))
 
 
 class _DeviceAction(ETagMixin, APIView):

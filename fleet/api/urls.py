@@ -50,6 +50,8 @@ urlpatterns = [
         device_views.DeviceReleaseView.as_view(),
         name="device-release",
     ),
+    # Re-verification (fleet.reverification): the node's verification state and history.
+    path("nodes/<uuid:pk>/verification", device_views.NodeVerificationView.as_view(), name="node-verification"),
     # Events: the fleet's stream and one node's timeline.
     path("events", events.EventList.as_view(), name="event-list"),
     path("nodes/<uuid:pk>/events", events.NodeEventTimeline.as_view(), name="node-events"),
