@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from django.utils import timezone
@@ -31,6 +32,19 @@ from .models import Shape
 from .spec import PlacementSpec, bad, parse_spec
 
 MAX_COUNT = 1000  # leases one preview simulates; "fits" is counted exactly beyond it
+# Higher apps say how a pool can scale up (operations: its autoscaler's node template and max_nodes):
+# ``source(pool, spec) -> None | {"max_nodes": M, "nodes_to_add": k, "allocatable": {res: n},
+# "failure": None | reason code}`` (``failure``: why an empty template node would not hold
+# ``spec``, the scheduler's code). Connected in the higher app's AppConfig.ready().
+ScaleUpSource = Callable[[Pool, PlacementSpec], "dict | None"]
+_scale_up_sources: dict[str, ScaleUpSource] = {}
+
+
+def register_scale_up_source(name: str, source: ScaleUpSource) -> None:
+    """Declare how pools can scale up, for :func:`after_scale_up` (idempotent per ``name``)."""
+    _scale_up_sources[name] = source
+
+
 MAX_NODES_LISTED = 100  # distinct nodes named in one pool's answer
 PREVIEW_WORKLOAD = "placement-preview"
 
@@ -86,6 +100,58 @@ def preview_pool(
         explanation = placement.diagnose(pool, spec, now=now, exclude_node_ids=exclude_node_ids)
         explanation.pop("pending_admission", None)
         result["unschedulable"] = explanation
+    return result
+
+
+def after_scale_up(pool: Pool, spec: PlacementSpec, answer: dict[str, Any]) -> dict[str, Any] | None:
+    """Would ``answer``'s request (a :func:`preview_pool` answer) fit once ``pool`` scaled up to its
+    maximum with its node template? None when no registered source can grow the pool.
+
+    Returns ``{"max_nodes": M, "nodes_to_add": k, "per_node": n, "fits": N, "placeable": bool,
+    "cause": None | "too_large" | "constraints" | "insufficient_capacity", "reason": code | None,
+    "message": str}``: ``fits`` is the leases that fit now plus ``k`` template nodes holding ``n``
+    each (a hard anti-affinity group adds at most one: the template nodes share their labels).
+    ``cause`` ``too_large`` — with the ``too_large`` object of :mod:`leases.impossible`, the family
+    of the 409 and the queued request's ``422 impossible_request`` — when no node nor template
+    could ever hold the request; otherwise, when it does not fit, whether the template fails a
+    constraint (a taint, a selector: ``reason`` names it) or the pool runs out of room
+    (``max_nodes``). Cluster-autoscaler answers the same question before scaling (will a new
+    node of this group let the pending pod schedule?) by simulating the template node."""
+    for source in _scale_up_sources.values():
+        grow = source(pool, spec)
+        if grow is not None:
+            break
+    else:
+        return None
+    added, allocatable, failure = grow["nodes_to_add"], grow["allocatable"], grow.get("failure")
+    per_node = 0
+    if failure is None and spec.resources:
+        per_node = min(allocatable.get(name, 0) // amount for name, amount in spec.resources.items() if amount)
+    extra = min(added, 1) * min(per_node, 1) if spec.anti_affinity else added * per_node
+    fits = answer["fits"] + extra
+    result = {
+        "max_nodes": grow["max_nodes"],
+        "nodes_to_add": added,
+        "per_node": per_node,
+        "fits": fits,
+        "placeable": fits >= answer["requested"],
+        "cause": None,
+        "reason": failure,
+        "message": f"{fits} would fit once {pool.name!r} adds {added} node(s) of its template",
+    }
+    if result["placeable"]:
+        return result
+    unschedulable = answer.get("unschedulable") or {}
+    if unschedulable.get("cause") == "too_large":
+        result.update(cause="too_large", too_large=unschedulable["too_large"], message=unschedulable["message"])
+    elif failure and not failure.startswith("insufficient_"):
+        result.update(cause="constraints", message=f"a node of {pool.name!r}'s template would not take it: {failure}")
+    else:
+        result.update(
+            cause="insufficient_capacity",
+            message=f"only {fits} of {answer['requested']} would fit once {pool.name!r} reached max_nodes "
+            f"{grow['max_nodes']}",
+        )
     return result
 
 
@@ -211,7 +277,8 @@ def placement_preview(*, data: Any, now=None) -> dict[str, Any]:
 
     ``data`` is a ``POST /node-leases`` body where ``workload_id`` and ``pool`` are optional (no
     pool: every pool), plus ``count`` (1 to :data:`MAX_COUNT`, default 1). Returns
-    ``{"count": N, "pools": [preview_pool(...) for each pool], "fits": total}``.
+    ``{"count": N, "pools": [preview_pool(...) + {"after_scale_up": after_scale_up(...)}], "fits":
+    total}`` (``fits`` counts what fits now, not after a scale-up).
 
     Raises:
         Problem 400: bad input (the lease request's own rules, ``invalid_count``, ``unknown_pool``,
@@ -233,7 +300,11 @@ def placement_preview(*, data: Any, now=None) -> dict[str, Any]:
     spec, _ = resolve_shape(spec)
     pools = list(Pool.objects.order_by("name")) if pool_name is None else [resolve_pool(spec.pool)]
     now = now or timezone.now()
-    answers = [preview_pool(pool, spec, count=count, now=now) for pool in pools]
+    answers = []
+    for pool in pools:
+        answer = preview_pool(pool, spec, count=count, now=now)
+        answer["after_scale_up"] = after_scale_up(pool, spec, answer)
+        answers.append(answer)
     return {"count": count, "fits": sum(a["fits"] for a in answers), "pools": answers}
 
 
@@ -317,10 +388,12 @@ def quick_fits(pool: Pool, spec: PlacementSpec, *, now=None) -> int:
 
 __all__ = [
     "MAX_COUNT",
+    "after_scale_up",
     "fits_count",
     "placement_preview",
     "preview_pool",
     "refresh_request_class_fits",
+    "register_scale_up_source",
     "request_class_fits",
 ]
 

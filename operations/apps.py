@@ -15,7 +15,7 @@ class OperationsConfig(AppConfig):
     def ready(self):
         from fleet import admission
         from fleet.instructions import register_status_report_handler
-        from leases import impossible
+        from leases import impossible, preview
         from leases.signals import lease_ended
         from nodepool.metrics import register_collector
 
@@ -40,3 +40,5 @@ class OperationsConfig(AppConfig):
         register_collector("operations", OperationsCollector().collect)
         # A request no node holds is still placeable if the autoscaler's template would hold it.
         impossible.register_growth_source("operations.node_template", capacity.template_shapes)
+        # "Would it fit after scale-up to max_nodes?" in POST /placement-previews.
+        preview.register_scale_up_source("operations.node_template", capacity.scale_up_view)

@@ -110,3 +110,19 @@ def template_preview(pool: Pool, template: dict, spec: PlacementSpec) -> str | N
     if failure:
         return failure
     return placement.resource_failure(template_allocatable(pool, template), spec)
+
+
+def scale_up_view(pool: Pool, spec: PlacementSpec) -> dict | None:
+    """How ``pool`` can scale up for ``spec`` (the scale-up source of :mod:`leases.preview`): None
+    when it does not autoscale (no provider, ``max_nodes`` 0, or no template resources); else
+    ``{"max_nodes", "nodes_to_add": max_nodes − members (never below 0), "allocatable": a template
+    node's, "failure": None | why an empty template node would not hold spec}``."""
+    ops = PoolOperations.objects.filter(pool=pool).first()
+    if ops is None or not ops.provider or not ops.max_nodes or not (ops.node_template or {}).get("resources"):
+        return None
+    return {
+        "max_nodes": ops.max_nodes,
+        "nodes_to_add": max(0, ops.max_nodes - member_nodes(pool).count()),
+        "allocatable": template_allocatable(pool, ops.node_template),
+        "failure": template_preview(pool, ops.node_template, spec),
+    }

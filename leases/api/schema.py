@@ -124,7 +124,9 @@ PlacementPreviewResponse = inline_serializer(
         "fits": serializers.IntegerField(help_text="such leases that fit now, summed over the pools"),
         "pools": serializers.ListField(
             child=serializers.JSONField(),
-            help_text="[{pool, requested, fits, placeable, placements: [{node_id, hostname, leases}], unschedulable}]",
+            help_text="[{pool, requested, fits, placeable, placements: [{node_id, hostname, leases}], unschedulable, "
+            "after_scale_up: null | {max_nodes, nodes_to_add, per_node, fits, placeable, cause, reason, message, "
+            "too_large?}}]",
         ),
     },
 )
