@@ -21,6 +21,7 @@ class OperationsConfig(AppConfig):
 
         from . import (
             capacity,
+            drift,
             errors,  # noqa: F401  (declares the app's problem codes: the registry is complete)
             event_types,  # noqa: F401  (declares the app's event types)
             preemption,
@@ -33,6 +34,8 @@ class OperationsConfig(AppConfig):
         admission.register_check(
             targets.CHECK_NAME, targets.check_upgrade_target, applies=lambda pool: bool(targets.pool_target(pool))
         )
+        # Records the pool shape hash each admission admits a node with (drift).
+        admission.register_check(drift.CHECK_NAME, drift.check_pool_shape)
         register_status_report_handler(
             "operations.upgrade_instruction", upgrades.upgrade_instruction_for_report, order=300
         )

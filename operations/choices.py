@@ -131,3 +131,19 @@ class DisruptionReason(models.TextChoices):
 
 # The reasons a pool disruption budget may name (everything automation decides on its own).
 BUDGETED_REASONS = tuple(r for r in DisruptionReason.values if r != DisruptionReason.PREEMPTION)
+
+
+class ReplacementState(models.TextChoices):
+    """A node's replacement for drift or expiry (operations.replacement), Karpenter's disruption
+    flow: cordon through the gate, a replacement ready first where the pool autoscales, then drain."""
+
+    PENDING = "pending", "wanted; waiting for the gate (budget, window) or its turn"
+    LAUNCHING = "launching", "cordoned; a replacement machine is on its way"
+    DRAINING = "draining", "cordoned and draining"
+    REPLACED = "replaced", "replaced (machine deleted, or the node re-admitted at the pool's shape)"
+    CANCELLED = "cancelled", "no longer needed (the node matches again, left the pool or was retired)"
+    FAILED = "failed", "failed (re-admission refused the node, or the drain ended otherwise)"
+
+
+ACTIVE_REPLACEMENT_STATES = (ReplacementState.PENDING, ReplacementState.LAUNCHING, ReplacementState.DRAINING)
+REPLACEMENT_REASONS = ("drift", "expiry", "repair")

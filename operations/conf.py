@@ -19,6 +19,13 @@ SETTINGS = AppSettings(
     Setting("PREEMPTION_MARGIN_MIN", float, 10.0, "...and at least this long before (seconds)"),
     Setting("SIMULATED_PROVIDER_URL", str, "http://127.0.0.1:8000",
             "where simulator machines started by the simulated provider find the control plane"),
+    Setting("REPLACEMENT_SWEEP_INTERVAL", float, 30.0,
+            "how often drifted and expired nodes are looked for and their replacements moved (seconds)"),
+    Setting("EXPIRY_SPREAD", float, 0.1,
+            "a node's expiry is spread over this share of expire_after (fixed per node): "
+            "nodes made together do not expire together"),
+    Setting("AUTONOMY_GUARD_SECONDS", float, 300.0,
+            "expiry stands still this long after a detected control-plane outage or clock gap (seconds)"),
     Setting("BULK_MAX_NODES", int, 100,
             "most nodes one bulk cordon / uncordon / drain by label selector may act on (operations.bulk)"),
 )  # fmt: skip

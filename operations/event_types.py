@@ -8,3 +8,5 @@ PREEMPTION = declare("preemption", "preemption notice")
 DISRUPTION_BLOCKED = declare(
     "disruption_blocked", "automated disruption blocked (pool budget, window, workload budget)"
 )
+REPLACEMENT = declare("replacement", "node replacement for drift or expiry (operations.replacement)")
+DRIFT = declare("drift", "node drifted from its pool's shape, or back at it (operations.drift)")

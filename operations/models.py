@@ -18,6 +18,7 @@ from maintenance.choices import EvictionPolicy
 from nodepool.fsm import SerializedFSMRefresh
 
 from .choices import (
+    ACTIVE_REPLACEMENT_STATES,
     ACTIVE_UPGRADE_STATES,
     DisruptionReason,
     MachineState,
@@ -25,6 +26,7 @@ from .choices import (
     PreemptionSource,
     PreemptionState,
     ProviderKind,
+    ReplacementState,
     ScaleDirection,
     ScaleOutcome,
     UpgradeNodeState,
@@ -99,6 +101,15 @@ class PoolOperations(models.Model):
     consolidate_after = models.PositiveIntegerField(null=True, blank=True, help_text="Seconds; empty = off.")
     consolidation_min_saving = models.FloatField(
         default=0.2, help_text="Fraction 0..1 of a node's hourly price a replacement must save."
+    )
+    # Expiry (operations.expiry): a node is replaced once it has served this long since its last
+    # admission (plus a per-node spread); null = never (Karpenter's expireAfter: Never).
+    expire_after = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Seconds after admission a node is replaced; empty: never."
+    )
+    # After an expired node has waited this long for the budgets, its drain is forced; null = never forced.
+    termination_grace = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Seconds an expired node waits for the budgets before it is forced out."
     )
     consecutive_failures = models.PositiveIntegerField(default=0)
     backoff_until = models.DateTimeField(null=True, blank=True)
@@ -375,3 +386,102 @@ class DisruptionBlock(models.Model):
 
     def __str__(self) -> str:
         return f"{self.reason} of {self.node_id} blocked: {self.kind}"
+
+
+class NodeShape(models.Model):
+    """What a node was admitted with: the hash of its pool's node-shaping settings at its latest
+    admission (:mod:`operations.drift`), and whether it has drifted from them since.
+
+    ``pool_hash`` comes from the ``pool_shape`` admission check of ``admission_attempt`` (so an
+    upgrade, which re-admits the node, records the new one); a node admitted before drift existed
+    got its pool's hash at the first sweep. ``admitted_at`` is when expiry counts from.
+    ``drift_reasons``: ``["pool shape changed (hash …)", "agent version 1.0.0 is outside …"]``.
+    """
+
+    node = models.OneToOneField("fleet.Node", on_delete=models.CASCADE, primary_key=True, related_name="shape")
+    pool = models.ForeignKey("fleet.Pool", on_delete=models.CASCADE, related_name="+")
+    pool_hash = models.CharField(max_length=64)
+    hash_version = models.CharField(max_length=8, default="v1")
+    admission_attempt = models.PositiveIntegerField(default=0)
+    admitted_at = models.DateTimeField()
+    drifted = models.BooleanField(default=False)
+    drifted_since = models.DateTimeField(null=True, blank=True)
+    drift_reasons = models.JSONField(default=list, blank=True)
+
+    def __str__(self) -> str:
+        return f"shape of {self.node_id}: {self.pool_hash[:12]}{' (drifted)' if self.drifted else ''}"
+
+
+class NodeReplacement(SerializedFSMRefresh, ConcurrentTransitionMixin, models.Model):
+    """One replacement of a node for ``reason`` (drift, expiry; repair may use it too), moved by
+    :mod:`operations.replacement`. At most one active per node (the constraint is what makes two
+    sweeps that find the same node start one replacement).
+
+    ``key`` names the machines asked for it (``ScaleDecision.data.replacement``); ``attempt``
+    counts launches (a replacement that failed to come up is asked for again). ``overrode``: the
+    gate's blocker a forced replacement went past (``termination_grace``).
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    node = models.ForeignKey("fleet.Node", on_delete=models.CASCADE, related_name="replacements")
+    pool = models.ForeignKey("fleet.Pool", on_delete=models.CASCADE, related_name="replacements")
+    reason = models.CharField(max_length=16, choices=DisruptionReason.choices)
+    owner = models.CharField(max_length=200)
+    state = FSMField(max_length=16, choices=ReplacementState.choices, default=ReplacementState.PENDING, protected=True)
+    detail = models.TextField(blank=True)
+    wanted_since = models.DateTimeField()
+    force_at = models.DateTimeField(null=True, blank=True)
+    forced = models.BooleanField(default=False)
+    overrode = models.JSONField(default=dict, blank=True)
+    attempt = models.PositiveIntegerField(default=0)
+    # After a replacement machine failed to come up: not tried again before this (growing back-off).
+    not_before = models.DateTimeField(null=True, blank=True)
+    drain_id = models.UUIDField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    version = models.PositiveIntegerField(default=1)
+
+    class Meta:
+        ordering = ["wanted_since"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["node"],
+                condition=Q(state__in=ACTIVE_REPLACEMENT_STATES),
+                name="replacement_one_active_per_node",
+            )
+        ]
+        indexes = [models.Index(fields=["pool", "state"], name="replacement_pool_state")]
+
+    def __str__(self) -> str:
+        return f"{self.reason} replacement of {self.node_id} ({self.state})"
+
+    @property
+    def key(self) -> str:
+        return f"{self.pk}:{self.attempt}"
+
+    # --- transitions: memory only (operations.replacement locks, saves and records the event) --
+    @transition(field=state, source=ReplacementState.PENDING, target=ReplacementState.LAUNCHING)
+    def launch(self):
+        """pending → launching: cordoned through the gate; a replacement machine is requested."""
+
+    @transition(field=state, source=ReplacementState.LAUNCHING, target=ReplacementState.PENDING)
+    def relaunch(self):
+        """launching → pending: the replacement did not come up; the cordon is lifted (Karpenter un-taints)."""
+
+    @transition(
+        field=state, source=[ReplacementState.PENDING, ReplacementState.LAUNCHING], target=ReplacementState.DRAINING
+    )
+    def drain(self):
+        """pending (no pre-spun replacement) | launching (replacement ready) → draining."""
+
+    @transition(field=state, source=ReplacementState.DRAINING, target=ReplacementState.REPLACED)
+    def finish(self):
+        """draining → replaced: the machine deleted, or the node re-admitted."""
+
+    @transition(field=state, source=ACTIVE_REPLACEMENT_STATES, target=ReplacementState.CANCELLED)
+    def cancel(self):
+        """pending | launching | draining → cancelled: no longer needed."""
+
+    @transition(field=state, source=ACTIVE_REPLACEMENT_STATES, target=ReplacementState.FAILED)
+    def fail(self):
+        """→ failed: re-admission refused the node, or its drain ended otherwise."""

@@ -4,6 +4,7 @@ from . import conf
 
 _UPGRADES = float(conf.get("UPGRADE_SWEEP_INTERVAL"))
 _AUTOSCALE = float(conf.get("AUTOSCALE_INTERVAL"))
+_REPLACEMENTS = float(conf.get("REPLACEMENT_SWEEP_INTERVAL"))
 
 BEAT_SCHEDULE = {
     # Safety net of the upgrade tick chains (a lost message, a worker killed mid-chain).
@@ -22,5 +23,11 @@ BEAT_SCHEDULE = {
         "task": "operations.sweep_preemptions",
         "schedule": 5.0,
         "options": {"expires": 4.5},
+    },
+    # Drift and expiry: replace drifted and expired nodes under the pool budgets.
+    "operations-sweep-replacements": {
+        "task": "operations.sweep_replacements",
+        "schedule": _REPLACEMENTS,
+        "options": {"expires": _REPLACEMENTS * 0.9},
     },
 }

@@ -57,8 +57,12 @@ FIELDS = {
     "fallback_pools",
     "consolidate_after",
     "consolidation_min_saving",
+    "expire_after",
+    "termination_grace",
 }
 MAX_FALLBACK_POOLS = 10
+# Seconds, or null for "never": at least a minute, at most ten years.
+OPTIONAL_SECONDS = ("expire_after", "termination_grace")
 
 
 def _bad(field: str, message: str, code: str = INVALID_POOL_OPERATIONS) -> Problem:
@@ -78,6 +82,11 @@ def parse_changes(data: Any, pool: Pool) -> dict:
         if name in INTS:
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 10**7:
                 raise _bad(name, "must be an integer from 0 to 10000000")
+        elif name in OPTIONAL_SECONDS:
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or not 60 <= value <= 10 * 365 * 86400
+            ):
+                raise _bad(name, "must be a number of seconds from 60 to 315360000, or null (never)")
         elif name == "drain_policy" and value not in EvictionPolicy.values:
             raise _bad(name, f"must be one of {', '.join(EvictionPolicy.values)}")
         elif name == "spot" and not isinstance(value, bool):

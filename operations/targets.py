@@ -22,7 +22,9 @@ from .errors import INVALID_TARGET
 CHECK_NAME = "upgrade_target"
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
 ACTION = re.compile(r"^[a-z][a-z0-9_.-]{0,62}$")
-TARGET_KEYS = {"version", "agent_versions", "image", "kernel", "labels", "artifact", "action"}
+TARGET_KEYS = {"version", "agent_versions", "image", "kernel", "driver", "labels", "artifact", "action"}
+# What the node reports or declares (features, else labels) and must equal when the target names it.
+DECLARED = ("image", "kernel", "driver")
 
 
 def _bad(field: str, message: str) -> Problem:
@@ -35,8 +37,9 @@ def parse_target(value: Any) -> dict:
     """Validate a target from the wire; returns it normalised.
 
     Shape: ``{"version": PEP 440 (required), "agent_versions": PEP 440 specifier set (default
-    ``==version``), "image": str, "kernel": str, "labels": {str: str}, "artifact": {"ref": str,
-    "sha256": 64 lowercase hex}, "action": name of the agent's upgrade action (default "agent")}``.
+    ``==version``), "image": str, "kernel": str, "driver": str (e.g. the GPU driver), "labels":
+    {str: str}, "artifact": {"ref": str, "sha256": 64 lowercase hex}, "action": name of the
+    agent's upgrade action (default "agent")}``.
 
     Raises: Problem (400 ``invalid_target``).
     """
@@ -59,7 +62,7 @@ def parse_target(value: Any) -> dict:
         raise _bad("agent_versions", "must be a PEP 440 specifier set such as '>=2.0,<3'") from None
     if not specifiers.contains(Version(version), prereleases=True):
         raise _bad("agent_versions", f"does not contain the target version {version}")
-    for name in ("image", "kernel"):
+    for name in DECLARED:
         if not isinstance(value.get(name, ""), str) or len(value.get(name, "")) > 200:
             raise _bad(name, "must be a string of at most 200 characters")
     labels = value.get("labels", {})
@@ -80,6 +83,7 @@ def parse_target(value: Any) -> dict:
         "agent_versions": str(specifiers) or f"=={version}",
         "image": value.get("image", ""),
         "kernel": value.get("kernel", ""),
+        **({"driver": value["driver"]} if value.get("driver") else {}),
         "labels": dict(labels),
         "artifact": dict(artifact),
         "action": action,
@@ -98,7 +102,7 @@ def target_mismatches(node: Node, target: dict) -> list[str]:
         problems.append(f"agent version {version} is outside the target {spec}")
     features = (node.declared or {}).get("features") or {}
     labels = {**(node.node_labels or {}), **(node.labels or {})}
-    for name in ("image", "kernel"):
+    for name in DECLARED:
         want = target.get(name)
         have = features.get(name) or labels.get(name, "")
         if want and have != want:

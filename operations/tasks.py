@@ -119,3 +119,11 @@ def request_replacement(self, pool_id: int, preemption_id: int, node_id: str) ->
         node_id=node_id,
         actor=Actor.system(outofservice.AUTOSCALER, self.request.id or ""),
     )
+
+
+@shared_task(name="operations.sweep_replacements", bind=True, ignore_result=True)
+def sweep_replacements(self) -> dict:
+    """Beat: find drifted and expired nodes and move their replacements (operations.replacement)."""
+    from . import replacement
+
+    return replacement.sweep(actor=Actor.system("operations.sweep_replacements", self.request.id or ""))

@@ -125,6 +125,8 @@ class PoolOperationsSerializer(serializers.ModelSerializer):
             "disruption_budgets",
             "consolidate_after",
             "consolidation_min_saving",
+            "expire_after",
+            "termination_grace",
             "last_scale_up_at",
             "last_scale_down_at",
             "version",

@@ -38,7 +38,7 @@ def test_admitted_node_becomes_ready_with_verified_capability_and_inventory(
     cpu = NodeResource.objects.get(node=node, name="cpu")
     assert (cpu.capacity, cpu.reserved, cpu.allocatable, cpu.allocated) == (8000, 500, 7500, 0)
     checks = _checks(node)
-    assert set(checks) == {"agent_version", "capabilities", "labels", "plausibility", "attestation"}
+    assert set(checks) == {"agent_version", "capabilities", "labels", "plausibility", "attestation", "pool_shape"}
     assert checks["attestation"].status == CheckStatus.SKIPPED
     assert all(c.status == CheckStatus.PASSED for n, c in checks.items() if n != "attestation")
     assert all(c.started_at and c.finished_at for c in checks.values())
@@ -199,7 +199,9 @@ def test_a_crash_midway_leaves_admitting_and_a_retry_finishes(monkeypatch):
 
     monkeypatch.undo()
     assert admission.run_admission(node_id=node.pk, attempt=node.admission_attempt, actor=SYSTEM) == "ready"
-    assert NodeEvent.objects.filter(node=node, type=fleet_events.ADMISSION_CHECK).count() == 5
+    assert NodeEvent.objects.filter(node=node, type=fleet_events.ADMISSION_CHECK).count() == len(
+        admission.check_names(node.pool)
+    )
     assert admission.run_admission(node_id=node.pk, attempt=node.admission_attempt, actor=SYSTEM) == "stale"
 
 
@@ -232,7 +234,9 @@ def test_two_admission_runs_at_once_decide_once(lost_tasks):
     assert Node.objects.get().lifecycle == Lifecycle.READY
     assert results.count("ready") == 1, results
     assert NodeEvent.objects.filter(node=node, type=fleet_events.LIFECYCLE, to_state="ready").count() == 1
-    assert NodeEvent.objects.filter(node=node, type=fleet_events.ADMISSION_CHECK).count() == 5
+    assert NodeEvent.objects.filter(node=node, type=fleet_events.ADMISSION_CHECK).count() == len(
+        admission.check_names(node.pool)
+    )
     assert NodeResource.objects.filter(node=node).count() == 3
 
 
