@@ -20,6 +20,13 @@ gives the same figures to anything else (the demo).
   exports its members not disrupting.
 - ``nodepool_pool_disruptions_blocked{pool,reason}`` — nodes automation wants to disrupt but may
   not (``GET /pools/{name}/disruptions`` names each blocker).
+- ``nodepool_pool_drifted_nodes{pool}`` — members whose shape or versions differ from the pool's
+  (:mod:`operations.drift`; ``Drifted=True``).
+- ``nodepool_pool_expired_nodes{pool}`` — members past their expiry time and not replaced yet;
+  ``nodepool_pool_oldest_expired_seconds{pool}`` — how long the longest-waiting of them has been
+  expired (0 when none), what the alert on stuck expiry reads.
+- ``nodepool_node_replacements{pool,reason,state}`` — drift/expiry replacements by state
+  (pending, launching, draining, replaced, cancelled, failed).
 """
 
 from __future__ import annotations
@@ -30,9 +37,22 @@ from django.db.models import Count
 from django.utils import timezone
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from . import disruption
+from fleet.clock import detected_gaps
+
+from . import disruption, expiry
 from .choices import BUDGETED_REASONS, MachineState, ProviderKind, ScaleOutcome, UpgradeNodeState
-from .models import DisruptionBlock, PoolOperations, Preemption, ProviderMachine, ScaleDecision, Upgrade, UpgradeNode
+from .drift import FOLLOWED
+from .models import (
+    DisruptionBlock,
+    NodeReplacement,
+    NodeShape,
+    PoolOperations,
+    Preemption,
+    ProviderMachine,
+    ScaleDecision,
+    Upgrade,
+    UpgradeNode,
+)
 
 
 def samples() -> dict:
@@ -83,6 +103,11 @@ def samples() -> dict:
     ):
         backoff[(name,)] = max(0.0, (until - now).total_seconds()) if until else 0.0
         failures[(name,)] = float(n)
+    drifted, expired, oldest = _drift_and_expiry(now)
+    replacements = {
+        (p, r, st): n
+        for p, r, st, n in NodeReplacement.objects.values_list("pool__name", "reason", "state").annotate(n=Count("pk"))
+    }
     return {
         "nodepool_upgrade_nodes_total": dict(nodes),
         "nodepool_upgrade_success_ratio": ratio,
@@ -95,7 +120,34 @@ def samples() -> dict:
         "nodepool_pool_disruptions_blocked": blocked,
         "nodepool_pool_scale_up_backoff_seconds": backoff,
         "nodepool_pool_scale_up_consecutive_failures": failures,
+        "nodepool_pool_drifted_nodes": drifted,
+        "nodepool_pool_expired_nodes": expired,
+        "nodepool_pool_oldest_expired_seconds": oldest,
+        "nodepool_node_replacements": replacements,
     }
+
+
+def _drift_and_expiry(now) -> tuple[dict, dict, dict]:
+    """``(drifted, expired, oldest expired seconds)``, each ``{(pool,): value}``: drifted for every
+    pool with nodes the drift sweep follows; expired (members past their expiry time: a replaced
+    node was re-admitted, so its time started over, or retired) for every pool with ``expire_after``."""
+    shapes = NodeShape.objects.filter(node__lifecycle__in=FOLLOWED)
+    drifted = {(p,): 0.0 for p in shapes.values_list("pool__name", flat=True).distinct()}
+    for p, n in shapes.filter(drifted=True).values_list("pool__name").annotate(n=Count("pk")):
+        drifted[(p,)] = float(n)
+    expired, oldest = {}, {}
+    gaps = None
+    for ops in PoolOperations.objects.filter(expire_after__isnull=False).select_related("pool"):
+        gaps = detected_gaps() if gaps is None else gaps
+        late = [
+            (now - due).total_seconds()
+            for node_id, admitted_at in shapes.filter(pool=ops.pool).values_list("node_id", "admitted_at")
+            if (due := expiry.expires_at(node_id=node_id, admitted_at=admitted_at, expire_after=ops.expire_after,
+                                         gaps=gaps)) <= now
+        ]  # fmt: skip
+        expired[(ops.pool.name,)] = float(len(late))
+        oldest[(ops.pool.name,)] = max(late, default=0.0)
+    return drifted, expired, oldest
 
 
 class OperationsCollector:
@@ -151,3 +203,18 @@ class OperationsCollector:
             for labels, value in data[name].items():
                 gauge.add_metric(list(labels), value)
             yield gauge
+        for name, help_text in (
+            ("nodepool_pool_drifted_nodes", "Members whose shape or versions differ from their pool's (Drifted=True)."),
+            ("nodepool_pool_expired_nodes", "Members past their expiry time, not replaced yet."),
+            ("nodepool_pool_oldest_expired_seconds", "Seconds the longest-waiting expired member has been expired."),
+        ):
+            gauge = GaugeMetricFamily(name, help_text, labels=["pool"])
+            for labels, value in data[name].items():
+                gauge.add_metric(list(labels), value)
+            yield gauge
+        gauge = GaugeMetricFamily(
+            "nodepool_node_replacements", "Drift and expiry replacements by state.", labels=["pool", "reason", "state"]
+        )
+        for labels, value in data["nodepool_node_replacements"].items():
+            gauge.add_metric(list(labels), value)
+        yield gauge

@@ -44,15 +44,16 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from fleet.choices import Lifecycle
+from fleet.clock import detected_gaps, observe
 from fleet.events import Actor, record_event
-from fleet.models import Node
+from fleet.models import Node, Pool
 from maintenance import drains, holds
 from maintenance.choices import DrainState
 from maintenance.models import Drain
 
 from . import autoscaler, disruption, drift, event_types, expiry, outofservice
 from .choices import ACTIVE_REPLACEMENT_STATES, ACTIVE_UPGRADE_STATES, MachineState, ProviderKind, ReplacementState
-from .models import NodeReplacement, NodeShape, PoolOperations, ProviderMachine, Upgrade
+from .models import NodeReplacement, NodeShape, PoolOperations, ProviderMachine, ScaleDecision, Upgrade
 
 logger = logging.getLogger(__name__)
 
@@ -290,8 +291,6 @@ def _launching(replacement: NodeReplacement, node: Node, *, actor: Actor, now, a
 
 
 def _held_back(replacement: NodeReplacement) -> str:
-    from .models import ScaleDecision
-
     decision = ScaleDecision.objects.filter(data__replacement=replacement.key, outcome="blocked").first()
     return decision.reason if decision else ""
 
@@ -354,8 +353,6 @@ def sweep_pool(*, pool, actor: Actor | None = None, now=None) -> dict:
     outage guard is engaged (:func:`operations.expiry.guard_engaged`). When a reason's pool-level
     limit (budget, window) allows nothing now, its waiting replacements are told so without asking
     the gate one by one."""
-    from fleet.clock import detected_gaps
-
     now = now or timezone.now()
     ops, _ = PoolOperations.objects.get_or_create(pool=pool)
     digest = drift.shape_hash(pool, ops.target)
@@ -464,9 +461,6 @@ def _mark_drift(shape: NodeShape, reasons: list[str], *, actor: Actor, now) -> N
 def sweep(*, actor: Actor | None = None, now=None) -> dict:
     """Beat (``operations.sweep_replacements``): :func:`sweep_pool` for every pool with nodes; a
     pool that fails is logged and skipped (the next run tries again). Returns ``{pool name: result}``."""
-    from fleet.clock import observe
-    from fleet.models import Pool
-
     now = now or timezone.now()
     observe(now=now)  # a forward gap of the clock is detected (and paused) before any timer is read
     results = {}

@@ -17,6 +17,7 @@ from operations import drift, expiry, outofservice, replacement
 from operations import event_types as operations_events
 from operations.choices import ReplacementState
 from operations.models import DisruptionBlock, NodeReplacement, NodeShape, PoolOperations
+from tests.metrics_support import scrape, value
 from tests.operations_support import ready_pool
 from tests.races import race
 
@@ -262,6 +263,29 @@ def test_expiry_stands_still_while_the_outage_guard_is_engaged(operator_api, dja
     LivenessSweepState.objects.filter(pk=1).update(guarded_groups={}, recovered_at=late)
     assert sweep(django_capture_on_commit_callbacks, pool, late + timedelta(seconds=60))["expired"] == 0
     assert sweep(django_capture_on_commit_callbacks, pool, late + timedelta(seconds=301))["expired"] == 2
+
+
+# --- visible ---------------------------------------------------------------------------------------
+@pytest.mark.django_db
+def test_metrics_show_drifted_and_expired_nodes_and_replacements(
+    operator_api, client, django_capture_on_commit_callbacks
+):
+    with time_machine.travel(T0, tick=False):
+        pool, nodes = ready_pool("general", 3)
+    window = {"nodes": "0", "schedule": "0 0 * * *", "duration": "23h"}  # nothing moves until 23:00
+    assert patch_ops(operator_api, pool, expire_after=3600, disruption_budgets=[window]).status_code == 200
+    sweep(django_capture_on_commit_callbacks, pool, T0)
+    Node.objects.filter(pk=nodes[0][0].pk).update(agent_version="0.9.0")
+    PoolOperations.objects.filter(pool=pool).update(target={**TARGET, "agent_versions": ">=1.0"})
+    late = T0 + timedelta(hours=2)
+    sweep(django_capture_on_commit_callbacks, pool, late)
+    with time_machine.travel(late, tick=False):
+        text = scrape(client)
+    assert value(text, "nodepool_pool_drifted_nodes", pool="general") == 3  # the target is new to all three
+    assert value(text, "nodepool_pool_expired_nodes", pool="general") == 3
+    assert 3600 - 400 < value(text, "nodepool_pool_oldest_expired_seconds", pool="general") <= 3600
+    assert value(text, "nodepool_node_replacements", pool="general", reason="expiry", state="pending") == 3
+    assert value(text, "nodepool_pool_disruptions_blocked", pool="general", reason="expiry") == 3
 
 
 # --- bad input -------------------------------------------------------------------------------------
