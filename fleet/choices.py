@@ -117,3 +117,21 @@ class ReverificationBusyPolicy(models.TextChoices):
     FREE = "free", "measure only what is free (allocatable − allocated)"
     IDLE = "idle", "wait until the node has no live leases"
     FULL = "full", "measure the whole machine even while busy"
+
+
+class LeaseOutcome(models.TextChoices):
+    """How a lease ended, as the node's reliability record counts it (fleet.reliability, docs/fleet.md
+    "Reliability"). ``completed`` counts for the node; every other value is a loss through the
+    node's fault. Leases that ended for other reasons (expired, revoked by an operator, a drain,
+    preemption) are not counted at all."""
+
+    COMPLETED = "completed", "completed (released by its client)"
+    LOST_UNREACHABLE = "lost_unreachable", "lost while the node was unreachable or lost"
+    LOST_UNREPORTED = "lost_unreported", "lost: the live node stopped reporting it"
+    LOST_ON_RESTART = "lost_on_restart", "lost: the node restarted and no longer ran it"
+    FAILED_AFTER_RESTART = "failed_after_restart", "failed right after an unplanned restart of the node"
+    REVOKED_DEVICE_FAULT = "revoked_device_fault", "revoked by a fault of a device it held"
+    REVOKED_QUARANTINE = "revoked_quarantine", "revoked because the node was quarantined"
+
+
+NODE_FAULT_OUTCOMES = tuple(o for o in LeaseOutcome if o != LeaseOutcome.COMPLETED)

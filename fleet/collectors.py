@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from nodepool.metrics import bounded_resources, forget_object, gauge, resource_unit
 
-from . import fleet_state
+from . import fleet_state, reliability
 from .models import LivenessSweepState, Pool
 from .readiness import shown_counts
 from .selectors import IN_SERVICE_LIFECYCLES
@@ -29,6 +29,7 @@ def collect() -> Iterable[Metric]:
     state = fleet_state.current()
     figures = {**fleet_state.EMPTY, **(state.figures or {})}
     yield device_metrics(pools, figures)
+    yield from reliability.metric_families(pools, figures)
     by_state, per_pool = node_counts(figures)
 
     yield gauge(

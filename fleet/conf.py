@@ -28,6 +28,16 @@ SETTINGS = AppSettings(
     Setting("FLEET_STATE_INTERVAL", float, 15.0,
             "how often fleet.refresh_fleet_state recomputes the fleet-wide figures /metrics and the admin "
             "overview read (seconds)"),
+    Setting("RELIABILITY_WINDOW_DAYS", int, 30,
+            "the reliability score's window (days; fleet.reliability): completed / (completed + node-fault losses)"),
+    Setting("RELIABILITY_MIN_SAMPLE", int, 10,
+            "counted leases a node needs in the window before it has a score (fewer: unrated, null)"),
+    Setting("RELIABILITY_RESTART_WINDOW", int, 600,
+            "a lease failing this soon after a restart (new incarnation) counts as the node's fault (seconds)"),
+    Setting("RELIABILITY_ROLLUP_INTERVAL", float, 900.0,
+            "how often fleet.rollup_reliability rewrites today's and yesterday's rows and the scores (seconds)"),
+    Setting("RELIABILITY_RETENTION_DAYS", int, 400,
+            "daily reliability rows older than this are deleted by the rollup (days; they outlive the events)"),
     Setting("METRICS_RATE", str, "12/min", "detailed metrics (POST /nodes/{id}/metrics): rate per node"),
     Setting("METRICS_MAX_BODY_BYTES", int, 128 * 1024, "detailed metrics: largest body (bytes)"),
 )  # fmt: skip

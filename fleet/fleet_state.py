@@ -17,7 +17,8 @@ SQLite default all read the same figures. ``/metrics`` exports the row's age
      "capacity": [[pool, resource, allocatable, allocated]],   # in-service nodes
      "used": [[pool, resource, reported usage]],               # in-service nodes
      "capability_drift": [[pool, n]], "usage_inconsistent": [[pool, n]],
-     "devices": [[pool, type, model, health, allocatable, n]]}  # live devices, bounded labels
+     "devices": [[pool, type, model, health, allocatable, n]],  # live devices, bounded labels
+     "reliability": [[pool, unrated, n<=0.5, …, n<=1.0]]}       # fleet.reliability.metric_rows
 
 Retired nodes are never counted. Each query is one GROUP BY over the whole fleet.
 """
@@ -39,6 +40,7 @@ from . import conf
 from .choices import Lifecycle, Liveness
 from .devices import device_metric_rows
 from .models import FleetState, Node, NodeResource, Pool
+from .reliability import metric_rows as reliability_metric_rows
 from .selectors import IN_SERVICE_LIFECYCLES, schedulable_q, valid_credential_exists
 
 # Reported usage above what leases and reservations account for, by more than (this - 1) × the
@@ -47,7 +49,15 @@ from .selectors import IN_SERVICE_LIFECYCLES, schedulable_q, valid_credential_ex
 USAGE_SLACK = 1.10
 DRIFT_RESOURCES = ("cpu", "memory")  # the resources benchmarks measure (fleet.admission.compare_benchmark)
 
-EMPTY: dict = {"nodes": [], "capacity": [], "used": [], "capability_drift": [], "usage_inconsistent": [], "devices": []}
+EMPTY: dict = {
+    "nodes": [],
+    "capacity": [],
+    "used": [],
+    "capability_drift": [],
+    "usage_inconsistent": [],
+    "devices": [],
+    "reliability": [],
+}
 
 
 def interval() -> float:
@@ -82,7 +92,7 @@ def refresh(*, now=None) -> FleetState:
 
 
 def compute(*, now=None) -> dict:
-    """Every figure of :data:`EMPTY`'s shape, from the database as it is now (six queries)."""
+    """Every figure of :data:`EMPTY`'s shape, from the database as it is now (seven queries)."""
     now = now or timezone.now()
     capacity = _capacity()
     label = bounded_resources(row[1] for row in capacity)
@@ -93,6 +103,7 @@ def compute(*, now=None) -> dict:
         "capability_drift": _drift(),
         "usage_inconsistent": _usage_inconsistent(),
         "devices": device_metric_rows(),
+        "reliability": reliability_metric_rows(),
     }
 
 

@@ -247,6 +247,10 @@ class Node(SerializedFSMRefresh, ConcurrentTransitionMixin, models.Model):
     # reboot, which lifts reset-pending device taints) and a digest of the last applied device
     # inventory, so that an unchanged inventory without health news costs no statement.
     boot_id = models.CharField(max_length=64, blank=True)
+    # The reliability score in [0, 1] over the last RELIABILITY_WINDOW_DAYS (fleet.reliability): a
+    # copy of what the rollup computed, so that placement compares a column instead of summing
+    # rollups per request. NULL: unrated (fewer than RELIABILITY_MIN_SAMPLE counted leases).
+    reliability = models.FloatField(null=True, blank=True, editable=False)
     devices_digest = models.CharField(max_length=64, blank=True)
 
     # Incident response: set by quarantine; other services read it to refuse artifacts and logs.
@@ -848,3 +852,36 @@ class FleetState(models.Model):
 
     def __str__(self) -> str:
         return f"fleet state (computed {self.computed_at})"
+
+
+class NodeReliabilityDay(models.Model):
+    """One node's reliability figures for one UTC day (fleet.reliability, docs/fleet.md "Reliability").
+
+    The lease counters (``leases_<outcome>``, :class:`fleet.choices.LeaseOutcome`) are incremented
+    in the transaction that ends each lease (leases.reliability); ``observed_seconds``,
+    ``up_seconds`` and ``device_faults`` are rewritten by the rollup task from the liveness and
+    device events of that day while they are still within the event retention. Rows outlive the
+    events (``RELIABILITY_RETENTION_DAYS``), so the 7- and 30-day windows are sums over these rows.
+    """
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="reliability_days")
+    day = models.DateField(help_text="UTC day")
+    observed_seconds = models.PositiveIntegerField(default=0, help_text="seconds of the day the node existed")
+    up_seconds = models.PositiveIntegerField(default=0, help_text="seconds of the day the node was alive or stale")
+    leases_completed = models.PositiveIntegerField(default=0)
+    leases_lost_unreachable = models.PositiveIntegerField(default=0)
+    leases_lost_unreported = models.PositiveIntegerField(default=0)
+    leases_lost_on_restart = models.PositiveIntegerField(default=0)
+    leases_failed_after_restart = models.PositiveIntegerField(default=0)
+    leases_revoked_device_fault = models.PositiveIntegerField(default=0)
+    leases_revoked_quarantine = models.PositiveIntegerField(default=0)
+    device_faults = models.JSONField(default=dict, blank=True, help_text="{device id: faults that day}")
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["node", "day"], name="nodereliabilityday_one_per_day")]
+        # The windows' sums and the retention prune read by day.
+        indexes = [models.Index(fields=["day"], name="nodereliabilityday_by_day")]
+
+    def __str__(self) -> str:
+        return f"reliability of {self.node_id} on {self.day}"

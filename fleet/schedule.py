@@ -8,6 +8,7 @@ from . import conf
 
 _SWEEP = conf.get("LIVENESS_SWEEP_INTERVAL")
 _FLEET_STATE = conf.get("FLEET_STATE_INTERVAL")
+_RELIABILITY = conf.get("RELIABILITY_ROLLUP_INTERVAL")
 
 BEAT_SCHEDULE = {
     "fleet-sweep-liveness": {
@@ -37,4 +38,11 @@ BEAT_SCHEDULE = {
     "fleet-reverify-due-nodes": {"task": "fleet.reverify_due_nodes", "schedule": 60.0, "options": {"expires": 50.0}},
     # Retention (nodepool/retention.py): hourly, bounded batches; a run cut short resumes next hour.
     "fleet-prune-events": {"task": "fleet.prune_events", "schedule": 3600.0, "options": {"expires": 3000.0}},
+    # The reliability record (fleet/reliability.py): today's and yesterday's uptime, device faults
+    # and every node's score, from events still within retention.
+    "fleet-rollup-reliability": {
+        "task": "fleet.rollup_reliability",
+        "schedule": _RELIABILITY,
+        "options": {"expires": _RELIABILITY * 0.8},
+    },
 }

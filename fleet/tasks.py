@@ -77,3 +77,12 @@ def reverify_due_nodes(self) -> dict:
     from .reverification import reverify_due
 
     return reverify_due(actor=Actor.system("fleet.reverify_due_nodes", self.request.id or ""))
+
+
+@shared_task(name="fleet.rollup_reliability", ignore_result=True)
+def rollup_reliability_task() -> dict:
+    """Beat: rewrite today's and yesterday's reliability rows and every node's score
+    (fleet/reliability.py; safe to run twice at once)."""
+    from .reliability import rollup
+
+    return rollup()

@@ -25,6 +25,10 @@ class LeasesConfig(AppConfig):
 
         fleet_signals.device_faulted.connect(device_faulted, dispatch_uid="leases.device_faulted")
         fleet_signals.node_revived.connect(signals.revived_node_kicks_queue, dispatch_uid="leases.revived_node_kicks")
+        from .reliability import count_lease_outcome
+
+        # Each ended lease counts in its node's reliability record, in the ending transaction.
+        signals.lease_ended.connect(count_lease_outcome, dispatch_uid="leases.count_lease_outcome")
 
         from nodepool.metrics import register_collector
 

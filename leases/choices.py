@@ -12,6 +12,9 @@ class LeaseState(models.TextChoices):
 
 LIVE_LEASE_STATES = (LeaseState.GRANTED, LeaseState.ACTIVE)
 TERMINAL_LEASE_STATES = (LeaseState.RELEASED, LeaseState.EXPIRED, LeaseState.LOST, LeaseState.REVOKED)
+# How a revocation for a device fault (leases.device_faults) begins its reason: leases.reliability
+# counts such a revocation against the node's reliability record.
+DEVICE_FAULT_REVOKE_PREFIX = "device fault: "
 
 
 class WorkloadState(models.TextChoices):

@@ -30,7 +30,7 @@ from fleet import clock
 from fleet.events import Actor
 from nodepool.api.problems import Problem
 
-from .choices import LIVE_LEASE_STATES, LeaseState
+from .choices import DEVICE_FAULT_REVOKE_PREFIX, LIVE_LEASE_STATES, LeaseState
 from .models import Lease, LeaseDevice
 from .spec import parse_spec
 
@@ -98,7 +98,7 @@ def evict_device_faults(*, device_pks=None, now=None, actor: Actor | None = None
         if deadline is None or deadline > now:
             continue
         bad = sorted({t["device_id"] for t in taints_of.get(lease.pk, []) if _evicting(t)})
-        reason = f"device fault: {', '.join(bad)} tainted; this lease does not tolerate it (any longer)"
+        reason = f"{DEVICE_FAULT_REVOKE_PREFIX}{', '.join(bad)} tainted; this lease does not tolerate it (any longer)"
         try:
             with transaction.atomic():
                 ended = end_lease(lease.pk, to_state=LeaseState.REVOKED, actor=actor, reason=reason, now=now)

@@ -49,6 +49,7 @@ from fleet.selectors import schedulable_q, valid_credential_exists
 from nodepool.db import prepared_cursor
 
 from . import impossible
+from . import reliability as node_reliability
 from .choices import LIVE_LEASE_STATES, SpreadMode, UnschedulableCause
 from .models import Lease
 from .spec import PlacementSpec
@@ -264,8 +265,11 @@ def resource_failure(free: dict[str, int], spec: PlacementSpec) -> str | None:
 
 
 # --- scores ----------------------------------------------------------------------------------------
-def score(node: Node, pool: Pool, spec: PlacementSpec, inventory: dict[str, tuple[int, int]], counts) -> dict:
-    """Score a feasible node, 0–100 per part. ``inventory`` is ``{resource: (allocatable, allocated)}``."""
+def score(
+    node: Node, pool: Pool, spec: PlacementSpec, inventory: dict[str, tuple[int, int]], counts, extra_parts=None
+) -> dict:
+    """Score a feasible node, 0–100 per part. ``inventory`` is ``{resource: (allocatable, allocated)}``;
+    ``extra_parts``: parts computed elsewhere (``reliability``: leases.reliability.preference_parts)."""
     fractions = []
     for name, amount in spec.resources.items():
         allocatable, allocated = inventory.get(name, (0, 0))
@@ -286,8 +290,9 @@ def score(node: Node, pool: Pool, spec: PlacementSpec, inventory: dict[str, tupl
     if prefer_no:
         untolerated = sum(1 for t in prefer_no if not any(tol.tolerates(t) for tol in spec.tolerations))
         parts["taints"] = round(100 * (1 - untolerated / len(prefer_no)), 2)
+    parts.update(extra_parts or {})
     # Spread weighs double: a group's resilience matters more than packing density.
-    weights = {"resources": 1, "spread": 2, "affinity": 1, "taints": 1}
+    weights = {"resources": 1, "spread": 2, "affinity": 1, "taints": 1, "reliability": 1}
     total = sum(parts[k] * weights[k] for k in parts) / sum(weights[k] for k in parts)
     return {"score": round(total, 2), "parts": parts}
 
@@ -321,14 +326,16 @@ def candidate_fields(spec: PlacementSpec) -> tuple[str, ...]:
     return (*ROW_FIELDS, *(f"r{2 * i}_{part}" for i in range(others) for part in ("allocatable", "allocated")))
 
 
-def candidate_query(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_ids=()):
+def candidate_query(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_ids=(), node_constraint_values=None):
     """Schedulable nodes of ``pool`` where every requested resource fits, best-first for the policy.
 
     Driven from ``NodeResource`` through the ``noderesource_free`` index (``name``, free, node): the
     planner walks the index in order and stops at the page's LIMIT. Yields tuples in the order of
     :func:`candidate_fields`.
     """
-    qs = candidate_rows(pool, spec, now=now, exclude_node_ids=exclude_node_ids)
+    qs = candidate_rows(
+        pool, spec, now=now, exclude_node_ids=exclude_node_ids, node_constraint_values=node_constraint_values
+    )
     # Kubernetes' MostAllocated wants the fullest node; LeastAllocated the emptiest.
     order = (
         ("free_amount", "node_id")
@@ -338,9 +345,10 @@ def candidate_query(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_i
     return qs.order_by(*order).values_list(*candidate_fields(spec))
 
 
-def candidate_rows(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_ids=()):
+def candidate_rows(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_ids=(), node_constraint_values=None):
     """:func:`candidate_query`'s queryset before ordering and column selection (NodeResource rows of
-    the primary resource, annotated with ``free_amount`` and the other resources' amounts)."""
+    the primary resource, annotated with ``free_amount`` and the other resources' amounts).
+    ``node_constraint_values``: sentinels in place of the node constraints' values (_page_reader)."""
     primary = primary_resource(spec)
     qs = (
         NodeResource.objects.alias(has_valid_credential=Exists(_credential_subquery(now)))
@@ -374,6 +382,8 @@ def candidate_rows(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_id
                 f"r{2 * index}_allocated": F(f"{alias}__allocated"),
             }
         )
+    if spec.node_constraints:  # the stored score (leases.reliability): a column compare, no computation
+        qs = qs.filter(node_reliability.candidate_filter(spec.node_constraints, values=node_constraint_values))
     if exclude_node_ids:
         qs = qs.exclude(node_id__in=list(exclude_node_ids))
     return qs
@@ -443,13 +453,16 @@ def _page_reader(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_ids=
         query = candidate_query(pool, spec, now=now, exclude_node_ids=exclude_node_ids)
         return lambda offset, limit: list(query[offset : offset + limit])
     names = tuple(sorted(spec.resources))
-    key = (connection.vendor, pool.scheduling_policy, names, primary_resource(spec), bool(spec.tolerations))
+    node_shape = node_reliability.shape_key(spec.node_constraints)
+    key = (connection.vendor, pool.scheduling_policy, names, primary_resource(spec), bool(spec.tolerations), node_shape)
     if key not in _COMPILED:
         sentinels = {"pool": -7_340_001, "now": _SENTINEL_NOW}
         sentinels.update({f"r:{name}": 7_340_011 + 2 * i for i, name in enumerate(names)})
+        sentinels.update(node_reliability.sentinels(spec.node_constraints))
         probe_pool = Pool(pk=sentinels["pool"], scheduling_policy=pool.scheduling_policy)
         probe_spec = dataclasses.replace(spec, resources={n: sentinels[f"r:{n}"] for n in names})
-        queryset = candidate_query(probe_pool, probe_spec, now=_SENTINEL_NOW)
+        probe_values = [sentinels[f"nc:{i}"] for i in range(len(spec.node_constraints))]
+        queryset = candidate_query(probe_pool, probe_spec, now=_SENTINEL_NOW, node_constraint_values=probe_values)
         sql, params = queryset.query.sql_with_params()
         # Backends adapt parameters while compiling (SQLite turns datetimes into strings).
         by_value = {value: name for name, value in sentinels.items() if name != "now"}
@@ -464,6 +477,7 @@ def _page_reader(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_ids=
         "pool": pool.pk,
         "now": connection.ops.adapt_datetimefield_value(now),
         **{f"r:{n}": a for n, a in spec.resources.items()},
+        **{f"nc:{i}": c.value for i, c in enumerate(spec.node_constraints)},
     }
     params = list(template)
     for index, name in slots.items():
@@ -559,8 +573,11 @@ def rank(feasible: list, pool: Pool, spec: PlacementSpec, counts: GroupCounts, *
     score (``shuffle_ties``): racing clients then spread over equal nodes instead of queueing on one
     node's capacity rows. The preview keeps the stable order so that its answer is reproducible.
     """
+    preferred = node_reliability.preference_parts(feasible, spec.node_preferences)
     for candidate in feasible:
-        candidate.score = score(candidate.node, pool, spec, candidate.inventory, counts)
+        candidate.score = score(
+            candidate.node, pool, spec, candidate.inventory, counts, preferred.get(candidate.node.pk)
+        )
     feasible.sort(key=lambda c: -c.score["score"])
     best = [c for c in feasible if feasible[0].score["score"] - c.score["score"] < 1e-6]
     if shuffle_ties and len(best) > 1:
@@ -811,6 +828,8 @@ def diagnose(
         holds.append(Q(**{f"alloc{i}__gte": spec.resources[name]}))
     aggregates["holds"] = Sum(Case(When(Q(*holds), then=Value(1)), default=Value(0)))
     signature = _signature(pool, spec, counts)
+    if spec.node_constraints:
+        signature[node_reliability.CENSUS_KEY] = node_reliability.census_reason(spec.node_constraints)
     if spec.devices:
         # Nodes with the same devices (as the request sees them) in one group, so that the device
         # rules run once per group below; computed for schedulable nodes only.
@@ -837,6 +856,7 @@ def diagnose(
             continue
         representative = uuid.UUID(row["representative"])
         code = constraint_failure(representatives[representative], pool, spec, counts)
+        code = code or row.get(node_reliability.CENSUS_KEY) or None  # after the label filters, before resources
         if code is not None:
             reasons[code] += row["n"]
             continue
@@ -877,7 +897,7 @@ def diagnose(
     else:
         cause = UnschedulableCause.CONSTRAINTS
     parts = [
-        f"{count} {phrase(code, spec.resources, device_phrases)}"
+        f"{count} {phrase(code, spec.resources, {**device_phrases, **node_reliability.phrases(spec.node_constraints)})}"
         for code, count in sorted(reasons.items(), key=lambda i: -i[1])
     ]
     message = f"0/{total} nodes are available: " + (", ".join(parts) if parts else "no nodes in the pool") + "."

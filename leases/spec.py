@@ -28,6 +28,7 @@ from .errors import (
     INVALID_TOLERATION,
     UNKNOWN_RESOURCE,
 )
+from .reliability import NodeConstraint, NodeConstraintError, parse_node_constraints, parse_node_preferences
 
 # Resources without a domain prefix that nodepool knows; anything else must be an extended
 # resource written ``<domain>/<name>`` (Kubernetes' rule for extended resources).
@@ -128,6 +129,10 @@ class PlacementSpec:
     # Device requests (leases.device_requests): explicit ones plus an implicit one per device-like
     # count resource; their counts are part of ``resources`` too, so capacity is reserved as before.
     devices: tuple[DeviceRequest, ...] = ()
+    # Node attribute comparisons (leases.reliability: ``reliability >= 0.99``): filters, and
+    # weighted preferences that score.
+    node_constraints: tuple[NodeConstraint, ...] = ()
+    node_preferences: tuple[tuple[int, NodeConstraint], ...] = ()
 
     @property
     def device_constrained(self) -> bool:
@@ -303,6 +308,8 @@ def parse_spec(data: Any) -> PlacementSpec:
         "queue",
         "command",
         "devices",
+        "node_constraints",
+        "node_preferences",
     }
     unknown = set(data) - allowed
     if unknown:
@@ -335,6 +342,11 @@ def parse_spec(data: Any) -> PlacementSpec:
     group, topology_key, mode = _spread(data.get("spread"))
     explicit = device_requests_from_wire(data.get("devices"))
     resources = with_device_counts(resources, explicit)
+    try:
+        node_constraints = parse_node_constraints(data.get("node_constraints"))
+        node_preferences = parse_node_preferences(data.get("node_preferences"))
+    except NodeConstraintError as exc:
+        raise bad(exc.field, exc.message, exc.code) from exc
     return PlacementSpec(
         workload_id=workload_id,
         pool=pool,
@@ -354,6 +366,8 @@ def parse_spec(data: Any) -> PlacementSpec:
         queue=queue,
         command=tuple(command),
         devices=combined(explicit, resources),
+        node_constraints=node_constraints,
+        node_preferences=node_preferences,
     )
 
 

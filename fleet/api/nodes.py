@@ -14,6 +14,7 @@ from nodepool.api.permissions import is_operator
 from ..devices import device_summary
 from ..models import Node
 from ..readiness import health_state, readiness_state
+from ..reliability import records as reliability_records
 from ..selectors import RECENT_CREDENTIALS, RECENT_EVENTS, unschedulable_reasons
 from .events import visible_events
 
@@ -80,6 +81,7 @@ class NodeSerializer(serializers.ModelSerializer):
     health_state = serializers.SerializerMethodField()
     reported_health = serializers.SerializerMethodField()
     status_report_age_seconds = serializers.SerializerMethodField()
+    reliability_record = serializers.SerializerMethodField()
 
     class Meta:
         model = Node
@@ -93,7 +95,7 @@ class NodeSerializer(serializers.ModelSerializer):
             "readiness", "health_state", "reported_readiness", "reported_health",
             "ready", "ready_reason", "health", "health_reasons", "conditions",
             "incarnation", "sequence", "restart_count", "agent_version", "clock_skew_seconds", "usage",
-            "capability", "capacity", "devices", "boot_id",
+            "capability", "capacity", "devices", "boot_id", "reliability", "reliability_record",
             "enrollment", "admission", "credentials", "artifacts_blocked",
             "recent_events", "version", "created_at", "updated_at",
         ]  # fmt: skip
@@ -154,6 +156,18 @@ class NodeSerializer(serializers.ModelSerializer):
         summary = cache.get(node.pk, {})
         capacity = {r.name: r.free for r in node.resources.all()}
         return {kind: {**entry, "free": capacity.get(kind, 0)} for kind, entry in summary.items()}
+
+    def get_reliability_record(self, node: Node) -> dict:
+        """The node's reliability record (fleet.reliability.record: uptime and lease outcomes over 7
+        and 30 days, faults per device, the score). It describes the machine, not its owner, so
+        every reader of the node sees it. One query for a whole page."""
+        cache = self.context.get("_reliability")
+        if cache is None or node.pk not in cache:
+            parent = getattr(self, "parent", None)
+            nodes = getattr(parent, "instance", None) if parent is not None else None
+            page = list(nodes) if isinstance(nodes, list | tuple) and node in nodes else [node]
+            cache = self.context["_reliability"] = reliability_records(page)
+        return cache[node.pk]
 
     def get_readiness(self, node: Node) -> str:
         """``ready`` / ``not_ready`` / ``unknown`` (unreachable, lost or never heard from): fleet.readiness."""

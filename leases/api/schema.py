@@ -30,6 +30,23 @@ _device_request = inline_serializer(
         "colocate": serializers.ChoiceField(choices=["interconnect_group", "numa_node"], required=False),
     },
 )
+_node_constraint = inline_serializer(
+    "NodeConstraint",
+    {
+        "attribute": serializers.CharField(help_text="reliability (the only node attribute so far)"),
+        "operator": serializers.CharField(help_text="one of =, !=, >, >=, <, <="),
+        "value": serializers.JSONField(help_text='a number from 0 to 1 (or a numeric string such as "0.99")'),
+    },
+)
+_node_preference = inline_serializer(
+    "NodePreference",
+    {
+        "weight": serializers.IntegerField(min_value=1, max_value=100),
+        "attribute": serializers.CharField(help_text="reliability (the only node attribute so far)"),
+        "operator": serializers.CharField(help_text="one of =, !=, >, >=, <, <="),
+        "value": serializers.JSONField(help_text="a number from 0 to 1"),
+    },
+)
 _placement_fields = {
         "resources": _quantities,
         "shape": serializers.CharField(required=False, help_text="a shape name, or name@version"),
@@ -44,6 +61,14 @@ _placement_fields = {
         "devices": serializers.ListField(
             child=copy.deepcopy(_device_request), required=False, max_length=8,
             help_text="device requests (docs/leases.md, Devices); their counts join resources",
+        ),
+        "node_constraints": serializers.ListField(
+            child=copy.deepcopy(_node_constraint), required=False, max_length=8,
+            help_text="node attribute filters, e.g. reliability >= 0.99 (docs/leases.md, Reliability)",
+        ),
+        "node_preferences": serializers.ListField(
+            child=copy.deepcopy(_node_preference), required=False, max_length=8,
+            help_text="weighted node attribute preferences that score (docs/leases.md, Reliability)",
         ),
 }  # fmt: skip
 LeaseCreateRequest = inline_serializer(

@@ -19,6 +19,7 @@ from django.utils import timezone
 from fleet import collectors, conf, fleet_state
 from fleet.choices import Health, Lifecycle, Liveness
 from fleet.models import FleetState, Node, NodeCredential, NodeResource, Pool
+from fleet.reliability import BUCKETS
 from fleet.selectors import IN_SERVICE_LIFECYCLES, SCHEDULABLE_HEALTH
 from fleet.tasks import refresh_fleet_state_task
 from leases.overview import fleet_overview
@@ -128,7 +129,20 @@ def walk() -> dict:
         "capability_drift": sorted([pool, n] for pool, n in drift.items() if n),
         "usage_inconsistent": sorted([pool, n] for pool, n in inconsistent.items() if n),
         "devices": [],  # this fleet has none; tests/fleet/test_devices.py counts devices
+        "reliability": reliability_walk(),
     }
+
+
+def reliability_walk() -> list[list]:
+    """``[pool, unrated, n<=bound for each of fleet.reliability.BUCKETS]`` node by node."""
+    rows: dict = {}
+    for node in Node.objects.exclude(lifecycle=Lifecycle.RETIRED):
+        row = rows.setdefault(node.pool_id, [node.pool_id, 0, *[0] * len(BUCKETS)])
+        if node.reliability is None:
+            row[1] += 1
+        for index, bound in enumerate(BUCKETS):
+            row[2 + index] += node.reliability is not None and node.reliability <= bound
+    return sorted(rows.values())
 
 
 def stored() -> dict:
@@ -137,6 +151,8 @@ def stored() -> dict:
 
 def test_the_task_finds_what_a_node_by_node_walk_finds(fleet):
     strict, loose = fleet
+    Node.objects.filter(hostname="newcomer").update(reliability=0.97)
+    Node.objects.filter(pk=Node.objects.filter(pool=strict).order_by("pk").values("pk")[:1]).update(reliability=0.4)
     refresh_fleet_state_task.apply()
     figures = stored()
     assert figures == walk()
