@@ -141,22 +141,39 @@ def run_memory(*, sample_bytes: int | None = None) -> dict:
     }
 
 
-def run(*, cpu_seconds: float = 1.0, memory_sample_bytes: int | None = None, workers: int | None = None) -> dict:
+def run(
+    *,
+    cpu_seconds: float = 1.0,
+    memory_sample_bytes: int | None = None,
+    workers: int | None = None,
+    limits: dict | None = None,
+) -> dict:
     """The full benchmark as the body of ``POST /nodes/{id}/benchmarks/{nonce}``.
+
+    ``limits`` (``{"cpu": millicores, "memory": bytes}``, from ``run_benchmark.limits``): a
+    re-verification of a busy node, which must measure no more than its free capacity so that it
+    never takes what running leases use: at most ``ceil(cpu / 1000)`` workers, a memory sample no
+    larger than ``memory``, and figures capped at the limits.
 
     Returns ``{"cpu_millicores", "memory_bytes", "duration_seconds", "details": {...}}``.
 
     Raises:
         RuntimeError: a worker process failed.
     """
+    limits = {k: int(v) for k, v in (limits or {}).items() if k in ("cpu", "memory") and isinstance(v, int) and v > 0}
+    if "cpu" in limits:
+        workers = min(workers or math.ceil(inventory.cpu_millicores() / 1000), max(1, math.ceil(limits["cpu"] / 1000)))
+    if "memory" in limits:
+        default = min(2**30, psutil.virtual_memory().available // 4)
+        memory_sample_bytes = min(memory_sample_bytes or default, limits["memory"])
     t0 = time.monotonic()
     cpu = run_cpu(seconds=cpu_seconds, workers=workers)
     memory = run_memory(sample_bytes=memory_sample_bytes)
     return {
-        "cpu_millicores": cpu.pop("cpu_millicores"),
-        "memory_bytes": memory.pop("memory_bytes"),
+        "cpu_millicores": min(cpu.pop("cpu_millicores"), limits.get("cpu", 2**62)),
+        "memory_bytes": min(memory.pop("memory_bytes"), limits.get("memory", 2**62)),
         "duration_seconds": round(time.monotonic() - t0, 3),
-        "details": {**cpu, **memory, "method": "sha256 per core; page touch + block write"},
+        "details": {**cpu, **memory, "method": "sha256 per core; page touch + block write", "limits": limits or None},
     }
 
 

@@ -114,8 +114,10 @@ class Agent:
         self.collect_inventory = collect_inventory or (lambda: inventory.collect(disk_path=config.thresholds.disk_path))
         self.measure_conditions = measure_conditions or (lambda: conditions.measure(config.thresholds))
         self.run_benchmark = run_benchmark or (
-            lambda: benchmark.run(
-                cpu_seconds=config.benchmark_cpu_seconds, memory_sample_bytes=config.benchmark_memory_bytes
+            lambda limits=None: benchmark.run(
+                cpu_seconds=config.benchmark_cpu_seconds,
+                memory_sample_bytes=config.benchmark_memory_bytes,
+                limits=limits,
             )
         )
         work_dir = config.work_dir or config.state_path.parent / "workloads"
@@ -489,9 +491,13 @@ class Agent:
             return
         self.benchmarks_started.add(nonce)
 
+        # A re-verification of a busy node sends limits (its free capacity): measure no more than that.
+        limits = request.get("limits") if isinstance(request.get("limits"), dict) else None
+
         def work():
             try:
-                self.benchmark_results.put((nonce, self.run_benchmark()))
+                result = self.run_benchmark(limits=limits) if limits else self.run_benchmark()
+                self.benchmark_results.put((nonce, result))
             except Exception as exc:  # a failed measurement is reported, never invented
                 log.exception("benchmark %s failed", nonce)
                 self.benchmark_results.put((nonce, {"error": str(exc)}))

@@ -41,7 +41,7 @@ from .admin_display import (
 from .admin_sections import node_sections
 from .capability import CapabilityError, parse_labels, parse_taints
 from .events import Actor
-from .models import AdmissionCheck, BootstrapToken, Device, Node, NodeCredential, NodeHold, Pool
+from .models import AdmissionCheck, BootstrapToken, Device, Node, NodeCredential, NodeHold, Pool, Reverification
 from .policy import check_pool, parse_required_capabilities, parse_required_labels, parse_reservations, parse_specifier
 from .selectors import unschedulable_reasons, valid_credential_exists
 
@@ -281,6 +281,27 @@ class DeviceInline(ReadOnlyInline):
         "health", "verified_at", "held", "taints", "retired_at", "retired_reason",
     ]  # fmt: skip
     ordering = [F("retired_at").desc(nulls_first=True), "type", "index"]
+
+
+@admin.register(Reverification)
+class ReverificationAdmin(OperatorOnlyAdmin):
+    """Scheduled re-verifications (fleet.reverification), read-only: the record of each check.
+    Operators only: ``due_at`` is what a node must never learn in advance."""
+
+    list_display = ["node", "pool", "state", "due_at", "started_at", "finished_at", "mode", "code"]
+    list_filter = ["state", "code", "pool"]
+    search_fields = ["node__hostname", "=node__id"]
+    readonly_fields = [f.name for f in Reverification._meta.fields]
+    date_hierarchy = "due_at"
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(Device)

@@ -78,8 +78,9 @@ from .periods import pool_period_kind
 MAX_TEXT = 4000
 DEFAULT_HOLD_MULTIPLE = Decimal(10)
 # Findings of a usage record that flag its line for review: a device fault during the lease (the
-# devices issue), and a record that was disputed (an operator settled it).
-REVIEW_FINDINGS = frozenset({"device_fault", "impossible_usage", "absent_usage"})
+# devices issue), usage after the node failed a re-verification (fleet.reverification), and a
+# record that was disputed (an operator settled it).
+REVIEW_FINDINGS = frozenset({"device_fault", "node_deverified", "impossible_usage", "absent_usage"})
 
 
 def _text(value, name: str) -> str:

@@ -15,7 +15,10 @@ and by a beat sweep that catches anything the task missed. Reconciliation compar
 4. the lease's devices: a device fault that tainted one of them while it ran (the ``device`` event
    ``lease_device_fault``, leases.device_faults) or a device its evidence saw unhealthy adds the
    ``device_fault`` finding; the state stays what 1–3 decide, and the finding flags the record's
-   statement line for review, which holds the payout (marketplace.payouts.REVIEW_FINDINGS).
+   statement line for review, which holds the payout (marketplace.payouts.REVIEW_FINDINGS);
+5. re-verification: a failed scheduled re-verification of the node (fleet.reverification) not yet
+   followed by a passing one when the lease ran adds the ``node_deverified`` finding, which flags
+   the line for review the same way.
 
 Otherwise ``reconciled``. Only evidenced time is billable. A record is claimed under a row lock
 plus a compare-and-swap on its version, so two reconcilers at once give one outcome and one event.
@@ -36,6 +39,7 @@ from fleet import liveness
 from fleet.choices import Liveness
 from fleet.events import Actor, record_event
 from fleet.models import Node, NodeEvent, NodeResource
+from fleet.reverification import unverified_between
 from leases.choices import EvidenceClose
 from leases.models import EvidenceInterval, Lease
 from maintenance.models import Quarantine
@@ -249,6 +253,16 @@ def evaluate(record: UsageRecord) -> dict:
             _finding(
                 "device_fault",
                 f"device(s) {', '.join(faulty)} faulted while the lease ran: its usage is up for review",
+            )
+        )
+
+    deverified = unverified_between(record.node_id, record.started_at, record.ended_at)
+    if deverified is not None:
+        findings.append(
+            _finding(
+                "node_deverified",
+                f"the node was deverified at {deverified.finished_at.isoformat()} ({deverified.code}): "
+                f"usage after the failed check is up for review",
             )
         )
 

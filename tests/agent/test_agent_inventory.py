@@ -92,6 +92,16 @@ def test_benchmark_measures_real_cpu_and_memory():
     assert result["duration_seconds"] > 0
 
 
+def test_a_benchmark_with_limits_measures_no_more_than_the_free_capacity():
+    # A re-verification of a busy node (fleet.reverification) sends its free capacity as limits.
+    limits = {"cpu": 1000, "memory": 16 * 2**20}
+    result = benchmark.run(cpu_seconds=0.2, memory_sample_bytes=32 * 2**20, limits=limits)
+    assert result["details"]["workers"] == 1
+    assert result["details"]["memory_sample_bytes"] == 16 * 2**20
+    assert result["cpu_millicores"] <= 1000 and result["memory_bytes"] == 16 * 2**20
+    assert result["details"]["limits"] == limits
+
+
 @pytest.mark.django_db
 def test_admission_asks_for_a_benchmark_and_the_agent_answers_it_once_with_real_figures(tmp_path):
     # benchmark_tolerance is low so that a busy CI machine's figures still pass admission.

@@ -267,3 +267,17 @@ def test_two_sweeps_picking_the_same_due_node_start_one_run():
     assert Benchmark.objects.filter(node=node).count() == 1
     assert Reverification.objects.filter(node=node, state=ReverificationState.RUNNING).count() == 1
     assert NodeEvent.objects.filter(node=node, type="reverification").count() == 1
+
+
+def test_operators_read_the_checks_in_the_admin_and_owners_do_not(admin_client, owner):
+    from django.test import Client
+
+    node, _ = make_schedulable_node(_pool(), owner=owner)
+    reverify_due(actor=SWEEP)
+    page = admin_client.get("/admin/fleet/reverification/")
+    assert page.status_code == 200 and node.hostname in page.content.decode()
+    owner.is_staff = True
+    owner.save()
+    browser = Client()
+    browser.force_login(owner)
+    assert browser.get("/admin/fleet/reverification/").status_code == 403
