@@ -1,8 +1,9 @@
 """``nodepool-agent`` (or ``python -m agent``): run the agent, or inspect the host and state.
 
 Subcommands: ``run`` (the default), ``inventory`` (print what would be declared), ``benchmark``
-(run the admission benchmark locally), ``status`` (print the state file without the secret) and
-``preempt`` (tell the control plane this spot machine is being reclaimed; agent/preemption.py).
+(run the admission benchmark locally), ``status`` (print the state file without the secret),
+``preempt`` (tell the control plane this spot machine is being reclaimed; agent/preemption.py) and
+``set-credential`` (take a credential an operator handed over; agent/recovery.py).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import __version__, benchmark, devices, inventory, nvidia
+from . import __version__, benchmark, devices, inventory, nvidia, recovery
 from .client import ApiError, NodeClient, ServerUnavailable
 from .conditions import Thresholds, measure
 from .runner import EXIT_CONFIG, EXIT_RESTART, Agent, AgentConfig, parse_time, rfc3339
@@ -33,7 +34,7 @@ def _label(text: str) -> tuple[str, str]:
     return key, value
 
 
-COMMANDS = ("run", "inventory", "benchmark", "status", "preempt")
+COMMANDS = ("run", "inventory", "benchmark", "status", "preempt", "set-credential")
 
 
 def _header(text: str) -> tuple[str, str]:
@@ -71,7 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("NODEPOOL_BOOTSTRAP_TOKEN", ""),
         help="npb_… token for the first enrollment [$NODEPOOL_BOOTSTRAP_TOKEN]",
     )
-    run.add_argument("--bootstrap-token-file", type=Path, help="read the bootstrap token from this file")
+    run.add_argument(
+        "--bootstrap-token-file",
+        type=Path,
+        help="read the bootstrap token from this file (read again whenever the credential is refused: "
+        "a token naming this node re-enrolls it as the same node)",
+    )
     run.add_argument(
         "--label",
         action="append",
@@ -161,6 +167,16 @@ def build_parser() -> argparse.ArgumentParser:
     preempt.add_argument("--timeout", type=float, default=10.0, help="seconds per HTTP request")
     preempt.add_argument("--insecure", action="store_true", help="do not verify TLS certificates")
     preempt.add_argument("--ca-bundle", help="CA bundle to verify the control plane's certificate")
+    handed = sub.add_parser(
+        "set-credential",
+        parents=[common],
+        help="take a credential an operator issued (nodepoolctl release --issue-credential --credential-file)",
+    )
+    source = handed.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--file", type=Path, help="nodepoolctl's credential file (JSON) or a file holding npn_…; - reads stdin"
+    )
+    source.add_argument("--credential", help="the npn_… credential itself (visible in the process list: prefer --file)")
     return parser
 
 
@@ -175,6 +191,7 @@ def _run(args) -> int:
         url=args.url,
         state_path=args.state_file,
         bootstrap_token=token,
+        bootstrap_token_file=args.bootstrap_token_file,
         labels=dict(args.label),
         display_name=args.display_name,
         hostname=args.hostname,
@@ -259,6 +276,22 @@ def _preempt(args, *, transport=None) -> int:
     return 0
 
 
+def _set_credential(args) -> int:
+    """``nodepool-agent set-credential``: exit 0 taken (saved, or handed to the running agent), 2 refused."""
+    try:
+        text = sys.stdin.read() if str(args.file) == "-" else args.file.read_text() if args.file else args.credential
+        handed = recovery.HandedCredential.parse(text or "")
+        outcome = recovery.set_credential(args.state_file, handed, issued_at=rfc3339(time.time()))
+    except (OSError, StateError) as exc:
+        print(f"nodepool-agent: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if outcome == "handed":
+        print(f"handed to the running agent ({recovery.pending_path(args.state_file)}); it resumes within a second")
+    else:
+        print(f"saved in {args.state_file}; the agent uses it at its next start")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not any(arg in COMMANDS for arg in argv) and not {"-h", "--help", "--version"} & set(argv):
@@ -286,4 +319,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if command == "preempt":
         return _preempt(args)
+    if command == "set-credential":
+        return _set_credential(args)
     return _run(args)

@@ -18,10 +18,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import benchmark, conditions, devices, inventory, nvidia, preemption
+from . import benchmark, conditions, devices, inventory, nvidia, preemption, recovery
 from .backoff import Backoff
 from .client import ApiError, NodeClient, NodeRetired, ServerUnavailable
-from .state import AgentState, StateFile
+from .state import AgentState, StateError, StateFile
 from .times import parse_time, rfc3339
 from .upgrade import current_version, run_upgrade
 from .workloads import LeaseEvent, Supervisor
@@ -57,6 +57,9 @@ class AgentConfig:
     url: str
     state_path: Path
     bootstrap_token: str = ""
+    # Read again at every re-enrollment attempt (agent.recovery): an operator may drop a fresh
+    # token naming this node there while the agent waits.
+    bootstrap_token_file: Path | None = None
     labels: dict = field(default_factory=dict)
     display_name: str = ""
     hostname: str = ""
@@ -152,6 +155,10 @@ class Agent:
             device_providers = [nvidia.NvidiaProvider(xid_source=lambda: nvidia.open_xid_source(config.xid_source))]
         self.devices = devices.DeviceTracker(device_providers, refresh=config.device_refresh)
         self.boot_id = devices.boot_id()
+        # Coming back from a refused credential (agent.recovery): the refusal's reason while it
+        # lasts, and the bootstrap tokens the server refused for good (never sent again).
+        self.refused: str | None = None
+        self.refused_tokens: set[str] = set()
 
     @property
     def version(self) -> str:
@@ -176,6 +183,7 @@ class Agent:
             self.state.begin_incarnation()
             self.state_file.save(self.state)
             log.info("node %s: incarnation %s", self.state.node_id, self.state.incarnation)
+            self.take_handed_credential()
         else:
             self.enroll()
         self.client.credential = self.state.credential
@@ -349,12 +357,15 @@ class Agent:
             log.warning("control plane unavailable (%s); next attempt in %.1fs", exc, delay)
             return delay
         except ApiError as exc:
-            # 401: credential revoked (quarantine) or expired; 4xx: our payload. Neither is fixed by
-            # hammering the server, so back off the same way and keep saying why.
+            reason = recovery.refusal(exc)
+            if reason is not None:
+                return self.credential_refused(reason)
+            # A 4xx on our payload: not fixed by hammering the server, so back off and say why.
             delay = self.backoff.next_delay()
             log.error("heartbeat refused: %s; next attempt in %.1fs", exc, delay)
             return delay
         self.backoff.reset()
+        self.refused = None
         self.handle_answer(answer)
         return self.next_delay()
 
@@ -374,6 +385,7 @@ class Agent:
                 return None
             raise
         self.backoff.reset()
+        self.refused = None
         self.follow(answer, "next_renewal_in")
         code = answer.get("code", "applied")
         if answer.get("applied"):
@@ -391,6 +403,72 @@ class Agent:
             self.report_wanted = True
             return 0.0  # something waits: the status report's answer says what, now
         return self.next_delay()
+
+    # -- coming back from a refused credential (agent.recovery) ---------------------------------
+    def credential_refused(self, reason: str) -> float:
+        """The server refused the credential (``reason``: revoked, expired, superseded, unknown).
+
+        Re-enrolls at once as the same node when a bootstrap token is at hand (returns 0);
+        otherwise logs, once per reason, what an operator can do, and backs off (the delay in
+        seconds). A credential handed over meanwhile is taken within a tick (:meth:`run`).
+        """
+        if self.reenroll():
+            return 0.0
+        delay = self.backoff.next_delay()
+        if reason != self.refused:
+            log.error("%s", recovery.advice(reason, self.state.node_id, self.config.state_path))
+        self.refused = reason
+        log.warning("credential refused (%s); next attempt in %.1fs", reason, delay)
+        return delay
+
+    def reenroll(self) -> bool:
+        """Re-enroll this node (``"node"``: its id) with the bootstrap token, if any; True on success.
+
+        The server keeps the node's identity and answers a new credential and incarnation, taken
+        here (sequence restarts). A token refused for good (403) is remembered and not sent again;
+        409 ``node_quarantined`` is retried later (an operator may release the node).
+        """
+        token = recovery.bootstrap_token(self.config.bootstrap_token, self.config.bootstrap_token_file)
+        if not token or token in self.refused_tokens:
+            return False
+        try:
+            answer = self.client.enroll({**self.enroll_payload(), "bootstrap_token": token, "node": self.state.node_id})
+        except ServerUnavailable as exc:
+            log.warning("re-enrollment: server unavailable (%s)", exc)
+            return False
+        except ApiError as exc:
+            if exc.status == 403:
+                self.refused_tokens.add(token)
+            log.error("re-enrollment of node %s with the bootstrap token refused: %s", self.state.node_id, exc)
+            return False
+        self.state.credential = answer["credential"]
+        self.state.credential_expires_at = answer.get("credential_expires_at", "")
+        self.state.credential_issued_at = rfc3339(self.server_now())
+        self.state.incarnation, self.state.sequence = int(answer["incarnation"]), 0
+        self.state_file.save(self.state)
+        self._credential_back()
+        self.follow(answer, "next_renewal_in")
+        log.info("re-enrolled as the same node %s (incarnation %s)", self.state.node_id, self.state.incarnation)
+        return True
+
+    def take_handed_credential(self) -> bool:
+        """Take a credential ``nodepool-agent set-credential`` handed over while this agent runs."""
+        try:
+            taken = recovery.take_pending(self.state_file, self.state, issued_at=rfc3339(self.server_now()))
+        except StateError as exc:
+            log.error("the credential handed over was not used: %s", exc)
+            return False
+        if taken:
+            self._credential_back()
+            log.info("node %s: took the credential handed over; resuming", self.state.node_id)
+        return taken
+
+    def _credential_back(self) -> None:
+        self.client.credential = self.state.credential
+        self._set_workload_env()
+        self.refused = None
+        self.report_wanted = True
+        self.backoff.reset()
 
     def follow(self, answer: dict, key: str) -> None:
         """Take the timing of a server answer: ``renewal_interval`` (the interval told) and ``key``
@@ -607,6 +685,8 @@ class Agent:
             while not stop.is_set():
                 if self.restart_requested:
                     return EXIT_RESTART
+                if self.refused is not None and self.take_handed_credential():
+                    next_step = time.monotonic()  # a credential was handed over: use it now
                 if time.monotonic() >= next_step:
                     next_step = time.monotonic() + self.step()
                     if once:

@@ -11,8 +11,10 @@ meanwhile) is retried once with a fresh read only with ``--force``. Any failure 
 from __future__ import annotations
 
 import json
+import os
 import re
 from datetime import datetime
+from pathlib import Path
 
 import click
 from rich.console import Console
@@ -441,13 +443,47 @@ def quarantine(obj: Context, node, reason, evidence, expected_version, force):
 @cli.command()
 @NODE
 @REASON
+@click.option(
+    "--issue-credential",
+    is_flag=True,
+    help="Issue the node a new credential (shown once) for its agent: nodepool-agent set-credential takes it.",
+)
+@click.option(
+    "--credential-file",
+    type=click.Path(dir_okay=False, writable=True, path_type=Path),
+    default=None,
+    help="With --issue-credential: write the credential here (mode 0600) instead of printing it.",
+)
 @EXPECTED
 @FORCE
 @click.pass_obj
-def release(obj: Context, node, reason, expected_version, force):
-    """Release NODE from quarantine (or rejection): it enrolls again and is admitted afresh."""
-    found, _ = _act(obj.api, node, "release", {"reason": reason}, expected=expected_version, force=force)
+def release(obj: Context, node, reason, issue_credential, credential_file, expected_version, force):
+    """Release NODE from quarantine (or rejection): it is admitted afresh. Its agent comes back as
+    the same node with --issue-credential (then `nodepool-agent set-credential --file F` on the
+    node), or with a bootstrap token naming the node (docs/agent.md, "Coming back")."""
+    if credential_file is not None and not issue_credential:
+        raise click.UsageError("--credential-file needs --issue-credential")
+    body = {"reason": reason, **({"issue_credential": True} if issue_credential else {})}
+    found, response = _act(obj.api, node, "release", body, expected=expected_version, force=force)
     click.echo(f"{_name(found)} released")
+    if not issue_credential:
+        return
+    handed = {"node_id": found["id"], "credential": response.json()["credential"], "expires_at": ""}
+    if credential_file is None:
+        click.echo(f"credential (shown once): {handed['credential']}")
+        click.echo(f"on the node: nodepool-agent set-credential --credential {handed['credential']}")
+        return
+    _write_private(credential_file, json.dumps(handed) + "\n")
+    click.echo(f"credential written to {credential_file} (mode 0600); copy it to the node and run: "
+               f"nodepool-agent set-credential --file {credential_file.name}")  # fmt: skip
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Create or replace ``path`` with mode 0600 from the start (it holds a secret)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+    os.chmod(path, 0o600)  # an existing file keeps its old mode through O_CREAT
 
 
 @cli.group()
