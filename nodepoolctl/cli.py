@@ -260,11 +260,12 @@ def describe_node(obj: Context, node):
 @click.pass_obj
 def describe_pool(obj: Context, pool):
     """A pool: provisioning and consolidation, its disruption budgets and windows, the disruptions
-    allowed now, blocked ones."""
+    allowed now, blocked ones, drift and expiry."""
     found = obj.api.get(f"/pools/{pool}")
     disruptions = obj.api.get(f"/pools/{pool}/disruptions")
     operations = obj.api.get(f"/pools/{pool}/operations")
-    render.print_whole(console(), describe_mod.describe_pool(found, disruptions, operations))
+    replacements = obj.api.get(f"/pools/{pool}/replacements")
+    render.print_whole(console(), describe_mod.describe_pool(found, disruptions, operations, replacements))
 
 
 def rfc3339(value: str) -> str:

@@ -154,11 +154,15 @@ def describe_node(node: dict, leases: list[dict], events: list[dict], *, pool: d
     return Group(*parts)
 
 
-def describe_pool(pool: dict, disruptions: dict, operations: dict | None = None) -> Group:
+def describe_pool(
+    pool: dict, disruptions: dict, operations: dict | None = None, replacements: dict | None = None
+) -> Group:
     """The pool as sections: its fields, provisioning (back-off, launches, fallback pools) and
     consolidation when ``operations`` (``GET /pools/{name}/operations``) is given, disruption
-    budgets (each with its window, active or next), the disruptions allowed now per reason, and the
-    nodes automation may not disrupt, each with its blocker. ``disruptions`` is
+    budgets (each with its window, active or next), the disruptions allowed now per reason, the
+    nodes automation may not disrupt, each with its blocker, and drift and expiry when
+    ``replacements`` (``GET /pools/{name}/replacements``) is given: the shape hash, expiry
+    settings, drifted and expired nodes, replacements. ``disruptions`` is
     ``GET /pools/{name}/disruptions``."""
     fields = [
         ("Name", pool.get("name") or "-"),
@@ -205,7 +209,37 @@ def describe_pool(pool: dict, disruptions: dict, operations: dict | None = None)
     parts += _section("Disruption budgets", _table(["#", "NODES", "LIMIT", "REASONS", "SCHEDULE", "WINDOW"], budgets))
     parts += _section("Allowed disruptions", _table(["REASON", "ALLOWED NOW"], allowed))
     parts += _section("Blocked disruptions", _table(["NODE", "REASON", "BLOCKER", "FOR", "DETAIL"], blocked))
+    if replacements is not None:
+        parts += _drift_and_expiry(replacements)
     return Group(*parts)
+
+
+def _drift_and_expiry(data: dict) -> list:
+    """The "Drift and expiry" sections of ``describe pool`` (``GET /pools/{name}/replacements``)."""
+    after, grace = data.get("expire_after"), data.get("termination_grace")
+    fields = [
+        ("Shape hash", (data.get("shape_hash") or "")[:12] or "-"),
+        ("Expire after", "never" if after is None else f"{after}s (spread per node)"),
+        ("Termination grace", "never forced" if grace is None else f"{grace}s, then forced"),
+        ("Drifted nodes", str(len(data.get("drifted") or []))),
+        ("Expired nodes", str(len(data.get("expired") or []))),
+    ]
+    if data.get("guard"):
+        fields.append(("Expiry stands still", data["guard"]))
+    drifted = [
+        [d.get("node", ""), (d.get("condition") or {}).get("reason", ""), age(d.get("since")),
+         (d.get("condition") or {}).get("message", "")]
+        for d in data.get("drifted") or []
+    ]  # fmt: skip
+    rows = [
+        [r.get("node", ""), r.get("reason", ""), r.get("state", ""), age(r.get("wanted_since")),
+         ("forced: " if r.get("forced") else "") + (r.get("detail") or "")]
+        for r in data.get("replacements") or []
+    ]  # fmt: skip
+    parts = _section("Drift and expiry", _grid(fields))
+    parts += _section("Drifted nodes", _table(["NODE", "REASON", "FOR", "WHY"], drifted))
+    parts += _section("Replacements", _table(["NODE", "REASON", "STATE", "WANTED FOR", "DETAIL"], rows))
+    return parts
 
 
 TOP_RESOURCES = ("cpu", "memory", "nvidia.com/gpu")

@@ -11,7 +11,7 @@ from fleet.events import Actor
 from maintenance.admin import ReasonForm, Spec, run_with_form
 from nodepool.api.problems import Problem
 
-from . import disruption, services, upgrades
+from . import disruption, replacement, services, upgrades
 from .autoscaler import fallback_pool_names
 from .models import PoolOperations, Preemption, ProviderMachine, ScaleDecision, Upgrade, UpgradeNode
 
@@ -102,7 +102,8 @@ class PoolOperationsAdminForm(forms.ModelForm):
             "min_nodes", "max_nodes", "node_template", "scale_up_delay", "scale_up_cooldown",
             "max_nodes_per_scale_up", "scale_down_utilization", "scale_down_after", "scale_down_cooldown",
             "boot_timeout", "max_launches_in_flight", "scale_up_backoff_base", "scale_up_backoff_max",
-            "disruption_budgets", "consolidate_after", "consolidation_min_saving",
+            "disruption_budgets", "consolidate_after", "consolidation_min_saving", "expire_after",
+            "termination_grace",
         ]  # fmt: skip
 
     fallback_pools = forms.CharField(
@@ -176,8 +177,8 @@ class PoolOperationsAdmin(admin.ModelAdmin):
     form = PoolOperationsAdminForm
     list_display = ["pool", "spot", "fallback_pool", "provider", "min_nodes", "max_nodes", "version"]
     readonly_fields = [
-        "pool", "target", "disruptions", "consecutive_failures", "backoff_until", "last_scale_up_at",
-        "last_scale_down_at", "underused_since", "version",
+        "pool", "target", "disruptions", "drift_and_expiry", "consecutive_failures", "backoff_until",
+        "last_scale_up_at", "last_scale_down_at", "underused_since", "version",
     ]  # fmt: skip
 
     def has_add_permission(self, request) -> bool:
@@ -208,6 +209,34 @@ class PoolOperationsAdmin(admin.ModelAdmin):
             budgets or "none",
             allowed,
             blocked or format_html("<li>{}</li>", "none"),
+        )
+
+    @admin.display(description="Drift and expiry")
+    def drift_and_expiry(self, obj: PoolOperations) -> str:
+        """The pool's shape hash, drifted and expired nodes, and its replacements
+        (operations.replacement.pool_status, what nodepoolctl describe pool shows)."""
+        status = replacement.pool_status(obj.pool, recent=10)
+        drifted = format_html_join(
+            "",
+            "<li>{}: {} ({})</li>",
+            ((d["node"], d["condition"]["reason"], d["condition"]["message"]) for d in status["drifted"]),
+        )
+        rows = format_html_join(
+            "",
+            "<li>{} ({}): {}{}: {}</li>",
+            (
+                (r["node"], r["reason"], r["state"], " (forced)" if r["forced"] else "", r["detail"])
+                for r in status["replacements"]
+            ),
+        )
+        none = format_html("<li>{}</li>", "none")
+        return format_html(
+            "<p>Shape hash {}; {} expired node(s){}</p><p>Drifted nodes:</p><ul>{}</ul><p>Replacements:</p><ul>{}</ul>",
+            status["shape_hash"][:12],
+            len(status["expired"]),
+            f"; expiry stands still: {status['guard']}" if status["guard"] else "",
+            drifted or none,
+            rows or none,
         )
 
     def save_model(self, request, obj, form, change):

@@ -471,3 +471,66 @@ def sweep(*, actor: Actor | None = None, now=None) -> dict:
             logger.exception("replacement sweep: pool %s failed", pool.name)
             results[pool.name] = {"error": True}
     return results
+
+
+def pool_status(pool, *, now=None, recent: int = 20) -> dict:
+    """What ``GET /pools/{name}/replacements``, the admin and ``nodepoolctl describe pool`` show:
+    ``{"pool", "shape_hash", "expire_after", "termination_grace", "guard": str,
+    "drifted": [{"node_id", "node", "condition": {type, status, reason, message}, "since"}],
+    "expired": [{"node_id", "node", "expired_at"}] (times ISO 8601; expired only with expire_after),
+    "replacements": [{"id", "node_id", "node", "reason", "state", "detail", "forced", "overrode",
+    "wanted_since", "finished_at"}]}`` (active replacements, then the ``recent`` latest finished)."""
+    now = now or timezone.now()
+    ops, _ = PoolOperations.objects.get_or_create(pool=pool)
+    shapes = NodeShape.objects.filter(pool=pool, node__lifecycle__in=drift.FOLLOWED).select_related("node")
+    drifted = [
+        {
+            "node_id": str(s.node_id),
+            "node": str(s.node),
+            "condition": drift.condition(s.drift_reasons),
+            "since": s.drifted_since.isoformat() if s.drifted_since else None,
+        }
+        for s in shapes.filter(drifted=True).order_by("drifted_since")
+    ]
+    expired = []
+    if ops.expire_after:
+        gaps = detected_gaps()
+        for s in shapes:
+            due = expiry.expires_at(
+                node_id=s.node_id, admitted_at=s.admitted_at, expire_after=ops.expire_after, gaps=gaps
+            )
+            if due <= now:
+                expired.append({"node_id": str(s.node_id), "node": str(s.node), "expired_at": due.isoformat()})
+        expired.sort(key=lambda e: e["expired_at"])
+    rows = list(
+        NodeReplacement.objects.filter(pool=pool, state__in=ACTIVE_REPLACEMENT_STATES).select_related("node")
+    ) + list(
+        NodeReplacement.objects.filter(pool=pool)
+        .exclude(state__in=ACTIVE_REPLACEMENT_STATES)
+        .select_related("node")
+        .order_by("-finished_at")[:recent]
+    )
+    return {
+        "pool": pool.name,
+        "shape_hash": drift.shape_hash(pool, ops.target),
+        "expire_after": ops.expire_after,
+        "termination_grace": ops.termination_grace,
+        "guard": expiry.guard_engaged(now) if ops.expire_after else "",
+        "drifted": drifted,
+        "expired": expired,
+        "replacements": [
+            {
+                "id": str(r.pk),
+                "node_id": str(r.node_id),
+                "node": str(r.node),
+                "reason": r.reason,
+                "state": r.state,
+                "detail": r.detail,
+                "forced": r.forced,
+                "overrode": r.overrode,
+                "wanted_since": r.wanted_since.isoformat(),
+                "finished_at": r.finished_at.isoformat() if r.finished_at else None,
+            }
+            for r in rows
+        ],
+    }

@@ -31,7 +31,7 @@ from nodepool.api.problems import Forbidden, NotFound, Problem
 from nodepool.api.strict import refuse_unknown_members
 from nodepool.api.versioning import ETagMixin, expected_version
 
-from .. import bulk, disruption, preemption, providers, services, shutdown, upgrades
+from .. import bulk, disruption, preemption, providers, replacement, services, shutdown, upgrades
 from ..choices import PreemptionSource
 from ..errors import (
     INVALID_DAYS,
@@ -197,6 +197,21 @@ class PoolDisruptionsView(APIView):
         if pool is None:
             raise NotFound("No such pool.", POOL_NOT_FOUND)
         return Response(disruption.pool_status(pool))
+
+
+class PoolReplacementsView(APIView):
+    """``GET /pools/{name}/replacements``: drift and expiry of the pool — its shape hash, drifted
+    nodes with their ``Drifted`` condition, expired nodes, and the replacements active and recent
+    (:func:`operations.replacement.pool_status`)."""
+
+    permission_classes = [IsAuthenticated, IsOperator]
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def get(self, request, name):
+        pool = Pool.objects.filter(name=name).first()
+        if pool is None:
+            raise NotFound("No such pool.", POOL_NOT_FOUND)
+        return Response(replacement.pool_status(pool))
 
 
 class NodeDisruptionView(APIView):

@@ -265,6 +265,29 @@ def test_describe_pool_shows_back_off_fallback_pools_and_consolidation(ctl, flee
     assert "spare" in provisioning and "empty nodes after 300s" in provisioning
 
 
+def test_describe_pool_shows_drift_expiry_and_replacements(ctl, fleet):
+    from fleet.models import Pool
+    from operations import replacement
+    from operations.models import NodeReplacement, PoolOperations
+
+    pool = fleet["cpu-1"].pool
+    PoolOperations.objects.create(pool=pool, expire_after=86400, termination_grace=3600)
+    replacement.sweep_pool(pool=pool)
+    Pool.objects.filter(pk=pool.pk).update(labels={"rack": "r7"})  # every node drifts
+    replacement.sweep_pool(pool=Pool.objects.get(pk=pool.pk))
+    assert NodeReplacement.objects.filter(pool=pool, reason="drift").exists()
+
+    code, text, _ = ctl("describe", "pool", "general")
+
+    assert code == 0, text
+    order = [text.index(h) for h in ("Blocked disruptions:", "Drift and expiry:", "Drifted nodes:", "Replacements:")]
+    assert order == sorted(order)
+    section = text[text.index("Drift and expiry:") :]
+    assert "86400s (spread per node)" in section and "3600s, then forced" in section
+    assert "PoolShapeChanged" in section and "pool shape changed" in section
+    assert "cpu-1" in section[section.index("Replacements:") :] and "drift" in section
+
+
 def test_describe_node_shows_the_status_report_age_apart_from_the_renewal(ctl, fleet):
     now = timezone.now()
     Node.objects.filter(pk=fleet["cpu-1"].pk).update(

@@ -130,3 +130,31 @@ def test_the_pool_page_shows_budgets_windows_and_blocked_disruptions_and_checks_
     bad = console.post(url, {**form_data(console, url), "disruption_budgets": '[{"nodes": "150%"}]'})
     assert bad.status_code == 200 and bad.context["adminform"].form.errors
     assert len(PoolOperations.objects.get(pk=ops.pk).disruption_budgets) == 2
+
+
+def test_the_pool_page_sets_expiry_shows_drift_and_refuses_a_bad_expire_after(console):
+    from fleet.models import Pool
+    from operations import replacement
+    from tests.factories import make_schedulable_node
+
+    pool = make_pool(name="general")
+    make_schedulable_node(pool, hostname="cpu-1")
+    ops = pool_operations(pool)
+    url = f"/admin/operations/pooloperations/{ops.pk}/change/"
+    ok = console.post(url, {**form_data(console, url), "expire_after": "86400", "termination_grace": "3600"})
+    assert ok.status_code == 302, ok.context["adminform"].form.errors
+    assert (
+        PoolOperations.objects.get(pk=ops.pk).expire_after,
+        PoolOperations.objects.get(pk=ops.pk).termination_grace,
+    ) == (86400, 3600)
+    replacement.sweep_pool(pool=pool)
+    Pool.objects.filter(pk=pool.pk).update(taints=[{"key": "gpu", "value": "", "effect": "NoSchedule"}])
+    replacement.sweep_pool(pool=Pool.objects.get(pk=pool.pk))
+
+    page = console.get(url).content.decode()
+    assert "Drift and expiry" in page and "cpu-1: PoolShapeChanged" in page
+    assert "cpu-1 (drift)" in page
+
+    bad = console.post(url, {**form_data(console, url), "expire_after": "30"})
+    assert bad.status_code == 200 and "expire_after" in bad.context["adminform"].form.errors
+    assert PoolOperations.objects.get(pk=ops.pk).expire_after == 86400
