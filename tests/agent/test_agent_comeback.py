@@ -16,7 +16,7 @@ from django.utils import timezone
 from agent import cli as agent_cli
 from agent import recovery
 from agent.client import NodeClient
-from agent.runner import Agent, AgentConfig
+from agent.runner import Agent, AgentConfig, AgentExit
 from agent.state import StateFile
 from fleet.events import Actor
 from fleet.k8s_import import import_nodes
@@ -28,6 +28,7 @@ from nodepoolctl.cli import cli as nodepoolctl
 from tests.control_plane import ControlPlane
 from tests.fleet.test_k8s_import import FIXTURES
 from tests.gpu_support import write_fake_nvidia_smi
+from tests.races import race
 
 
 class AgentLog(logging.Handler):
@@ -230,3 +231,37 @@ def test_set_credential_refuses_another_nodes_or_a_malformed_credential(tmp_path
 def test_set_credential_without_an_identity_says_enroll_first(tmp_path, capsys):
     code = agent_cli.main(["--state-file", str(tmp_path / "none.json"), "set-credential", "--credential", "npn_a.b"])
     assert code == 2 and "enroll first" in capsys.readouterr().err
+
+
+@pytest.mark.race
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("no_flood_guard")
+def test_two_agents_claiming_one_node_with_one_token_have_exactly_one_winner(tmp_path):
+    """Two real agents (separate machines, no state file) start at once with the same token naming
+    an imported node: one becomes that node, the other is refused and creates nothing."""
+    cp = ControlPlane()
+    import_nodes(text=(FIXTURES / "nodelist-3-workers-aks.json").read_text(), pool=cp.pools["general"],
+                 actor=Actor.system("t"))  # fmt: skip
+    imported = Node.objects.order_by("display_name").first()
+    token = node_token(imported.pk)
+    agents = [cp.make_agent(tmp_path / f"machine-{i}", token=token, renewals=False, xid_source="none") for i in (0, 1)]
+
+    def claim(index: int) -> str:
+        try:
+            agents[index].start()
+            return agents[index].state.node_id
+        except AgentExit as exc:
+            return str(exc)
+        finally:
+            agents[index].state_file.unlock()
+            agents[index].client.close()
+
+    outcome = race(claim, 2)
+
+    assert not outcome.errors, outcome.errors
+    assert outcome.count(str(imported.pk)) == 1, outcome.results
+    (loser,) = [r for r in outcome.results if r != str(imported.pk)]
+    assert "bootstrap_token_exhausted" in loser
+    assert Node.objects.count() == 3
+    assert NodeCredential.objects.filter(node=imported, revoked_at__isnull=True).count() == 1
+    assert NodeEvent.objects.filter(node=imported, type="taken_over").count() == 1
