@@ -16,7 +16,8 @@ from fleet.models import LivenessSweepState, Node, NodeEvent, NodeHold, Pool
 from operations import drift, expiry, outofservice, replacement
 from operations import event_types as operations_events
 from operations.choices import ReplacementState
-from operations.models import DisruptionBlock, NodeReplacement, NodeShape, PoolOperations
+from operations.models import DisruptionBlock, NodeReplacement, NodeShape, PoolOperations, ProviderMachine
+from tests.factories import make_schedulable_node
 from tests.metrics_support import scrape, value
 from tests.operations_support import ready_pool
 from tests.races import race
@@ -130,6 +131,64 @@ def test_a_drifted_pool_converges_to_its_shape_with_at_most_the_budget_unavailab
     events = NodeEvent.objects.filter(type=operations_events.DRIFT)
     assert events.filter(to_state="True").count() == 10 and events.filter(to_state="False").count() == 10
     assert "pool shape changed" in events.filter(to_state="True").first().reason
+
+
+class FakeProvider:
+    """A provider that accepts every machine and records what it was asked."""
+
+    def __init__(self):
+        self.created, self.deleted = [], []
+
+    def create(self, machines):
+        self.created += [m.name for m in machines]
+        return {m.name: {"instance": m.name} for m in machines}
+
+    def delete(self, name, provider_data):
+        self.deleted.append(name)
+
+
+@pytest.mark.django_db
+def test_where_the_pool_autoscales_the_replacement_is_ready_before_the_old_node_drains(
+    monkeypatch, django_capture_on_commit_callbacks
+):
+    provider = FakeProvider()
+    monkeypatch.setattr("operations.autoscaler.provider_for", lambda ops: provider)
+    with time_machine.travel(T0, tick=False):
+        pool, nodes = ready_pool("general", 2)
+    PoolOperations.objects.create(pool=pool, provider="simulated", max_nodes=3, node_template={"resources": {}})
+    old = nodes[0][0]
+    for i, (node, _) in enumerate(nodes):
+        ProviderMachine.objects.create(pool=pool, provider="simulated", name=f"general-old-{i}", state="ready",
+                                       node=node, requested_at=T0, ready_at=T0)  # fmt: skip
+    sweep(django_capture_on_commit_callbacks, pool, T0)
+    Pool.objects.filter(pk=pool.pk).update(labels={"rack": "r7"})
+
+    sweep(django_capture_on_commit_callbacks, pool, T0 + timedelta(seconds=30))
+    first = NodeReplacement.objects.get(state=ReplacementState.LAUNCHING)
+    assert len(provider.created) == 1  # one machine asked for at once; the old node is cordoned, not draining
+    old = Node.objects.get(pk=first.node_id)
+    assert old.lifecycle == Lifecycle.READY and old.cordoned and held(pool, outofservice.DRIFT) == {old.pk}
+    sweep(django_capture_on_commit_callbacks, pool, T0 + timedelta(seconds=60))
+    assert Node.objects.get(pk=old.pk).lifecycle == Lifecycle.READY  # still waiting for the new machine
+
+    # The new machine enrolls and becomes ready (what the autoscaler's follow step records).
+    with time_machine.travel(T0 + timedelta(seconds=70), tick=False):
+        new, _ = make_schedulable_node(pool)
+    ProviderMachine.objects.filter(name=provider.created[0]).update(state="ready", node=new, ready_at=T0)
+    sweep(django_capture_on_commit_callbacks, pool, T0 + timedelta(seconds=90))
+    assert Node.objects.get(pk=old.pk).lifecycle == Lifecycle.MAINTENANCE  # drained only now
+    sweep(django_capture_on_commit_callbacks, pool, T0 + timedelta(seconds=120))
+    assert provider.deleted == [ProviderMachine.objects.get(node=old).name]
+    assert Node.objects.get(pk=old.pk).lifecycle == Lifecycle.RETIRED
+    sweep(django_capture_on_commit_callbacks, pool, T0 + timedelta(seconds=150))
+    first.refresh_from_db()
+    assert first.state == ReplacementState.REPLACED
+    steps = list(
+        NodeEvent.objects.filter(type=operations_events.REPLACEMENT, data__replacement_id=str(first.pk))
+        .order_by("created_at", "id")
+        .values_list("to_state", flat=True)
+    )
+    assert steps == ["pending", "launching", "draining", "replaced"]
 
 
 @pytest.mark.django_db
