@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from . import __version__, benchmark, devices, inventory, nvidia, recovery
+from . import __version__, benchmark, devices, inventory, nvidia, recovery, repair
 from .client import ApiError, NodeClient, ServerUnavailable
 from .conditions import Thresholds, measure
 from .runner import EXIT_CONFIG, EXIT_RESTART, Agent, AgentConfig, parse_time, rfc3339
@@ -129,6 +129,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--version-file", type=Path, help="the version reported is this file's first line")
     run.add_argument(
+        "--repair-reboot-command",
+        default=None,
+        metavar="COMMAND",
+        help="command run for a repair reboot instruction, e.g. 'systemctl reboot' (default: "
+        "$NODEPOOL_REPAIR_REBOOT_COMMAND; none: reboot instructions are refused and logged)",
+    )
+    run.add_argument(
         "--preemption-url",
         default="",
         help="instance metadata polled for a spot reclaim (EC2 spot/instance-action, GCE instance/preempted)",
@@ -210,6 +217,7 @@ def _run(args) -> int:
         verify=args.ca_bundle or not args.insecure,
         upgrade_actions={name: shlex.split(command) for name, command in args.upgrade_action},
         version_file=args.version_file,
+        repair_reboot_command=repair.reboot_command_from(args.repair_reboot_command),
         renewals=not args.no_renewals,
         preemption_url=args.preemption_url,
         preemption_headers=dict(args.preemption_header),

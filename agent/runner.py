@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import benchmark, conditions, devices, inventory, nvidia, preemption, recovery
+from . import benchmark, conditions, devices, inventory, nvidia, preemption, recovery, repair
 from .backoff import Backoff
 from .client import ApiError, NodeClient, NodeRetired, ServerUnavailable
 from .state import AgentState, StateError, StateFile
@@ -89,6 +89,8 @@ class AgentConfig:
     # long an inventory (nvidia-smi) is reused between status reports, in seconds.
     xid_source: str = "auto"
     device_refresh: float = 30.0
+    # Automated repair (agent/repair.py): the operator-configured reboot command (argv); [] refuses.
+    repair_reboot_command: list = field(default_factory=list)
 
 
 class Agent:
@@ -137,6 +139,7 @@ class Agent:
         self.heartbeats_applied = 0
         self.restart_requested = False
         self.upgrades_refused: set[tuple[str, str]] = set()
+        self.repairs = repair.Repairs(commands={repair.REBOOT: list(config.repair_reboot_command)})
         # Renewals plus status-on-change (docs/heartbeats.md). A server without the renewal
         # endpoint (404/405) gets full heartbeats, as before.
         self.renewals_supported = config.renewals
@@ -519,6 +522,8 @@ class Agent:
             self.rotate_requested = True
         if instructions.get("upgrade"):
             self.upgrade(instructions["upgrade"])
+        if instructions.get("repair") and not self.restart_requested:
+            self.restart_requested = repair.handle(self.repairs, instructions["repair"])
         if "leases" in answer:
             self.reconcile_leases(answer.get("leases") or [])
 

@@ -25,6 +25,7 @@ bit   name                 raised by
 256   UPGRADE              reserved: upgrade instructions
 512   PREEMPTION           reserved: preemption notices
 1024  SECRET               leases: a lease was renewed, so its per-lease secret changed
+2048  REPAIR               operations.repair: a repair reboot waits for the node
 ====  ===================  ==========================================================
 
 The instructions themselves (what a status report's answer carries beyond fleet's own) come from
@@ -39,6 +40,7 @@ order  handler                               what it does, what it returns
 110    leases.status_report_kicks_queue      a report may free capacity: kicks the lease queue
 200    maintenance.rules                     automatic quarantine, after leases reconciled
 300    operations.upgrade_instruction        a parked node's ``upgrade`` instruction
+310    operations.repair_instruction         a drained node's ``repair`` (reboot) instruction
 400    marketplace.availability              availability evidence (returns nothing)
 =====  ====================================  ==================================================
 """
@@ -69,6 +71,7 @@ class Instruction(enum.IntFlag):
     UPGRADE = 256
     PREEMPTION = 512
     SECRET = 1024
+    REPAIR = 2048
 
 
 def post_instructions(node_ids: Iterable, flags: int, *, on_commit: bool = True) -> None:

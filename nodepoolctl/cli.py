@@ -260,12 +260,15 @@ def describe_node(obj: Context, node):
 @click.pass_obj
 def describe_pool(obj: Context, pool):
     """A pool: provisioning and consolidation, its disruption budgets and windows, the disruptions
-    allowed now, blocked ones, drift and expiry."""
+    allowed now, blocked ones, drift and expiry, and repair (the breaker, the outage guard, the
+    rules, the repairs in progress)."""
     found = obj.api.get(f"/pools/{pool}")
     disruptions = obj.api.get(f"/pools/{pool}/disruptions")
     operations = obj.api.get(f"/pools/{pool}/operations")
     replacements = obj.api.get(f"/pools/{pool}/replacements")
-    render.print_whole(console(), describe_mod.describe_pool(found, disruptions, operations, replacements))
+    repairs = obj.api.get(f"/pools/{pool}/repairs")
+    described = describe_mod.describe_pool(found, disruptions, operations, replacements, repairs)
+    render.print_whole(console(), described)
 
 
 def rfc3339(value: str) -> str:

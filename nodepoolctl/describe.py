@@ -155,15 +155,20 @@ def describe_node(node: dict, leases: list[dict], events: list[dict], *, pool: d
 
 
 def describe_pool(
-    pool: dict, disruptions: dict, operations: dict | None = None, replacements: dict | None = None
+    pool: dict,
+    disruptions: dict,
+    operations: dict | None = None,
+    replacements: dict | None = None,
+    repairs: dict | None = None,
 ) -> Group:
     """The pool as sections: its fields, provisioning (back-off, launches, fallback pools) and
     consolidation when ``operations`` (``GET /pools/{name}/operations``) is given, disruption
     budgets (each with its window, active or next), the disruptions allowed now per reason, the
-    nodes automation may not disrupt, each with its blocker, and drift and expiry when
+    nodes automation may not disrupt, each with its blocker, drift and expiry when
     ``replacements`` (``GET /pools/{name}/replacements``) is given: the shape hash, expiry
-    settings, drifted and expired nodes, replacements. ``disruptions`` is
-    ``GET /pools/{name}/disruptions``."""
+    settings, drifted and expired nodes, replacements; and repair when ``repairs``
+    (``GET /pools/{name}/repairs``) is given: the breaker, the outage guard, the rules and the
+    repairs in progress. ``disruptions`` is ``GET /pools/{name}/disruptions``."""
     fields = [
         ("Name", pool.get("name") or "-"),
         ("Kind", pool.get("kind") or "-"),
@@ -211,6 +216,8 @@ def describe_pool(
     parts += _section("Blocked disruptions", _table(["NODE", "REASON", "BLOCKER", "FOR", "DETAIL"], blocked))
     if replacements is not None:
         parts += _drift_and_expiry(replacements)
+    if repairs is not None:
+        parts += _repair_sections(repairs)
     return Group(*parts)
 
 
@@ -239,6 +246,30 @@ def _drift_and_expiry(data: dict) -> list:
     parts = _section("Drift and expiry", _grid(fields))
     parts += _section("Drifted nodes", _table(["NODE", "REASON", "FOR", "WHY"], drifted))
     parts += _section("Replacements", _table(["NODE", "REASON", "STATE", "WANTED FOR", "DETAIL"], rows))
+    return parts
+
+
+def _repair_sections(repairs: dict) -> list:
+    breaker = repairs.get("breaker") or {}
+    state = f"OPEN since {breaker.get('since')}: {breaker.get('detail')}" if breaker.get("open") else "closed"
+    fields = [
+        ("Breaker", state),
+        ("Unhealthy", f"{repairs.get('unhealthy', 0)} of {repairs.get('members', 0)} "
+                      f"(opens above {float(repairs.get('max_unhealthy') or 0):.0%})"),
+        ("Outage guard", repairs.get("guard") or "not engaged"),
+        ("At once", str(repairs.get("max_concurrent", 1))),
+    ]  # fmt: skip
+    rules = [
+        [str(i), f"{r.get('condition')}={r.get('status')}", f"{r.get('for')}s", r.get("action", "")]
+        for i, r in enumerate(repairs.get("rules") or [])
+    ]
+    active = [
+        [r.get("node", ""), r.get("action", ""), r.get("state", ""), r.get("condition", ""), age(r.get("created_at"))]
+        for r in repairs.get("in_progress") or []
+    ]
+    parts = _section("Repair", _grid(fields))
+    parts += _section("Repair rules", _table(["#", "CONDITION", "FOR", "ACTION"], rules))
+    parts += _section("Repairs in progress", _table(["NODE", "ACTION", "STATE", "CONDITION", "AGE"], active))
     return parts
 
 

@@ -11,9 +11,9 @@ from fleet.events import Actor
 from maintenance.admin import ReasonForm, Spec, run_with_form
 from nodepool.api.problems import Problem
 
-from . import disruption, replacement, services, upgrades
+from . import disruption, repair, replacement, services, upgrades
 from .autoscaler import fallback_pool_names
-from .models import PoolOperations, Preemption, ProviderMachine, ScaleDecision, Upgrade, UpgradeNode
+from .models import PoolOperations, Preemption, ProviderMachine, Repair, ScaleDecision, Upgrade, UpgradeNode
 
 
 class UpgradeNodeInline(admin.TabularInline):
@@ -104,6 +104,7 @@ class PoolOperationsAdminForm(forms.ModelForm):
             "boot_timeout", "max_launches_in_flight", "scale_up_backoff_base", "scale_up_backoff_max",
             "disruption_budgets", "consolidate_after", "consolidation_min_saving", "expire_after",
             "termination_grace",
+            "repair_rules", "repair_max_unhealthy", "repair_max_concurrent",
         ]  # fmt: skip
 
     fallback_pools = forms.CharField(
@@ -177,7 +178,7 @@ class PoolOperationsAdmin(admin.ModelAdmin):
     form = PoolOperationsAdminForm
     list_display = ["pool", "spot", "fallback_pool", "provider", "min_nodes", "max_nodes", "version"]
     readonly_fields = [
-        "pool", "target", "disruptions", "drift_and_expiry", "consecutive_failures", "backoff_until",
+        "pool", "target", "disruptions", "drift_and_expiry", "repairs", "consecutive_failures", "backoff_until",
         "last_scale_up_at", "last_scale_down_at", "underused_since", "version",
     ]  # fmt: skip
 
@@ -239,6 +240,36 @@ class PoolOperationsAdmin(admin.ModelAdmin):
             rows or none,
         )
 
+    @admin.display(description="Repairs now")
+    def repairs(self, obj: PoolOperations) -> str:
+        """The repair breaker (open or closed, and why), the outage guard and the repairs in progress
+        (operations.repair.pool_status, what nodepoolctl describe pool shows)."""
+        status = repair.pool_status(obj.pool)
+        breaker = status["breaker"]
+        state = (
+            format_html("<strong>open</strong> since {}: {}", breaker["since"], breaker["detail"])
+            if breaker["open"]
+            else "closed"
+        )
+        in_progress = format_html_join(
+            "",
+            "<li>{} {} ({}): {}</li>",
+            ((r["node"], r["action"], r["state"], r["condition"]) for r in status["in_progress"]),
+        )
+        return format_html(
+            "<p>Breaker: {} ({} of {} nodes unhealthy; opens above {:.0%})</p><p>Outage guard: {}</p>"
+            "<p>In progress (at most {}):</p><ul>{}</ul>"
+            "<p>A <em>quarantine</em> rule revokes the node's credential: the node comes back only when a "
+            "person releases it.</p>",
+            state,
+            status["unhealthy"],
+            status["members"],
+            status["max_unhealthy"],
+            status["guard"] or "not engaged",
+            status["max_concurrent"],
+            in_progress or format_html("<li>{}</li>", "none"),
+        )
+
     def save_model(self, request, obj, form, change):
         try:
             updated = services.pool_operations_update(
@@ -251,6 +282,19 @@ class PoolOperationsAdmin(admin.ModelAdmin):
             self.message_user(request, str(exc.detail), messages.ERROR)
             return
         obj.version = updated.version
+
+
+@admin.register(Repair)
+class RepairAdmin(admin.ModelAdmin):
+    list_display = ["created_at", "pool", "node", "action", "state", "condition", "finished_at"]
+    list_filter = ["state", "action", "pool"]
+    readonly_fields = [f.name for f in Repair._meta.fields]
+
+    def has_add_permission(self, request) -> bool:
+        return False  # started by the repair sweep from the pool's rules
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
 
 
 @admin.register(ScaleDecision)

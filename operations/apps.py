@@ -25,6 +25,7 @@ class OperationsConfig(AppConfig):
             errors,  # noqa: F401  (declares the app's problem codes: the registry is complete)
             event_types,  # noqa: F401  (declares the app's event types)
             preemption,
+            repair,
             targets,
             tasks,  # noqa: F401  (registers the tasks the domain modules send by name)
             upgrades,
@@ -39,6 +40,7 @@ class OperationsConfig(AppConfig):
         register_status_report_handler(
             "operations.upgrade_instruction", upgrades.upgrade_instruction_for_report, order=300
         )
+        register_status_report_handler("operations.repair_instruction", repair.repair_instruction_for_report, order=310)
         lease_ended.connect(preemption.requeue_evicted_lease, dispatch_uid="operations.requeue_evicted_lease")
         register_collector("operations", OperationsCollector().collect)
         # A request no node holds is still placeable if the autoscaler's template would hold it.

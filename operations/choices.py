@@ -147,3 +147,33 @@ class ReplacementState(models.TextChoices):
 
 ACTIVE_REPLACEMENT_STATES = (ReplacementState.PENDING, ReplacementState.LAUNCHING, ReplacementState.DRAINING)
 REPLACEMENT_REASONS = ("drift", "expiry", "repair")
+
+
+class RepairAction(models.TextChoices):
+    """What a pool's repair rule does to a node whose condition held too long (operations.repair)."""
+
+    REBOOT = "reboot", "reboot (the agent runs its operator-configured reboot command)"
+    REPLACE = "replace", "replace through the pool's provider"
+    QUARANTINE = "quarantine", "quarantine (revokes the credential: a person must release it)"
+
+
+class RepairState(models.TextChoices):
+    """One automated repair of one node (django-fsm-2, ``Repair.state``)::
+
+    pending ──drained──▶ rebooting ──new boot──▶ verifying ──healthy──▶ succeeded
+       │                                           └──still failing──▶ escalated
+       ├──drained──▶ replacing ──machine removed──▶ succeeded
+       ├──quarantined────────────────────────────▶ succeeded
+       └──(node gone, drain cancelled, timeout)──▶ failed
+    """
+
+    PENDING = "pending", "claimed; cordoned and draining through the gate"
+    REBOOTING = "rebooting", "drained; the agent was told to reboot"
+    VERIFYING = "verifying", "rebooted; waiting for its health checks to pass"
+    REPLACING = "replacing", "drained; a replacement asked of the provider, the node being removed"
+    SUCCEEDED = "succeeded", "succeeded"
+    ESCALATED = "escalated", "escalated (still failing after a reboot: a stronger action follows)"
+    FAILED = "failed", "failed"
+
+
+ACTIVE_REPAIR_STATES = (RepairState.PENDING, RepairState.REBOOTING, RepairState.VERIFYING, RepairState.REPLACING)

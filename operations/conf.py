@@ -26,6 +26,13 @@ SETTINGS = AppSettings(
             "nodes made together do not expire together"),
     Setting("AUTONOMY_GUARD_SECONDS", float, 300.0,
             "expiry stands still this long after a detected control-plane outage or clock gap (seconds)"),
+    Setting("REPAIR_INTERVAL", float, 15.0,
+            "how often the repair sweep looks at every pool with repair rules (seconds)"),
+    Setting("REPAIR_SETTLE", float, 300.0,
+            "after a detected outage or clock gap of the control plane, repair timers count from the "
+            "recovery, and no repair starts for this long (seconds)"),
+    Setting("REPAIR_REBOOT_TIMEOUT", float, 900.0,
+            "a node told to reboot that shows no new boot within this long fails its repair (seconds)"),
     Setting("BULK_MAX_NODES", int, 100,
             "most nodes one bulk cordon / uncordon / drain by label selector may act on (operations.bulk)"),
 )  # fmt: skip

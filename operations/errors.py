@@ -21,6 +21,7 @@ NO_OTHER_CANARY_NODES = declare("no_other_canary_nodes", 409, "No other canary n
 
 # Pool operations
 INVALID_DISRUPTION_BUDGET = declare("invalid_disruption_budget", 400, "Invalid disruption budget", doc=DOC)
+INVALID_REPAIR_RULE = declare("invalid_repair_rule", 400, "Invalid repair rule", doc=DOC)
 INVALID_POOL_OPERATIONS = declare("invalid_pool_operations", 400, "Invalid pool operations", doc=DOC)
 
 # Preemption notices and provider signatures

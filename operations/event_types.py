@@ -10,3 +10,5 @@ DISRUPTION_BLOCKED = declare(
 )
 REPLACEMENT = declare("replacement", "node replacement for drift or expiry (operations.replacement)")
 DRIFT = declare("drift", "node drifted from its pool's shape, or back at it (operations.drift)")
+REPAIR = declare("repair", "automated repair step (started, rebooted, verified, escalated, succeeded, failed)")
+REPAIR_BREAKER = declare("repair_breaker", "repair safety breaker opened or closed (too much of the pool unhealthy)")

@@ -27,6 +27,11 @@ gives the same figures to anything else (the demo).
   expired (0 when none), what the alert on stuck expiry reads.
 - ``nodepool_node_replacements{pool,reason,state}`` — drift/expiry replacements by state
   (pending, launching, draining, replaced, cancelled, failed).
+- ``nodepool_pool_repair_breaker_open{pool}`` — 1 while the repair safety breaker holds every
+  automated repair of a pool with repair rules (more than ``repair_max_unhealthy`` of it unhealthy),
+  else 0 (operations.repair; alert ``NodepoolRepairBreakerOpen``).
+- ``nodepool_repairs{pool,state}`` — automated repairs by state (pending, rebooting, verifying,
+  replacing, succeeded, escalated, failed).
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from .models import (
     PoolOperations,
     Preemption,
     ProviderMachine,
+    Repair,
     ScaleDecision,
     Upgrade,
     UpgradeNode,
@@ -108,6 +114,14 @@ def samples() -> dict:
         (p, r, st): n
         for p, r, st, n in NodeReplacement.objects.values_list("pool__name", "reason", "state").annotate(n=Count("pk"))
     }
+    breaker = {
+        (pool,): float(is_open)
+        for pool, rules, is_open in PoolOperations.objects.values_list(
+            "pool__name", "repair_rules", "repair_breaker_open"
+        )
+        if rules or is_open
+    }
+    repairs = {(p, s): n for p, s, n in Repair.objects.values_list("pool__name", "state").annotate(n=Count("pk"))}
     return {
         "nodepool_upgrade_nodes_total": dict(nodes),
         "nodepool_upgrade_success_ratio": ratio,
@@ -124,6 +138,8 @@ def samples() -> dict:
         "nodepool_pool_expired_nodes": expired,
         "nodepool_pool_oldest_expired_seconds": oldest,
         "nodepool_node_replacements": replacements,
+        "nodepool_pool_repair_breaker_open": breaker,
+        "nodepool_repairs": repairs,
     }
 
 
@@ -216,5 +232,17 @@ class OperationsCollector:
             "nodepool_node_replacements", "Drift and expiry replacements by state.", labels=["pool", "reason", "state"]
         )
         for labels, value in data["nodepool_node_replacements"].items():
+            gauge.add_metric(list(labels), value)
+        yield gauge
+        gauge = GaugeMetricFamily(
+            "nodepool_pool_repair_breaker_open",
+            "1 while the repair safety breaker holds every automated repair of the pool.",
+            labels=["pool"],
+        )
+        for labels, value in data["nodepool_pool_repair_breaker_open"].items():
+            gauge.add_metric(list(labels), value)
+        yield gauge
+        gauge = GaugeMetricFamily("nodepool_repairs", "Automated repairs by state.", labels=["pool", "state"])
+        for labels, value in data["nodepool_repairs"].items():
             gauge.add_metric(list(labels), value)
         yield gauge

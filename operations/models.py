@@ -18,6 +18,7 @@ from maintenance.choices import EvictionPolicy
 from nodepool.fsm import SerializedFSMRefresh
 
 from .choices import (
+    ACTIVE_REPAIR_STATES,
     ACTIVE_REPLACEMENT_STATES,
     ACTIVE_UPGRADE_STATES,
     DisruptionReason,
@@ -26,6 +27,8 @@ from .choices import (
     PreemptionSource,
     PreemptionState,
     ProviderKind,
+    RepairAction,
+    RepairState,
     ReplacementState,
     ScaleDirection,
     ScaleOutcome,
@@ -117,6 +120,23 @@ class PoolOperations(models.Model):
     last_scale_down_at = models.DateTimeField(null=True, blank=True)
     # {node_id: ISO time it was first seen below the utilization threshold}.
     underused_since = models.JSONField(default=dict, blank=True)
+    # Repair (operations.repair): [{"condition": "Ready", "status": "False", "for": 600, "action":
+    # "reboot"}]; validated when written. The breaker: no automated repair while more than
+    # repair_max_unhealthy of the members are unhealthy, at most repair_max_concurrent at once.
+    repair_rules = models.JSONField(
+        default=list,
+        blank=True,
+        help_text='[{"condition": "Ready", "status": "False", "for": "10m", "action": "reboot" | "replace" | '
+        '"quarantine"}]. A quarantine revokes the node\'s credential: it comes back only when a person '
+        "releases it.",
+    )
+    repair_max_unhealthy = models.FloatField(
+        default=0.2, help_text="Fraction 0..1: no automated repair while more of the pool is unhealthy."
+    )
+    repair_max_concurrent = models.PositiveIntegerField(default=1, help_text="Repairs in progress at once.")
+    repair_breaker_open = models.BooleanField(default=False, editable=False)
+    repair_breaker_since = models.DateTimeField(null=True, blank=True, editable=False)
+    repair_breaker_detail = models.TextField(blank=True, editable=False)
     version = models.PositiveIntegerField(default=1)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -133,6 +153,10 @@ class PoolOperations(models.Model):
             models.CheckConstraint(
                 condition=Q(consolidation_min_saving__gte=0) & Q(consolidation_min_saving__lte=1),
                 name="poolops_saving_fraction",
+            ),
+            models.CheckConstraint(
+                condition=Q(repair_max_unhealthy__gte=0) & Q(repair_max_unhealthy__lte=1),
+                name="poolops_repair_unhealthy_fraction",
             ),
         ]
 
@@ -485,3 +509,72 @@ class NodeReplacement(SerializedFSMRefresh, ConcurrentTransitionMixin, models.Mo
     @transition(field=state, source=ACTIVE_REPLACEMENT_STATES, target=ReplacementState.FAILED)
     def fail(self):
         """→ failed: re-admission refused the node, or its drain ended otherwise."""
+
+
+class Repair(SerializedFSMRefresh, ConcurrentTransitionMixin, models.Model):
+    """One automated repair of one node by a rule of its pool (operations.repair).
+
+    ``rule`` is the rule as it was when the repair started (``{"condition", "status", "for",
+    "action"}``, ``for`` in seconds) and ``rule_index`` its place in the pool's list; ``action``
+    may differ from the rule's when the repair escalates (``escalated_from``). ``boot_id`` and
+    ``incarnation`` are the node's at the reboot instruction (a new boot id or a higher incarnation
+    is the reboot); ``verify_until`` is when a rebooted node still failing escalates.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    pool = models.ForeignKey("fleet.Pool", on_delete=models.CASCADE, related_name="repairs")
+    node = models.ForeignKey("fleet.Node", on_delete=models.CASCADE, related_name="repairs")
+    state = FSMField(max_length=16, choices=RepairState.choices, default=RepairState.PENDING, protected=True)
+    action = models.CharField(max_length=16, choices=RepairAction.choices)
+    rule = models.JSONField(default=dict)
+    rule_index = models.PositiveSmallIntegerField(default=0)
+    condition = models.CharField(max_length=100, help_text="the condition that held: Ready=False")
+    escalated_from = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    drain_id = models.UUIDField(null=True, blank=True)
+    boot_id = models.CharField(max_length=64, blank=True)
+    incarnation = models.PositiveBigIntegerField(null=True, blank=True)
+    rebooted_at = models.DateTimeField(null=True, blank=True)
+    verify_until = models.DateTimeField(null=True, blank=True)
+    detail = models.TextField(blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField(auto_now=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            # Two sweeps that pick the same node: the second insert fails (operations.repair.start).
+            models.UniqueConstraint(
+                fields=["node"], condition=Q(state__in=ACTIVE_REPAIR_STATES), name="repair_one_active_per_node"
+            )
+        ]
+        indexes = [models.Index(fields=["pool", "state"], name="repair_pool_state")]
+
+    def __str__(self) -> str:
+        return f"{self.action} of {self.node_id} ({self.state})"
+
+    # --- transitions: memory only (operations.repair locks, saves and records the event) ----------
+    @transition(field=state, source=RepairState.PENDING, target=RepairState.REBOOTING)
+    def reboot(self):
+        """pending → rebooting: drained; the agent is told to run its reboot command."""
+
+    @transition(field=state, source=RepairState.REBOOTING, target=RepairState.VERIFYING)
+    def rebooted(self):
+        """rebooting → verifying: a new boot (or agent incarnation) was seen."""
+
+    @transition(field=state, source=RepairState.PENDING, target=RepairState.REPLACING)
+    def replace(self):
+        """pending → replacing: drained; a replacement is asked, the node removed."""
+
+    @transition(field=state, source=[RepairState.PENDING, RepairState.VERIFYING, RepairState.REPLACING],
+                target=RepairState.SUCCEEDED)  # fmt: skip
+    def succeed(self):
+        """verifying (health checks pass) | replacing (node removed) | pending (quarantined) → succeeded."""
+
+    @transition(field=state, source=RepairState.VERIFYING, target=RepairState.ESCALATED)
+    def escalate(self):
+        """verifying → escalated: still failing one rule duration after the reboot."""
+
+    @transition(field=state, source=list(ACTIVE_REPAIR_STATES), target=RepairState.FAILED)
+    def fail(self):
+        """any active state → failed (the node left, the drain was cancelled, no reboot came)."""

@@ -5,6 +5,7 @@ from . import conf
 _UPGRADES = float(conf.get("UPGRADE_SWEEP_INTERVAL"))
 _AUTOSCALE = float(conf.get("AUTOSCALE_INTERVAL"))
 _REPLACEMENTS = float(conf.get("REPLACEMENT_SWEEP_INTERVAL"))
+_REPAIR = float(conf.get("REPAIR_INTERVAL"))
 
 BEAT_SCHEDULE = {
     # Safety net of the upgrade tick chains (a lost message, a worker killed mid-chain).
@@ -29,5 +30,11 @@ BEAT_SCHEDULE = {
         "task": "operations.sweep_replacements",
         "schedule": _REPLACEMENTS,
         "options": {"expires": _REPLACEMENTS * 0.9},
+    },
+    # Repair rules: conditions held too long → reboot, replace or quarantine (operations.repair).
+    "operations-sweep-repairs": {
+        "task": "operations.sweep_repairs",
+        "schedule": _REPAIR,
+        "options": {"expires": _REPAIR * 0.9},
     },
 }

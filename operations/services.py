@@ -1,5 +1,5 @@
 """Changing a pool's operation settings (spot, fallback, drain policy, autoscaling, provider,
-disruption budgets).
+disruption budgets, repair rules).
 
 The target is not set here: an upgrade sets it (and a rollback restores it), so the pool's
 target always names the upgrade that put it there.
@@ -22,6 +22,7 @@ from nodepool import egress
 from nodepool.api.problems import Problem
 from nodepool.api.versioning import check_version
 
+from . import repair
 from .choices import ProviderKind
 from .disruption import parse_budgets
 from .errors import INVALID_POOL_OPERATIONS
@@ -59,6 +60,9 @@ FIELDS = {
     "consolidation_min_saving",
     "expire_after",
     "termination_grace",
+    "repair_rules",
+    "repair_max_unhealthy",
+    "repair_max_concurrent",
 }
 MAX_FALLBACK_POOLS = 10
 # Seconds, or null for "never": at least a minute, at most ten years.
@@ -126,8 +130,19 @@ def parse_changes(data: Any, pool: Pool) -> dict:
             value = parse_template(value)
         elif name == "disruption_budgets":
             value = parse_budgets(value)  # 400 invalid_disruption_budget naming the member
+        elif name == "repair_rules":
+            value = repair.parse_rules(value, pool=pool)  # 400 invalid_repair_rule naming the member
+        elif name == "repair_max_unhealthy" and (
+            isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1
+        ):
+            raise _bad(name, "must be a fraction from 0 to 1 (0.2: no repair while over 20 % is unhealthy)")
+        elif name == "repair_max_concurrent" and (
+            isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1000
+        ):
+            raise _bad(name, "must be an integer from 1 to 1000")
         changes[name] = value
     _check_webhook_destination(changes, pool)
+    _check_repair_actions(changes, pool)
     return changes
 
 
@@ -167,6 +182,16 @@ def parse_fallback_pools(value: Any, pool: Pool) -> list[int]:
             seen.add(current)
             frontier.extend(stored.get(current) or [])
     return ids
+
+
+def _check_repair_actions(changes: dict, pool: Pool) -> None:
+    """A repair rule's action must be one the pool can do after the change (``replace`` needs a
+    provider): checked when the rules or the provider change. 400 ``invalid_repair_rule``."""
+    if "repair_rules" not in changes and "provider" not in changes:
+        return
+    current = PoolOperations.objects.filter(pool=pool).values("provider", "repair_rules").first() or {}
+    rules = changes.get("repair_rules", current.get("repair_rules") or [])
+    repair.check_actions(rules, changes.get("provider", current.get("provider", ProviderKind.NONE)))
 
 
 def _check_webhook_destination(changes: dict, pool: Pool) -> None:

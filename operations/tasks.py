@@ -127,3 +127,11 @@ def sweep_replacements(self) -> dict:
     from . import replacement
 
     return replacement.sweep(actor=Actor.system("operations.sweep_replacements", self.request.id or ""))
+
+
+@shared_task(name="operations.sweep_repairs", bind=True, ignore_result=True)
+def sweep_repairs(self) -> dict:
+    """Beat: one repair pass over every pool with repair rules (see :mod:`operations.repair`)."""
+    from . import repair
+
+    return repair.sweep(actor=Actor.system(outofservice.REPAIR, self.request.id or ""))

@@ -22,6 +22,8 @@ reads them at each beat:
   it in that device's ``health.xid_events`` (DEVICES-WIRE.md), as the agent's would;
 * ``set_device_health(device, ecc_uncorrectable=2, ...)`` — a GPU's health flags change;
 * ``reboot()`` — the host reboots: a new ``boot_id``, a new incarnation, healthy devices.
+* ``not_ready`` — the node reports ``Ready=False`` (and not ready) until a repair reboot cures
+  it; ``reboot_cures`` False keeps it failing after the reboot (a repair then escalates).
 
 A node of a GPU shape reports its devices (``NodeSpec.devices``: ids, models, NVLink islands) in
 every status report, and records the devices each lease was given
@@ -30,7 +32,9 @@ running leases at once, which must stay 0).
 
 An ``upgrade`` instruction (docs/pool-operations.md) is carried out as the real agent does it:
 the node restarts (a new incarnation, its work gone) running the instructed version. A node
-already at that version ignores it. :meth:`VirtualNode.preemption_notice` sends a spot
+already at that version ignores it. A ``repair`` instruction (a pool's repair rule) is carried
+out once per repair as an agent with ``--repair-reboot-command`` does: the host reboots
+(``counters["repair_reboots"]``). :meth:`VirtualNode.preemption_notice` sends a spot
 preemption notice, as a node's agent does when its cloud announces a reclaim.
 """
 
@@ -129,6 +133,9 @@ class VirtualNode:
         self.benchmark_factor = 1.0
         self.broken_upgrade = False
         self.upgrades_done: set[tuple[str, str]] = set()
+        self.not_ready = False
+        self.reboot_cures = True
+        self.repairs_done: set[str] = set()
         self.agent_version = spec.agent_version or __version__
         # What the control plane said and what the node did.
         self.lifecycle = ""
@@ -288,6 +295,20 @@ class VirtualNode:
         self.restart()
         return True
 
+    def repair(self, instruction: dict) -> bool:
+        """Carry out a ``repair`` instruction (``{"repair_id", "action": "reboot"}``): the host
+        reboots, once per repair; the reboot cures ``not_ready`` unless ``reboot_cures`` is off.
+        Returns True when the node rebooted."""
+        repair_id = str(instruction.get("repair_id") or "")
+        if instruction.get("action") != "reboot" or not repair_id or repair_id in self.repairs_done:
+            return False
+        self.repairs_done.add(repair_id)
+        self.counters["repair_reboots"] += 1
+        if self.reboot_cures:
+            self.not_ready = False
+        self.reboot()
+        return True
+
     async def preemption_notice(self, client: httpx.AsyncClient, seconds: float) -> int:
         """Tell the control plane this (spot) machine goes away in ``seconds``; returns the HTTP status."""
         body = {"deadline": rfc3339(time.time() + self.clock_offset + seconds)}
@@ -298,7 +319,9 @@ class VirtualNode:
     # -- heartbeats ----------------------------------------------------------------------------
     def heartbeat_body(self) -> dict:
         self.sequence += 1
-        ready = not any(c["status"] == "True" for c in self._conditions() if c["type"] != "Ready")
+        ready = not self.not_ready and not any(
+            c["status"] == "True" for c in self._conditions() if c["type"] != "Ready"
+        )
         return {
             "incarnation": self.incarnation,
             "sequence": self.sequence,
@@ -320,7 +343,12 @@ class VirtualNode:
     def _conditions(self) -> list[dict]:
         ok = {"status": "False", "reason": "", "message": "simulated"}
         return [
-            {"type": "Ready", "status": "True", "reason": "AgentReady", "message": "simulated"},
+            {
+                "type": "Ready",
+                "status": "False" if self.not_ready else "True",
+                "reason": "SimulatedNotReady" if self.not_ready else "AgentReady",
+                "message": "simulated",
+            },
             {"type": "MemoryPressure", **ok},
             {"type": "DiskPressure", **ok},
             {"type": "PIDPressure", **ok},
@@ -467,6 +495,8 @@ class VirtualNode:
         if instructions.get("upgrade"):
             self.upgrade(instructions["upgrade"])
             return  # a new process: what the old one was told about leases no longer applies
+        if instructions.get("repair") and self.repair(instructions["repair"]):
+            return  # rebooted: a new process
         if "leases" in answer:
             await self._reconcile(client, answer.get("leases") or [])
 

@@ -20,6 +20,7 @@ urlpatterns = [
     path("pools/<slug:name>/operations", views.PoolOperationsView.as_view(), name="pool-operations"),
     path("pools/<slug:name>/disruptions", views.PoolDisruptionsView.as_view(), name="pool-disruptions"),
     path("pools/<slug:name>/replacements", views.PoolReplacementsView.as_view(), name="pool-replacements"),
+    path("pools/<slug:name>/repairs", views.PoolRepairsView.as_view(), name="pool-repairs"),
     path("nodes/<uuid:pk>/disruption", views.NodeDisruptionView.as_view(), name="node-disruption"),
     path("pools/<slug:name>/preemptions", views.PoolPreemptionsView.as_view(), name="pool-preemptions"),
     path(

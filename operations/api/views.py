@@ -31,7 +31,7 @@ from nodepool.api.problems import Forbidden, NotFound, Problem
 from nodepool.api.strict import refuse_unknown_members
 from nodepool.api.versioning import ETagMixin, expected_version
 
-from .. import bulk, disruption, preemption, providers, replacement, services, shutdown, upgrades
+from .. import bulk, disruption, preemption, providers, repair, replacement, services, shutdown, upgrades
 from ..choices import PreemptionSource
 from ..errors import (
     INVALID_DAYS,
@@ -212,6 +212,21 @@ class PoolReplacementsView(APIView):
         if pool is None:
             raise NotFound("No such pool.", POOL_NOT_FOUND)
         return Response(replacement.pool_status(pool))
+
+
+class PoolRepairsView(APIView):
+    """``GET /pools/{name}/repairs``: the pool's repair rules, its safety breaker (open or closed,
+    since when and why), the outage guard, the repairs in progress and the latest finished ones
+    (:func:`operations.repair.pool_status`)."""
+
+    permission_classes = [IsAuthenticated, IsOperator]
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def get(self, request, name):
+        pool = Pool.objects.filter(name=name).first()
+        if pool is None:
+            raise NotFound("No such pool.", POOL_NOT_FOUND)
+        return Response(repair.pool_status(pool))
 
 
 class NodeDisruptionView(APIView):

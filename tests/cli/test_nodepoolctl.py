@@ -288,6 +288,23 @@ def test_describe_pool_shows_drift_expiry_and_replacements(ctl, fleet):
     assert "cpu-1" in section[section.index("Replacements:") :] and "drift" in section
 
 
+def test_describe_pool_shows_the_repair_breaker_and_rules(ctl, fleet):
+    from operations.models import PoolOperations
+
+    PoolOperations.objects.create(
+        pool=fleet["cpu-1"].pool,
+        repair_rules=[{"condition": "Ready", "status": "False", "for": 600, "action": "reboot"}],
+        repair_breaker_open=True,
+        repair_breaker_since=timezone.now(),
+        repair_breaker_detail="3 of 10 nodes unhealthy (30%), more than repair_max_unhealthy 20%",
+    )
+    code, text, _ = ctl("describe", "pool", "general")
+    assert code == 0, text
+    repair = text[text.index("Repair:") :]
+    assert "OPEN since" in repair and "3 of 10 nodes unhealthy" in repair
+    assert "Ready=False" in repair[repair.index("Repair rules:") :] and "reboot" in repair
+
+
 def test_describe_node_shows_the_status_report_age_apart_from_the_renewal(ctl, fleet):
     now = timezone.now()
     Node.objects.filter(pk=fleet["cpu-1"].pk).update(

@@ -23,6 +23,7 @@ def test_the_instruction_bits_keep_their_numbers():
         "UPGRADE": 256,
         "PREEMPTION": 512,
         "SECRET": 1024,
+        "REPAIR": 2048,
     }
 
 
@@ -60,5 +61,6 @@ def test_the_apps_register_their_handlers_at_their_documented_orders():
         ("leases.status_report_kicks_queue", 110),
         ("maintenance.rules", 200),
         ("operations.upgrade_instruction", 300),
+        ("operations.repair_instruction", 310),
         ("marketplace.availability", 400),
     ]

@@ -17,7 +17,7 @@ STORED = {
     },
     "leases": {"lease", "checkpoint"},
     "maintenance": {"drain", "quarantine", "hold"},
-    "operations": {"upgrade", "scale", "preemption", "disruption_blocked"},
+    "operations": {"upgrade", "scale", "preemption", "disruption_blocked", "repair", "repair_breaker"},
     "marketplace": {"usage", "statement", "appeal"},
 }  # fmt: skip
 
