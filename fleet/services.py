@@ -375,7 +375,8 @@ def node_enroll(
             node = _locked_node(token.node_id)
             credential, secret = takeover.take_over(
                 node=node, token=token, hostname=hostname, display_name=display_name, addresses=addresses or [],
-                agent_version=agent_version, labels=labels or {}, capability=capability, actor=actor, now=now,
+                agent_version=agent_version, labels=labels or {}, capability=capability, attestation=attestation,
+                actor=actor, now=now,
             )  # fmt: skip
             _enrollment_devices(node, devices, boot_id, actor, now)
             if node.lifecycle == Lifecycle.PENDING and pool.admission_mode == AdmissionMode.AUTOMATIC:

@@ -104,6 +104,7 @@ def take_over(
     capability: dict[str, Any],
     actor: Actor,
     now: datetime,
+    attestation: dict[str, str] | None = None,
 ) -> tuple[NodeCredential, str]:
     """Re-enroll ``node`` (locked by the caller, inside the token's spend transaction) for a new agent.
 
@@ -111,8 +112,10 @@ def take_over(
     incarnation (``incarnation + 1``, ``sequence`` -1: the agent's first message is sequence 1),
     records the enrollment evidence (token, time, agent version) and one ``taken_over`` event. The declared
     capability, hostname, addresses and node labels are replaced only while the node is
-    ``pending`` or ``rejected`` (:data:`REDECLARE_IN`); a node already admitted keeps what was
-    verified. ``display_name`` is replaced when sent (an imported node keeps its Kubernetes name).
+    ``pending`` or ``rejected`` (:data:`REDECLARE_IN`), and so is the attestation document
+    (``{"document", "signature"}``, checked by admission like an enrollment's); a node already
+    admitted keeps what was verified. ``display_name`` is replaced when sent (an imported node
+    keeps its Kubernetes name).
 
     Returns ``(credential, secret)``. Raises as :func:`refuse_lifecycle` (the caller's transaction
     then rolls the spend back).
@@ -127,7 +130,8 @@ def take_over(
     redeclared = node.lifecycle in REDECLARE_IN
     if redeclared:
         node.hostname, node.addresses, node.node_labels, node.declared = hostname, addresses, labels, capability
-        fields += ["hostname", "addresses", "node_labels", "declared"]
+        node.attestation = attestation or {}
+        fields += ["hostname", "addresses", "node_labels", "declared", "attestation"]
     if display_name:
         node.display_name = display_name
         fields.append("display_name")

@@ -236,3 +236,21 @@ def test_the_admin_action_gives_each_selected_node_a_token_naming_it(operator, n
     token = BootstrapToken.objects.get()
     assert (token.node_id, token.max_uses, secret.startswith("npb_")) == (node.pk, 1, True)
     assert enroll(anon_api, secret, node=str(node.pk)).json()["node_id"] == str(node.pk)
+
+
+def test_an_agent_taking_over_an_imported_node_brings_its_attestation_for_admission(anon_api, db):
+    from fleet.admission import check_attestation
+    from tests.fleet_support import Signer
+
+    signer = Signer()
+    pool = make_pool(name="imported", attestation_required=True, attestation_public_key=signer.public_pem)
+    import_nodes(text=(FIXTURES / "nodelist-3-workers-aks.json").read_text(), pool=pool, actor=Actor.system("t"))
+    node = Node.objects.order_by("display_name").first()
+    assert check_attestation(node, pool).status == "failed"  # imported: nothing attested
+
+    evidence = signer.attest({"hostname": "aks-worker-0", "pool": "imported"})
+    response = enroll(anon_api, node_token(node), hostname="aks-worker-0", attestation=evidence)
+
+    assert response.status_code == 201, response.content
+    node.refresh_from_db()
+    assert check_attestation(node, pool).status == "passed"
