@@ -24,7 +24,10 @@ from nodepool.admin_mixins import AppendOnlyAdminMixin
 from nodepool.api.permissions import is_operator, is_owner
 from nodepool.api.problems import Problem
 
-from . import services
+from . import (
+    admin_reliability,  # noqa: F401  (registers the node page's Reliability section)
+    services,
+)
 from .admin_display import (
     OwnerFilter,
     SchedulableFilter,

@@ -148,10 +148,51 @@ def describe_node(node: dict, leases: list[dict], events: list[dict], *, pool: d
     if device_rows:
         headers = ["TYPE", "TOTAL", "ALLOCATABLE", "FREE", "FREE BY MODEL", "MODELS"]
         parts += _section("Devices", _table(headers, device_rows))
+    if node.get("reliability_record"):
+        parts += _section("Reliability", _reliability(node["reliability_record"]))
     parts += _section("Cordon holds", _table(["OWNER", "REASON", "SINCE", "EXPIRES"], holds))
     parts += _section("Leases", _table(["WORKLOAD", "TOKEN", "STATE", "WORKLOAD STATE", "EXPIRES"], lease_rows))
     parts += _section("Events", _table(["AGE", "TYPE", "CHANGE", "BY", "REASON"], event_rows))
     return Group(*parts)
+
+
+def _fraction(value) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _reliability(record: dict) -> Group:
+    """The node's reliability record (docs/fleet.md, "Reliability"): the score placement compares,
+    then per window uptime and leases completed against lost or failed through the node's fault,
+    the causes of those losses, faults per device and the re-verification runs."""
+    days = record.get("window_days")
+    score = (
+        f"{record['reliability']:.4f} ({days} days)"
+        if record.get("rated")
+        else f"unrated (fewer than {record.get('min_sample')} counted leases in {days} days)"
+    )
+    windows = record.get("windows") or {}
+    rows = [
+        [name, _fraction(w.get("uptime")), str(w.get("leases_completed", 0)), str(w.get("leases_node_fault", 0)),
+         _fraction(w.get("reliability"))]
+        for name, w in windows.items()
+    ]  # fmt: skip
+    longest = windows.get(max(windows, key=lambda k: windows[k].get("days", 0))) if windows else {}
+    causes = ", ".join(f"{k} {n}" for k, n in (longest.get("leases_node_fault_by_cause") or {}).items() if n)
+    faults = ", ".join(f"{device} x{n}" for device, n in (record.get("device_faults") or {}).items())
+    runs = record.get("reverifications") or {}
+    last = (runs.get("runs") or [{}])[0]
+    checks = f"{runs.get('passed', 0)} passed, {runs.get('failed', 0)} failed" + (
+        f" (last {last.get('state')}: {last.get('code')}, {age(last.get('finished_at'))} ago)" if last else ""
+    )
+    return Group(
+        _grid([
+            ("Score", score),
+            ("Node-fault losses", causes or "<none>"),
+            ("Device faults", faults or "<none>"),
+            ("Re-verifications", checks),
+        ]),
+        _table(["WINDOW", "UPTIME", "COMPLETED", "NODE-FAULT LOSSES", "RELIABILITY"], rows),
+    )  # fmt: skip
 
 
 def describe_pool(

@@ -216,9 +216,9 @@ def test_describe_node_shows_sections_with_events_last(ctl, fleet):
                     {"type": "DiskPressure", "status": "False", "reason": "NoPressure"}])  # fmt: skip
     make_lease(node, "job-9")
 
-    code, text, _ = ctl("describe", "node", "cpu-1")
+    code, text, err = ctl("describe", "node", "cpu-1")
 
-    assert code == 0
+    assert code == 0, err
     order = [
         text.index(heading) for heading in ("Name:", "Conditions:", "Capacity:", "Cordon holds:", "Leases:", "Events:")
     ]
@@ -228,6 +228,23 @@ def test_describe_node_shows_sections_with_events_last(ctl, fleet):
     assert "hold" in text[text.index("Events:") :]
     by_id = ctl("describe", "node", str(node.pk))[1]
     assert by_id.splitlines()[:2] == text.splitlines()[:2] and "Events:" in by_id
+
+
+def test_describe_node_shows_the_reliability_record(ctl, fleet):
+    from fleet.models import NodeReliabilityDay
+
+    node = fleet["cpu-1"]
+    Node.objects.filter(pk=node.pk).update(reliability=0.9)
+    NodeReliabilityDay.objects.create(
+        node=node, day=timezone.now().date(), observed_seconds=86400, up_seconds=43200, leases_completed=9,
+        leases_lost_unreachable=1, device_faults={"GPU-0": 2},
+    )  # fmt: skip
+    code, text, _ = ctl("describe", "node", "cpu-1")
+    assert code == 0, text
+    section = text[text.index("Reliability:") : text.index("Cordon holds:")]
+    assert "0.9000 (30 days)" in section and "lost_unreachable 1" in section and "GPU-0 x2" in section
+    assert re.search(r"7d\s+0\.5000\s+9\s+1\s+0\.9000", section), section
+    assert "unrated" in ctl("describe", "node", "cpu-2")[1]
 
 
 def test_describe_pool_shows_budgets_windows_and_blocked_disruptions(ctl, fleet):

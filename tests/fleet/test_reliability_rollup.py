@@ -144,3 +144,20 @@ def test_the_record_lists_the_re_verification_runs_of_the_window(node):
     newest_first = [("passed", "passed"), ("failed", "measured_below_verified")]
     assert [(r["state"], r["code"]) for r in shown["runs"]] == newest_first
     assert all("evidence" not in r for r in shown["runs"])
+
+
+def test_the_admin_node_page_shows_the_record_to_operators_and_the_owner(node, operator, owner):
+    from django.urls import reverse
+
+    from tests.support import staff_client
+
+    Node.objects.filter(pk=node.pk).update(owner=owner, reliability=0.9512)
+    NodeReliabilityDay.objects.create(node=node, day=date.today(), leases_completed=39, leases_lost_unreachable=2,
+                                      device_faults={"GPU-7": 3})  # fmt: skip
+    url = reverse("admin:fleet_node_change", args=[node.pk])
+    for user in (operator, owner):
+        page = staff_client(user).get(url)
+        assert page.status_code == 200
+        text = page.content.decode()
+        section = text[text.index(">Reliability<") :]
+        assert "0.9512" in section and "lost_unreachable 2" in section and "GPU-7 × 3" in section
