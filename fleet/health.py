@@ -28,6 +28,18 @@ CLOCK_SKEW = "ClockSkew"
 STATUS_REPORT_OVERDUE = "StatusReportOverdue"
 # Server-owned: set by a failed re-verification, cleared by a passed one (fleet.trust).
 UNVERIFIED = "Unverified"
+# Server-owned conditions a node's report never sets or clears: carried over as stored
+# (fleet.heartbeats.merge_conditions). fleet.trust's Unverified, and those higher apps register from
+# their AppConfig.ready() (operations' Drifted).
+KEPT_CONDITIONS: list[str] = [UNVERIFIED]
+
+
+def register_kept_condition(kind: str) -> None:
+    """Keep the server-owned condition type ``kind`` across the node's reports (idempotent)."""
+    if kind not in KEPT_CONDITIONS:
+        KEPT_CONDITIONS.append(kind)
+
+
 TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
 CONDITION_STATUSES = (TRUE, FALSE, UNKNOWN)
 

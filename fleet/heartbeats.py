@@ -178,14 +178,16 @@ def skew_condition(previous: dict | None, skew: float, received_at: datetime) ->
 
 def merge_conditions(stored: list[dict], reported: list[dict], skew: dict | None, now: datetime) -> list[dict]:
     """The node's new condition list: what it reported (its own ``ClockSkew`` ignored) plus the
-    server's ``ClockSkew``, and the stored ``Unverified`` (fleet.trust) as it is. ``last_transition_time``
+    server's ``ClockSkew``, and the stored ``Unverified`` (fleet.trust) and other kept conditions
+    (``health.KEPT_CONDITIONS``) as they are. ``last_transition_time``
     is kept while a condition's status holds."""
     previous = {c.get("type"): c for c in stored or []}
     stamp = now.isoformat()
     merged = []
-    server_owned = (health.CLOCK_SKEW, STATUS_REPORT_OVERDUE, health.UNVERIFIED)
-    # Unverified is the re-verification's (fleet.trust): carried over as stored, whatever the node says.
-    kept = [previous[health.UNVERIFIED]] if health.UNVERIFIED in previous else []
+    server_owned = (health.CLOCK_SKEW, STATUS_REPORT_OVERDUE, *health.KEPT_CONDITIONS)
+    # Unverified (fleet.trust) and the kept conditions of higher apps (operations' Drifted): carried
+    # over as stored, whatever the node says.
+    kept = [previous[kind] for kind in health.KEPT_CONDITIONS if kind in previous]
     for condition in [*(c for c in reported if c["type"] not in server_owned), *([skew] if skew else []), *kept]:
         before = previous.get(condition["type"])
         same = before is not None and before.get("status") == condition["status"]

@@ -13,7 +13,7 @@ class OperationsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from fleet import admission
+        from fleet import admission, health
         from fleet.instructions import register_status_report_handler
         from leases import impossible, preview
         from leases.signals import lease_ended
@@ -37,6 +37,8 @@ class OperationsConfig(AppConfig):
         )
         # Records the pool shape hash each admission admits a node with (drift).
         admission.register_check(drift.CHECK_NAME, drift.check_pool_shape)
+        # Drifted is server-owned: a node's own report never sets or clears it.
+        health.register_kept_condition(drift.CONDITION)
         register_status_report_handler(
             "operations.upgrade_instruction", upgrades.upgrade_instruction_for_report, order=300
         )

@@ -372,6 +372,7 @@ def sweep_pool(*, pool, actor: Actor | None = None, now=None) -> dict:
         node = shape.node
         reasons = drift.drift_reasons(node, shape, digest=digest, target=ops.target or {})
         _mark_drift(shape, reasons, actor=actor or Actor.system(outofservice.DRIFT), now=now)
+        _sync_condition(node, reasons, now=now)
         if reasons:
             result["drifted"] += 1
         due = None
@@ -456,6 +457,26 @@ def _mark_drift(shape: NodeShape, reasons: list[str], *, actor: Actor, now) -> N
             with transaction.atomic():
                 _move(replacement, "cancel", actor=actor, detail="the node is at its pool's shape again")
             disruption.clear_blocked(shape.node)
+
+
+def _sync_condition(node: Node, reasons: list[str], *, now) -> None:
+    """Put the server-owned ``Drifted`` condition on the node's own conditions when it differs
+    (status or message); ``last_transition_time`` kept while the status holds. A node never had
+    it until it first drifted. A heartbeat racing this write may carry the old list over it: the
+    next sweep writes it again (the ``NodeShape`` row is the record; this is its display)."""
+    want = drift.condition(reasons)
+    have = next((c for c in node.conditions or [] if c.get("type") == drift.CONDITION), None)
+    if have is None and not reasons:
+        return
+    if have is not None and (have.get("status"), have.get("message")) == (want["status"], want["message"]):
+        return
+    with transaction.atomic():
+        locked = Node.objects.select_for_update(no_key=True).get(pk=node.pk)
+        before = next((c for c in locked.conditions or [] if c.get("type") == drift.CONDITION), None)
+        same = before is not None and before.get("status") == want["status"]
+        stamp = before.get("last_transition_time") if same else now.isoformat()
+        conditions = [c for c in locked.conditions or [] if c.get("type") != drift.CONDITION]
+        Node.objects.filter(pk=node.pk).update(conditions=[*conditions, {**want, "last_transition_time": stamp}])
 
 
 def sweep(*, actor: Actor | None = None, now=None) -> dict:

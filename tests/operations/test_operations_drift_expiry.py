@@ -19,7 +19,7 @@ from operations.choices import ReplacementState
 from operations.models import DisruptionBlock, NodeReplacement, NodeShape, PoolOperations, ProviderMachine
 from tests.factories import make_schedulable_node
 from tests.metrics_support import scrape, value
-from tests.operations_support import ready_pool
+from tests.operations_support import FakeAgent, ready_pool
 from tests.races import race
 
 pytestmark = [pytest.mark.usefixtures("no_flood_guard")]
@@ -203,6 +203,15 @@ def test_reported_versions_off_the_target_are_drift(django_capture_on_commit_cal
     shape = NodeShape.objects.get(node=nodes[0][0])
     assert shape.drifted and "outside the target" in shape.drift_reasons[0]
     assert drift.condition(shape.drift_reasons)["reason"] == "VersionMismatch"
+    # The node carries it among its conditions, and its own next report keeps it (server-owned).
+    (condition,) = [c for c in Node.objects.get(pk=nodes[0][0].pk).conditions if c["type"] == "Drifted"]
+    assert (condition["status"], condition["reason"]) == ("True", "VersionMismatch")
+    agent = FakeAgent(Node.objects.get(pk=nodes[0][0].pk), nodes[0][1])
+    agent.version = "0.9.0"
+    agent.beat()
+    kept = [c for c in Node.objects.get(pk=nodes[0][0].pk).conditions if c["type"] == "Drifted"]
+    assert kept and kept[0]["status"] == "True"
+    assert not any(c["type"] == "Drifted" for c in Node.objects.get(pk=nodes[1][0].pk).conditions)
     assert NodeReplacement.objects.get(node=nodes[0][0]).reason == "drift"
 
 
