@@ -49,6 +49,12 @@ def collect() -> Iterable[Metric]:
          "Nodes whose last measured clock skew exceeds NODEPOOL['CLOCK_SKEW_THRESHOLD'] seconds."),
     ):  # fmt: skip
         yield gauge(metric, text, ["pool"], samples_per_pool(pools, ((p, c[key]) for p, c in per_pool.items())))
+    yield gauge(
+        "nodepool_nodes_unverified",
+        "Nodes deverified by a scheduled re-verification (taint nodepool.dev/unverified), by pool.",
+        ["pool"],
+        samples_per_pool(pools, ((p, n) for p, n in figures.get("unverified") or [])),
+    )
     readiness, health_shown = shown_counts(figures)
     yield gauge(
         "nodepool_nodes_readiness",

@@ -18,7 +18,8 @@ SQLite default all read the same figures. ``/metrics`` exports the row's age
      "used": [[pool, resource, reported usage]],               # in-service nodes
      "capability_drift": [[pool, n]], "usage_inconsistent": [[pool, n]],
      "devices": [[pool, type, model, health, allocatable, n]],  # live devices, bounded labels
-     "reliability": [[pool, unrated, n<=0.5, …, n<=1.0]]}       # fleet.reliability.metric_rows
+     "reliability": [[pool, unrated, n<=0.5, …, n<=1.0]],       # fleet.reliability.metric_rows
+     "unverified": [[pool, n]]}                                  # fleet.trust: deverified nodes
 
 Retired nodes are never counted. Each query is one GROUP BY over the whole fleet.
 """
@@ -42,6 +43,7 @@ from .devices import device_metric_rows
 from .models import FleetState, Node, NodeResource, Pool
 from .reliability import metric_rows as reliability_metric_rows
 from .selectors import IN_SERVICE_LIFECYCLES, schedulable_q, valid_credential_exists
+from .trust import metric_rows as unverified_metric_rows
 
 # Reported usage above what leases and reservations account for, by more than (this - 1) × the
 # node's capacity, is "inconsistent" (agents measure their own overhead; a little above is noise,
@@ -57,6 +59,7 @@ EMPTY: dict = {
     "usage_inconsistent": [],
     "devices": [],
     "reliability": [],
+    "unverified": [],
 }
 
 
@@ -104,6 +107,7 @@ def compute(*, now=None) -> dict:
         "usage_inconsistent": _usage_inconsistent(),
         "devices": device_metric_rows(),
         "reliability": reliability_metric_rows(),
+        "unverified": unverified_metric_rows(),
     }
 
 

@@ -15,10 +15,12 @@ default, so it does not make the node unhealthy: the taint is what keeps work aw
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import datetime
 
 from . import health
 from . import taints as taint_times
+from .choices import Lifecycle
 from .models import Node
 
 UNVERIFIED_TAINT_KEY = "nodepool.dev/unverified"
@@ -64,3 +66,16 @@ def clear_unverified(node: Node, *, message: str, now: datetime) -> bool:
     node.taints_added_at = taint_times.stamp(node.taints_added_at, node.taints, now)
     _set_condition(node, health.FALSE, "Verified", message, now)
     return True
+
+
+def metric_rows() -> list[list[int]]:
+    """``[[pool pk, n]]``: nodes (not retired) carrying the unverified taint, per pool, for the
+    gauge ``nodepool_nodes_unverified`` (fleet.fleet_state stores it, fleet.collectors exports it).
+    Reads only nodes with any taint (the taint lists are JSON, matched here rather than in SQL so
+    that SQLite and PostgreSQL count alike)."""
+    counts: Counter = Counter()
+    tainted = Node.objects.exclude(lifecycle=Lifecycle.RETIRED).exclude(taints=[]).values_list("pool_id", "taints")
+    for pool_id, taints in tainted.iterator(chunk_size=2000):
+        if any(isinstance(t, dict) and t.get("key") == UNVERIFIED_TAINT_KEY for t in taints or []):
+            counts[pool_id] += 1
+    return [[pool_id, n] for pool_id, n in sorted(counts.items())]

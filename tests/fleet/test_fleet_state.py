@@ -130,6 +130,15 @@ def walk() -> dict:
         "usage_inconsistent": sorted([pool, n] for pool, n in inconsistent.items() if n),
         "devices": [],  # this fleet has none; tests/fleet/test_devices.py counts devices
         "reliability": reliability_walk(),
+        # nodes carrying nodepool.dev/unverified (fleet.trust); tests/fleet/test_reverification.py deverifies some
+        "unverified": sorted(
+            [pool, n]
+            for pool, n in Counter(
+                node.pool_id
+                for node in Node.objects.exclude(lifecycle=Lifecycle.RETIRED)
+                if any(t.get("key") == "nodepool.dev/unverified" for t in node.taints or [])
+            ).items()
+        ),
     }
 
 

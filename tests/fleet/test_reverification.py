@@ -281,3 +281,20 @@ def test_operators_read_the_checks_in_the_admin_and_owners_do_not(admin_client, 
     browser = Client()
     browser.force_login(owner)
     assert browser.get("/admin/fleet/reverification/").status_code == 403
+
+
+def test_metrics_count_the_deverified_nodes_per_pool(client, django_capture_on_commit_callbacks):
+    from fleet import fleet_state
+    from tests.metrics_support import scrape, value
+
+    node, secret = make_schedulable_node(_pool())
+    make_schedulable_node(_pool(name="other"))
+    _due_now(node)
+    reverify_due(actor=SWEEP)
+    with django_capture_on_commit_callbacks(execute=True):
+        _answer(node, secret, cpu=1000, memory=32 * 2**30)
+    fleet_state.refresh()
+    text = scrape(client)
+    assert value(text, "nodepool_nodes_unverified", pool="rack") == 1
+    assert value(text, "nodepool_nodes_unverified", pool="other") == 0
+    assert value(text, "nodepool_node_reverifications_total", pool="rack", outcome="failed") >= 1
