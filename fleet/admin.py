@@ -245,10 +245,28 @@ class ReadOnlyInline(admin.TabularInline):
         return self.fields
 
 
+# What each admission check asks, for a person (fleet.admission's check names; a check another app
+# registers reads as its name in words until it is added here).
+CHECK_CAPTIONS = {
+    "agent_version": "The agent's version is one the pool allows",
+    "capabilities": "The declared resources meet the pool's requirements",
+    "labels": "The labels the pool requires are present",
+    "plausibility": "The declared resources are plausible for this hardware",
+    "attestation": "A signed attestation from the pool's trusted key",
+    "benchmark": "A benchmark confirms the declared cpu and memory",
+    "upgrade_target": "The agent runs the pool's upgrade target version",
+}
+
+
 class AdmissionCheckInline(ReadOnlyInline):
     model = AdmissionCheck
-    fields = ["attempt", "name", "status", "detail", "started_at", "finished_at"]
+    verbose_name = "admission check"
+    fields = ["attempt", "check_caption", "status", "detail", "started_at", "finished_at"]
     ordering = ["-attempt", "id"]
+
+    @admin.display(description="check")
+    def check_caption(self, row: AdmissionCheck) -> str:
+        return CHECK_CAPTIONS.get(row.name, row.name.replace("_", " ").capitalize())
 
 
 class NodeCredentialInline(ReadOnlyInline):
@@ -480,7 +498,11 @@ class NodeAdmin(admin.ModelAdmin):
         return super().get_actions(request) if is_operator(request.user) else {}
 
     def get_inline_instances(self, request, obj=None):
+        """The node's record tables that have rows (an empty "Devices" table says nothing), and no
+        credentials for owners."""
         inlines = super().get_inline_instances(request, obj)
+        if obj is not None:
+            inlines = [i for i in inlines if i.model.objects.filter(node=obj).exists()]
         if is_operator(request.user):
             return inlines
         return [i for i in inlines if not isinstance(i, NodeCredentialInline)]

@@ -7,6 +7,7 @@ from django.core.exceptions import PermissionDenied
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
+from fleet import conf as fleet_conf
 from fleet import fleet_state
 from nodepool.api.permissions import is_operator
 
@@ -34,5 +35,10 @@ def fleet_overview_view(request):
         "now": now,
         "state_at": pools[0]["state_at"] if pools else None,
         "state_interval": fleet_state.interval(),
+        # What the guard is, in the overview's own words (docs/heartbeats.md, "Mass silence" and
+        # "Clock jumps"): the thresholds are the settings the sweep uses.
+        "guard_fraction_percent": round(100 * fleet_conf.get("UNHEALTHY_ZONE_FRACTION")),
+        "guard_min_nodes": fleet_conf.get("UNHEALTHY_ZONE_MIN_NODES"),
+        "clock_jump_seconds": fleet_conf.get("CLOCK_JUMP_THRESHOLD"),
     }
     return TemplateResponse(request, "admin/fleet_overview.html", context)

@@ -64,8 +64,20 @@ class DeadlineFields(forms.Form):
         return data
 
 
+DEFAULT_DRAIN_DEADLINE_HOURS = 1  # Nomad's `nomad node drain -deadline` default (1h)
+
+
 class DrainForm(ReasonForm, DeadlineFields):
+    """A drain's policy, deadline (one hour from now unless changed) and reason."""
+
     policy = forms.ChoiceField(choices=EvictionPolicy.choices, initial=EvictionPolicy.WAIT)
+    deadline_in = forms.IntegerField(
+        label="Deadline in",
+        required=False,
+        min_value=1,
+        initial=DEFAULT_DRAIN_DEADLINE_HOURS,
+        widget=forms.NumberInput(attrs={"style": "width: 6em"}),
+    )
     field_order = ["policy", "deadline_in", "deadline_unit", "deadline", "reason"]
 
 
@@ -99,15 +111,20 @@ class RetireForm(ReasonForm):
 
 @dataclass(frozen=True)
 class Spec:
-    label: str
+    label: str  # the form's title and its primary button; messages start with it ("Drain done for …")
     permission: str
     form: type[forms.Form]
     run: Any  # (obj, version, actor, cleaned_data) -> None
     preview: Any = None  # (obj, version, cleaned_data) -> dict: a dry run shown before confirming
+    description: str = ""  # the bulk action's entry in the node list's menu, for a person
 
 
-def run_with_form(modeladmin, request, queryset, spec: Spec, version_of):
-    """Render the intermediate form, or (on ``apply``) run ``spec`` for each selected object."""
+def run_with_form(modeladmin, request, queryset, spec: Spec, version_of, *, back: str = ""):
+    """Render the intermediate form, or (on ``apply``) run ``spec`` for each selected object.
+
+    ``back``: where Cancel leads (default: the node page the action came from, else the list).
+    Returns the form's response, or None once applied (the caller redirects).
+    """
     if not request.user.has_perm(spec.permission):
         modeladmin.message_user(request, f"{spec.label} needs the {spec.permission} permission.", messages.ERROR)
         return None
@@ -129,6 +146,7 @@ def run_with_form(modeladmin, request, queryset, spec: Spec, version_of):
         "previews": previews,
         "can_preview": spec.preview is not None,
         "node_page": request.POST.get("_node_page", ""),
+        "back": back or request.POST.get("_node_page", ""),
         "action": request.POST.get("action", ""),
         "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
         "opts": modeladmin.model._meta,
@@ -179,7 +197,7 @@ def _node_action(name: str, spec: Spec):
         return run_with_form(modeladmin, request, queryset, spec, lambda node: node.version)
 
     action.__name__ = name
-    return admin.action(description=f"{spec.label} selected nodes…")(action)
+    return admin.action(description=spec.description or f"{spec.label} the selected nodes…")(action)
 
 
 def _drain_run(node, version, actor, data):
@@ -211,27 +229,32 @@ def _release_run(node, version, actor, data):
 
 
 OPERATE = "fleet.operate_node"
+DRAIN = Spec("Drain", OPERATE, DrainForm, _drain_run, _drain_preview, "Drain the selected nodes…")
+# What a person reads in the node list's action menu (issue 33 item 6): a sentence, not a code name.
+REPAIR_DRAIN = Spec(
+    "Finish a lost drain",
+    OPERATE,
+    ReasonForm,
+    _simple(drains.repair_stuck_drain),
+    description="Finish a lost drain: a node left draining with no drain goes back to ready, cordoned by you…",
+)
 NODE_ACTIONS = [
-    _node_action("cordon_nodes", Spec("Cordon (your own hold)", OPERATE, CordonForm, _simple(services.cordon_node))),
-    _node_action(
-        "uncordon_nodes", Spec("Uncordon (your own hold)", OPERATE, UncordonForm, _simple(services.uncordon_node))
-    ),
-    _node_action("drain_nodes", Spec("Drain", OPERATE, DrainForm, _drain_run, _drain_preview)),
-    _node_action(
-        "quarantine_nodes",
-        Spec("Quarantine", "fleet.quarantine_node", QuarantineForm, _simple(services.quarantine_node)),
-    ),
-    _node_action("release_nodes", Spec("Release", "fleet.release_node", ReasonForm, _release_run)),
-    _node_action(
-        "return_nodes_to_service",
-        Spec("Return to service", OPERATE, ReasonForm, _simple(services.return_node_to_service)),
-    ),
+    _node_action("cordon_nodes", Spec("Cordon (your own hold)", OPERATE, CordonForm, _simple(services.cordon_node),
+                                      description="Cordon the selected nodes (your own hold)…")),
+    _node_action("uncordon_nodes", Spec("Uncordon (your own hold)", OPERATE, UncordonForm,
+                                        _simple(services.uncordon_node),
+                                        description="Uncordon the selected nodes (your own hold)…")),
+    _node_action("drain_nodes", DRAIN),
+    _node_action("quarantine_nodes", Spec("Quarantine", "fleet.quarantine_node", QuarantineForm,
+                                          _simple(services.quarantine_node))),
+    _node_action("release_nodes", Spec("Release", "fleet.release_node", ReasonForm, _release_run,
+                                       description="Release the selected nodes from quarantine…")),
+    _node_action("return_nodes_to_service", Spec("Return to service", OPERATE, ReasonForm,
+                                                 _simple(services.return_node_to_service),
+                                                 description="Return the selected nodes to service…")),
     _node_action("retire_nodes", Spec("Retire", OPERATE, RetireForm, _simple(services.retire_node))),
-    _node_action(
-        "repair_stuck_drains",
-        Spec("Repair stuck drain (draining with no drain)", OPERATE, ReasonForm, _simple(drains.repair_stuck_drain)),
-    ),
-]
+    _node_action("repair_stuck_drains", REPAIR_DRAIN),
+]  # fmt: skip
 
 
 class MaintenanceNodeAdmin(admin.ModelAdmin):

@@ -22,7 +22,8 @@ from .models import Drain, Quarantine
 from .selectors import public_evidence
 
 # (admin action, button label, may it apply to this node?, permission, what the form asks for).
-# "form" actions open the action's own page (drain: deadline, policy and a dry-run preview).
+# "form" actions open the action's own page (drain: /admin/fleet/node/<id>/drain/, deadline, policy
+# and a dry-run preview). "repair": a node left draining with no drain (drains.repair_stuck_drain).
 BUTTONS = [
     ("cordon_nodes", "Cordon", lambda node: node.lifecycle != Lifecycle.RETIRED, "fleet.operate_node", "cordon"),
     ("uncordon_nodes", "Uncordon", lambda node: node.cordoned, "fleet.operate_node", "uncordon"),
@@ -32,14 +33,28 @@ BUTTONS = [
     ("return_nodes_to_service", "Return to service", lambda node: can_proceed(node.return_to_service),
      "fleet.operate_node", "reason"),
     ("retire_nodes", "Retire", lambda node: can_proceed(node.retire), "fleet.operate_node", "reason"),
+    ("repair_stuck_drains", "Finish a lost drain", lambda node: _drain_lost(node), "fleet.operate_node", "repair"),
 ]  # fmt: skip
+FORM_URLS = {"drain_nodes": "admin-node-drain"}
+
+
+def _drain_lost(node) -> bool:
+    """Draining with no active drain: nothing will ever finish it (drains.repair_stuck_drain)."""
+    if node.lifecycle != Lifecycle.DRAINING:
+        return False
+    return not Drain.objects.filter(node=node, state=DrainState.ACTIVE).exists()
 
 
 def _actions(request, node) -> dict | None:
     if not is_operator(request.user):
         return None
     buttons = [
-        {"action": action, "label": label, "kind": kind}
+        {
+            "action": action,
+            "label": label,
+            "kind": kind,
+            "url": reverse(FORM_URLS[action], args=[node.pk]) if action in FORM_URLS else "",
+        }
         for action, label, applies, permission, kind in BUTTONS
         if request.user.has_perm(permission) and applies(node)
     ]

@@ -218,6 +218,12 @@ class StatementAdmin(ReadOnlyForOwners):
     list_filter = ["state", "owner"]
     inlines = [StatementLineInline]
     actions = [finalize_statements]
+    change_list_template = "admin/marketplace/statement/change_list.html"  # says when the first one appears
+
+    def changelist_view(self, request, extra_context=None):
+        extra_context = {"is_owner_view": not is_operator(request.user), **(extra_context or {})}
+        return super().changelist_view(request, extra_context)
+
     fields = [
         "owner_text",
         "period",

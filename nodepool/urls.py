@@ -5,6 +5,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from fleet.api.renewal_views import renewal_view
 from leases.admin_views import fleet_overview_view
+from maintenance.admin_views import node_drain_view
 
 from . import health
 from .api.auth_views import LogoutEverywhere, UserLogoutEverywhere
@@ -32,6 +33,7 @@ urlpatterns = [
     # every API route (that walk cost a tenth of a renewal's CPU time).
     path("api/v1/nodes/<uuid:pk>/renewals", renewal_view, name="node-renewals"),
     path("admin/fleet-overview/", admin.site.admin_view(fleet_overview_view), name="admin-fleet-overview"),
+    path("admin/fleet/node/<uuid:pk>/drain/", admin.site.admin_view(node_drain_view), name="admin-node-drain"),
     path("admin/", admin.site.urls),
     path("api/v1/", include(api_v1)),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

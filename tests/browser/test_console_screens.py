@@ -3,7 +3,8 @@
 Skipped unless ``NODEPOOL_SCREENS`` names a directory: ``NODEPOOL_SCREENS=/tmp/screens
 .venv/bin/python -m pytest -p no:xdist tests/browser/test_console_screens.py`` writes
 ``node-list.png``, ``node-page.png``, ``drain-form.png``, ``fleet-overview.png``, ``login.png``,
-``index.png`` and ``owner-quarantined-node.png`` there. CI does not run it (nothing to assert
+``index.png``, ``owner-index.png``, ``owner-quarantined-node.png`` and
+``owner-no-statements.png`` there. CI does not run it (nothing to assert
 that the other browser tests do not already).
 """
 
@@ -46,7 +47,7 @@ def test_screens_of_the_operators_console(page, operator_user):
     page.goto(f"{base}/admin/fleet/node/{world.gpu_unreachable.pk}/change/")
     shoot(page, "node-page")
     page.goto(f"{base}/admin/fleet/node/{world.general_idle.pk}/change/")
-    page.locator("#section-actions").get_by_role("button", name="Drain…").click()
+    page.locator("#section-actions").get_by_role("link", name="Drain…").click()
     shoot(page, "drain-form")
     page.goto(f"{base}/admin/fleet-overview/")
     shoot(page, "fleet-overview", full_page=True)
@@ -63,3 +64,5 @@ def test_screen_of_an_owners_quarantined_node(page, owner_user):
     shoot(page, "owner-index", full_page=True)
     page.goto(f"{page.live_server_url}/admin/fleet/node/{node.pk}/change/")
     shoot(page, "owner-quarantined-node", full_page=True)
+    page.goto(f"{page.live_server_url}/admin/marketplace/statement/")
+    shoot(page, "owner-no-statements")

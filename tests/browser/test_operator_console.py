@@ -100,7 +100,7 @@ def test_drain_with_a_relative_deadline_after_a_dry_run(operator_page):
     make_lease(node, "job-7")
     node_page(page, node)
 
-    section(page, "actions").get_by_role("button", name="Drain…").click()
+    section(page, "actions").get_by_role("link", name="Drain…").click()
     page.get_by_label("Policy").select_option("checkpoint")
     page.get_by_label("Deadline in").fill("2")
     page.get_by_label("unit").select_option("hours")
