@@ -223,6 +223,11 @@ class FleetSimulator:
         """The host reboots: a new boot id, a new incarnation, its devices healthy again."""
         self.node(name).reboot()
 
+    def not_ready(self, name: str, *, reboot_cures: bool = True) -> None:
+        """The node reports Ready=False from now on; a repair reboot cures it unless ``reboot_cures`` is off."""
+        node = self.node(name)
+        node.not_ready, node.reboot_cures = True, reboot_cures
+
     def gpu_nodes(self) -> list[str]:
         """Names of the nodes that have devices."""
         return sorted(n.name for n in self.nodes.values() if n.devices)
@@ -317,6 +322,9 @@ class FleetThread:
 
     def break_upgrades(self, name: str, broken: bool = True) -> None:
         self._call(self.sim.break_upgrades, name, broken)
+
+    def not_ready(self, name: str, *, reboot_cures: bool = True) -> None:
+        self._call(lambda: self.sim.not_ready(name, reboot_cures=reboot_cures))
 
     def inject_xid(self, name: str, device: int | str, xid: int, message: str = "") -> str:
         return self._call(self.sim.inject_xid, name, device, xid, message)
