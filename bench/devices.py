@@ -17,7 +17,9 @@ Figures (milliseconds, grants per second):
   view ``baseline_grants_per_s``; ``count_ratio`` and ``device_ratio`` to that baseline, and
   ``device_vs_count`` = device_ratio / count_ratio (goal ≥ 0.9: within 10 %).
 - ``device_audit``: devices held by two live leases (must be 0), live leases whose device list
-  disagrees with their live LeaseDevice rows, GPU count rows above allocatable.
+  disagrees with their live LeaseDevice rows, GPU count rows above allocatable, and
+  ``claimed_drift``: devices whose ``claimed`` mirror disagrees with the live holds (must be 0;
+  counted as drift, so the bench exits 1).
 """
 
 from __future__ import annotations
@@ -189,10 +191,21 @@ def device_audit() -> dict:
             "WHERE d.live AND l.state NOT IN ('granted', 'active')"
         )
         stale = cursor.fetchone()[0]
+        # fleet_device.claimed against the live holds it mirrors (held, or a MIG instance held).
+        cursor.execute(
+            """
+            SELECT count(*) FROM fleet_device d WHERE d.retired_at IS NULL AND d.claimed <> (
+              EXISTS (SELECT 1 FROM leases_leasedevice h WHERE h.device_id = d.id AND h.live)
+              OR EXISTS (SELECT 1 FROM leases_leasedevice h JOIN fleet_device c ON c.id = h.device_id
+                         WHERE h.live AND c.node_id = d.node_id AND c.parent_device_id = d.device_id))
+            """
+        )
+        claimed_drift = cursor.fetchone()[0]
     return {
         "double_assigned_devices": doubled,
         "leases_with_wrong_devices": mismatched,
         "claims_of_ended_leases": stale,
+        "claimed_drift": claimed_drift,
     }
 
 

@@ -44,7 +44,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import Exists, F, OuterRef
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -547,18 +547,30 @@ def _above_verified(node: Node) -> dict:
 
 
 def sync_counts(node: Node) -> dict[str, int]:
-    """Set the node's count resource of each device type it has rows of to its allocatable devices.
+    """Set the node's count resource of each device type it has rows of; returns ``{type: count}``.
 
-    Only for a node with an inventory (admitted): before admission nothing is offered. Returns
-    ``{type: count}``. ``allocated`` is untouched: a device failing while allocated shrinks
-    ``allocatable`` below ``allocated`` (overcommitted, free 0), never a negative free count.
+    The count is the type's allocatable devices plus the devices a live lease still holds that are
+    no longer allocatable (a GPU that failed while allocated): ``allocated`` counts that lease's
+    devices until it ends, so counting its device in ``allocatable`` too keeps ``free =
+    allocatable - allocated`` equal to the allocatable devices nobody holds — neither one fewer
+    (the failed device subtracted twice) nor ever negative. When the lease ends, its release
+    (leases.devices.release) calls this again and the failed device leaves the count.
+
+    Only for a node with an inventory (admitted): before admission nothing is offered. Callers
+    hold the rows this reads still: the node's device rows (a fault, a verification, a report) or
+    the released lease's devices (leases.devices.release), so a fault and a release racing on one
+    device are counted in one order or the other, never from two half views.
     """
     if node.lifecycle in (Lifecycle.PENDING, Lifecycle.ADMITTING, Lifecycle.REJECTED):
         return {}
+    claims = Device._meta.get_field("claims").related_model  # leases.LeaseDevice, without importing leases
     counts: dict[str, int] = {}
-    for row in Device.objects.filter(node=node, retired_at__isnull=True):
+    for row in Device.objects.filter(node=node, retired_at__isnull=True).annotate(
+        # Implied rows (a whole GPU's MIG instances) are not in the lease's count of their type.
+        held_by_lease=Exists(claims.objects.filter(device_id=OuterRef("pk"), live=True, implied=False))
+    ):
         counts.setdefault(row.type, 0)
-        counts[row.type] += row.allocatable
+        counts[row.type] += row.allocatable or row.held_by_lease
     if not counts:
         return counts
     reserved = node.pool.reserved_totals()

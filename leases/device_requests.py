@@ -202,6 +202,24 @@ class Choice:
     code: str = ""  # its stable reason code (device_unmatched, device_not_free…)
 
 
+def reason_phrase(request: DeviceRequest, code: str) -> str:
+    """The "node(s) had …" phrase of a device reason ``code`` for ``request``, in the wording of
+    the "0/N nodes are available" message (the same whether Python or SQL decided it)."""
+    if code == "device_type_missing":
+        return f"node(s) had no {request.type} device"
+    if code == "device_unmatched":
+        return f"node(s) had no {request.describe()}"
+    if code == "device_unhealthy":
+        return f"node(s) had only unhealthy or unverified {request.type}"
+    if code == "device_not_free":
+        return f"node(s) had no free {request.describe()}"
+    return f"node(s) had free {request.type} only in different {request.colocate.replace('_', ' ')}s"
+
+
+def _refused(request: DeviceRequest, code: str) -> Choice:
+    return Choice(reason=reason_phrase(request, code), code=code)
+
+
 def _usable(device: dict, tolerates) -> bool:
     if device["verified_at"] is None or device["held"] or device["health"] in ("unhealthy", "missing"):
         return False
@@ -230,16 +248,16 @@ def choose(requests: tuple[DeviceRequest, ...], devices: list[dict], taken: set,
         if pool is None:
             if request.implicit:
                 continue  # a node without device rows of this type: count only
-            return Choice(reason=f"node(s) had no {request.type} device", code="device_type_missing")
+            return _refused(request, "device_type_missing")
         present = [d for d in pool if request.matches(d)]
         if not present:
-            return Choice(reason=f"node(s) had no {request.describe()}", code="device_unmatched")
+            return _refused(request, "device_unmatched")
         healthy = [d for d in present if _usable(d, tolerates)]
         if not healthy:
-            return Choice(reason=f"node(s) had only unhealthy or unverified {request.type}", code="device_unhealthy")
+            return _refused(request, "device_unhealthy")
         free = sorted((d for d in healthy if d["id"] not in used), key=lambda d: (d["index"], d["device_id"]))
         if len(free) < request.count:
-            return Choice(reason=f"node(s) had no free {request.describe()}", code="device_not_free")
+            return _refused(request, "device_not_free")
         if request.colocate:
             column = request.colocate
             groups: dict[Any, list[dict]] = {}
@@ -248,10 +266,7 @@ def choose(requests: tuple[DeviceRequest, ...], devices: list[dict], taken: set,
                     groups.setdefault(device[column], []).append(device)
             fitting = sorted((g for g in groups.values() if len(g) >= request.count), key=len)
             if not fitting:
-                where = column.replace("_", " ")
-                return Choice(
-                    reason=f"node(s) had free {request.type} only in different {where}s", code="device_not_colocated"
-                )
+                return _refused(request, "device_not_colocated")
             chosen = fitting[0][: request.count]
         else:
             chosen = free[: request.count]

@@ -5,17 +5,24 @@ count capacity: it reads the node's live devices and the ones live leases hold, 
 :func:`leases.device_requests.choose`, and inserts :class:`~leases.models.LeaseDevice` rows. The
 partial unique index ``leasedevice_one_live_holder`` refuses a device a racing grant took first
 (IntegrityError: the caller rolls back and tries the next node), on PostgreSQL and SQLite alike;
-the read before it is only the choice, never the guard.
+the read before it is only the choice, never the guard. The claim also marks the held devices
+``claimed`` (fleet.Device; with the whole GPU of a held MIG instance) and :func:`release` clears
+the mark when nothing live holds them any more, both in the transaction of the hold they mirror:
+placement and the 409 read that column in SQL (:func:`device_rule_sql`), and
+tests/leases/test_device_sql.py checks it against a recomputation after random grants and ends.
 """
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 
-from django.db import IntegrityError
-from django.db.models import BooleanField, Case, Q, Value, When
+from django.db import IntegrityError, connection
+from django.db.models import BooleanField, Case, Exists, OuterRef, Q, Value, When
 
-from fleet.models import Device
+from fleet.devices import sync_counts
+from fleet.models import Device, Node
+from nodepool.db import prepared_cursor
 
 from .device_requests import DeviceRequest, choose
 from .models import LeaseDevice
@@ -93,13 +100,12 @@ def claim(*, lease, node_id, requests: tuple[DeviceRequest, ...], tolerates=None
     if not requests:
         return []
     # Every type: a whole GPU's MIG instances are held with it (implied rows).
-    devices, taken = node_devices([node_id], None)
-    mine = devices.get(node_id, [])
+    mine = _claim_view(node_id)
     if not any(d["type"] in device_types(requests) for d in mine):
         if any(not r.implicit for r in requests):
             raise NoDevices("no devices")
         return []
-    choice = choose(requests, mine, taken.get(node_id, set()), tolerates=tolerates)
+    choice = choose(requests, mine, {d["id"] for d in mine if d["claimed"]}, tolerates=tolerates)
     if choice.reason:
         raise NoDevices(choice.reason)
     if not choice.picked:
@@ -111,12 +117,205 @@ def claim(*, lease, node_id, requests: tuple[DeviceRequest, ...], tolerates=None
         if device["parent_device_id"] in picked_ids and device["id"] not in {d["id"] for d in choice.picked}:
             rows.append(LeaseDevice(lease=lease, device_id=device["id"], implied=True, position=len(rows)))
     try:
-        LeaseDevice.objects.bulk_create(rows)
+        _insert_claims(rows)
     except IntegrityError as exc:
         raise NoDevices("taken by a racing grant") from exc
+    # Device.claimed mirrors the holds, in this transaction: the held devices and the whole GPU of
+    # a held MIG instance. The unique index above stays the guard; this only marks what it let in.
+    parents = {d["parent_device_id"] for d in choice.picked if d["parent_device_id"]}
+    marked = {row.device_id for row in rows} | {d["id"] for d in mine if d["device_id"] in parents}
+    _mark_claimed(sorted(marked))
     return [{"id": d["device_id"], "type": d["type"], "index": d["index"]} for d in choice.picked]
 
 
+# The grant's statements on devices, as SQL text prepared on PostgreSQL (nodepool.db): building and
+# compiling their querysets cost more than running them, on the path every device grant takes.
+_CLAIM_VIEW = (
+    'SELECT id, device_id, type, "index", model, memory_bytes, mig_profile, parent_device_id, numa_node, '
+    "interconnect_group, driver_version, cuda_version, pci_bus_id, verified_at, held, health, hard_tainted, "
+    "taints, claimed FROM fleet_device WHERE node_id = %s AND retired_at IS NULL"
+)
+_CLAIM_COLUMNS = (*[c for c in DEVICE_FIELDS if c != "node_id"], "claimed")
+
+
+def _claim_view(node_id) -> list[dict]:
+    """The node's live devices as :func:`leases.device_requests.choose` reads them, each with
+    ``claimed`` (held by a live lease, or a whole GPU whose MIG instance is). One statement."""
+    pk = Node._meta.pk.get_db_prep_value(node_id, connection)
+    with prepared_cursor() as cursor:
+        cursor.execute(_CLAIM_VIEW, [pk])
+        rows = cursor.fetchall()
+    out = []
+    for values in rows:
+        device = dict(zip(_CLAIM_COLUMNS, values, strict=True))
+        if isinstance(device["taints"], str):  # SQLite's JSON text
+            device["taints"] = json.loads(device["taints"])
+        device["node_id"] = node_id
+        out.append(device)
+    return out
+
+
+def _insert_claims(rows: list[LeaseDevice]) -> None:
+    """INSERT the grant's LeaseDevice rows in one prepared statement (``bulk_create`` without the
+    ORM's compile). Raises IntegrityError when the partial unique index refuses one."""
+    values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(rows))
+    lease_pk = LeaseDevice._meta.get_field("lease").get_db_prep_save(rows[0].lease_id, connection)
+    params = [v for r in rows for v in (lease_pk, r.device_id, r.implied, r.position, True)]
+    with prepared_cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO leases_leasedevice (lease_id, device_id, implied, position, live) VALUES {values}",  # noqa: S608 (placeholders only)
+            params,
+        )
+
+
+def _mark_claimed(pks: list[int]) -> None:
+    with prepared_cursor() as cursor:
+        cursor.execute(
+            f"UPDATE fleet_device SET claimed = %s WHERE id IN ({', '.join(['%s'] * len(pks))})",  # noqa: S608 (placeholders only)
+            [True, *pks],
+        )
+
+
 def release(lease_id) -> int:
-    """Free the devices of an ended lease (same transaction as its end). Returns rows freed."""
-    return LeaseDevice.objects.filter(lease_id=lease_id, live=True).update(live=False)
+    """Free the devices of an ended lease (same transaction as its end, before its count rows are
+    given back). Returns rows freed.
+
+    The lease's devices are locked first (``FOR NO KEY UPDATE``; the order every device writer
+    takes: device rows, then count rows), so a fault judged at the same moment is counted either
+    before or after this release. When one of them is no longer allocatable (it failed while
+    held), the node's count resource is recounted (fleet.devices.sync_counts): the failed device
+    was counted while its lease held it and leaves the count now.
+    """
+    claims = LeaseDevice.objects.filter(lease_id=lease_id, live=True)
+    held = list(claims.values_list("device_id", "implied", "device__node_id", "device__parent_device_id"))
+    if not held:
+        return 0
+    node_id = held[0][2]
+    parents = {parent for _, _, _, parent in held if parent}
+    mine = Q(pk__in=[pk for pk, *_ in held])
+    touched = mine | Q(node_id=node_id, device_id__in=parents, retired_at__isnull=True) if parents else mine
+    devices = list(
+        Device.objects.select_for_update(no_key=True)
+        .filter(touched)
+        .order_by("pk")
+        .only("pk", "node_id", "device_id", "verified_at", "retired_at", "held", "hard_tainted", "health")
+    )
+    freed = claims.update(live=False)
+    # Device.claimed again, read after the locks above (a new statement sees what committed while
+    # it waited): still held by another lease, or a whole GPU another of whose slices is held.
+    live = LeaseDevice.objects.filter(live=True)
+    Device.objects.filter(pk__in=[d.pk for d in devices]).update(
+        claimed=Exists(live.filter(device_id=OuterRef("pk")))
+        | Exists(live.filter(device__node_id=OuterRef("node_id"), device__parent_device_id=OuterRef("device_id")))
+    )
+    counted = {pk for pk, implied, *_ in held if not implied}
+    failed = [d for d in devices if d.pk in counted and not d.allocatable]
+    if failed:
+        node = Node.objects.select_related("pool").get(pk=failed[0].node_id)
+        sync_counts(node)
+    return freed
+
+
+# --- device rules in SQL ---------------------------------------------------------------------------
+# What leases.device_requests.choose decides for one request, written as SQL over a node's live
+# device rows, so that placement filters candidates in the candidate query and the 409 counts its
+# device reasons in the census' GROUP BY, instead of loading the devices of thousands of nodes into
+# Python. Exact for a spec of one device request without tolerations whose globs use only ``*`` and
+# ``?`` (:func:`decided_in_sql`); every other spec keeps the per-device path (node_devices, choose).
+# tests/leases/test_device_sql.py checks the two agree on random fleets, on both databases.
+
+_USABLE = "d.verified_at IS NOT NULL AND NOT d.held AND NOT d.hard_tainted AND d.health NOT IN ('unhealthy', 'missing')"
+# Held by a live lease, or the whole GPU of a MIG instance a live lease holds: the device row's
+# mirror of the holds (claim and release keep it), a column read rather than a probe of the live
+# holds per device (which cost seconds at 10,000 nodes).
+_TAKEN = "d.claimed"
+_SQL_OPERATORS = {"=": "=", "!=": "<>", ">": ">", ">=": ">=", "<": "<", "<=": "<="}
+
+
+def decided_in_sql(spec) -> bool:
+    """Whether :func:`device_rule_sql` decides ``spec``'s devices exactly: one device request, no
+    tolerations (a tolerated device taint is decided per taint, in Python), and glob patterns
+    without ``[`` (character classes differ between fnmatch, SQLite's GLOB and SQL's LIKE)."""
+    if len(spec.devices) != 1 or spec.tolerations:
+        return False
+    return all(c.operator != "glob" or "[" not in c.value for c in spec.devices[0].constraints)
+
+
+def _quoted(column: str) -> str:
+    from django.db import connection
+
+    return f"d.{connection.ops.quote_name(column)}"
+
+
+def _constraint_sql(constraint) -> tuple[str, list]:
+    from django.db import connection
+
+    from .device_requests import ATTRIBUTES
+
+    column = _quoted(ATTRIBUTES[constraint.attribute])
+    if constraint.comparison is not None:  # nodepool.comparison: False for a missing value
+        value = constraint.comparison.value
+        number = int(value) if value == value.to_integral_value() else float(value)
+        return f"({column} IS NOT NULL AND {column} {_SQL_OPERATORS[constraint.operator]} %s)", [number]
+    if constraint.operator == "glob":  # fnmatchcase with * and ? only (decided_in_sql)
+        if connection.vendor == "sqlite":
+            return f"{column} GLOB %s", [constraint.value]  # case-sensitive, * and ? as fnmatch's
+        escaped = constraint.value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        return f"{column} LIKE %s ESCAPE '\\'", [escaped.replace("*", "%").replace("?", "_")]
+    return f"{column} {_SQL_OPERATORS[constraint.operator]} %s", [str(constraint.value)]
+
+
+def device_rule_sql(request, node_column: str) -> tuple[str, list]:
+    """A scalar SQL expression for the node whose id is ``node_column``: ``''`` when ``request``
+    (a :class:`~leases.device_requests.DeviceRequest`) can be met on the node, else the reason
+    code :func:`~leases.device_requests.choose` gives — ``device_type_missing``,
+    ``device_unmatched``, ``device_unhealthy``, ``device_not_free``, ``device_not_colocated``,
+    checked in that order. An implicit request (a count resource) passes on a node without device
+    rows of its type, as the count alone decides there. One correlated aggregate over the node's
+    live devices of the type (index ``device_live_by_node``), plus a grouped one for colocation.
+    """
+    matched, params = "1 = 1", []
+    for constraint in request.constraints:
+        sql, values = _constraint_sql(constraint)
+        matched += f" AND {sql}"
+        params += values
+    scope = f"d.node_id = {node_column} AND d.retired_at IS NULL AND d.type = %s"
+    when = [
+        f"WHEN count(*) = 0 THEN '{'' if request.implicit else 'device_type_missing'}'",
+        f"WHEN sum(CASE WHEN {matched} THEN 1 ELSE 0 END) = 0 THEN 'device_unmatched'",
+        f"WHEN sum(CASE WHEN {matched} AND {_USABLE} THEN 1 ELSE 0 END) = 0 THEN 'device_unhealthy'",
+        f"WHEN sum(CASE WHEN {matched} AND {_USABLE} AND NOT {_TAKEN} THEN 1 ELSE 0 END) < %s THEN 'device_not_free'",
+    ]
+    when_params = [*params, *params, *params, request.count]
+    if request.colocate:
+        # A device whose host does not tell its group (NULL, or '' for the text column) is never
+        # co-located (choose's rule).
+        column = _quoted(request.colocate)
+        told = f"{column} IS NOT NULL" + (f" AND {column} <> ''" if request.colocate == "interconnect_group" else "")
+        free = f"{scope} AND {matched} AND {_USABLE} AND NOT {_TAKEN} AND {told}"
+        group = f"SELECT 1 FROM fleet_device d WHERE {free} GROUP BY {column} HAVING count(*) >= %s"  # noqa: S608
+        # The outer aggregate's rows are the node's devices, so the grouped check names the node
+        # through the outer query again, not through ``d``.
+        when.append(f"WHEN NOT EXISTS ({group}) THEN 'device_not_colocated'")
+        when_params += [request.type, *params, request.count]
+    sql = f"(SELECT CASE {' '.join(when)} ELSE '' END FROM fleet_device d WHERE {scope})"  # noqa: S608 (columns from the model; values bound)
+    return sql, [*when_params, request.type]
+
+
+def device_rule_filter(spec, node_column: str):
+    """A condition for a queryset whose rows carry a node id in ``node_column``: the node can meet
+    ``spec``'s one device request (:func:`decided_in_sql` must hold)."""
+    from django.db.models import BooleanField
+    from django.db.models.expressions import RawSQL
+
+    sql, params = device_rule_sql(spec.devices[0], node_column)
+    return RawSQL(f"{sql} = ''", params, output_field=BooleanField())  # noqa: S611
+
+
+def device_rule_reason(spec, node_column: str):
+    """The reason-code expression of :func:`device_rule_sql` for ``spec``'s one device request."""
+    from django.db.models import TextField
+    from django.db.models.expressions import RawSQL
+
+    sql, params = device_rule_sql(spec.devices[0], node_column)
+    return RawSQL(sql, params, output_field=TextField())  # noqa: S611

@@ -48,9 +48,11 @@ from fleet.models import Node, NodeResource, Pool
 from fleet.selectors import schedulable_q, valid_credential_exists
 from nodepool.db import prepared_cursor
 
+from . import devices as lease_devices
 from . import impossible
 from . import reliability as node_reliability
 from .choices import LIVE_LEASE_STATES, SpreadMode, UnschedulableCause
+from .device_requests import reason_phrase
 from .models import Lease
 from .spec import PlacementSpec
 
@@ -662,9 +664,18 @@ def device_tolerance(spec: PlacementSpec):
 
 
 def _with_devices(found: list, spec: PlacementSpec) -> list:
-    """The candidates whose devices can meet ``spec.devices`` (two queries for the whole page)."""
-    from . import devices as lease_devices
+    """The candidates whose devices can meet ``spec.devices``: one query for the whole page that
+    answers which nodes pass (leases.devices.device_rule_sql) when the rules are decided in SQL,
+    else two that read the page's devices for :func:`leases.device_requests.choose`."""
     from .device_requests import choose
+
+    if lease_devices.decided_in_sql(spec):
+        passing = set(
+            Node.objects.filter(pk__in=[c.node.pk for c in found])
+            .filter(lease_devices.device_rule_filter(spec, _node_id_column()))
+            .values_list("pk", flat=True)
+        )
+        return [c for c in found if c.node.pk in passing]
 
     rows, taken = lease_devices.node_devices(
         [c.node.pk for c in found], lease_devices.device_types(spec.devices), usable_only=not spec.tolerations
@@ -676,6 +687,11 @@ def _with_devices(found: list, spec: PlacementSpec) -> list:
     ]  # fmt: skip
 
 
+def _node_id_column() -> str:
+    """``"fleet_node"."id"``, quoted for the connection: the node the device rules' SQL names."""
+    return f"{connection.ops.quote_name(Node._meta.db_table)}.{connection.ops.quote_name('id')}"
+
+
 def device_census(spec: PlacementSpec, groups: list[tuple[Any, int]]) -> tuple[Counter, dict[str, str]]:
     """Why nodes that pass every other filter cannot give ``spec.devices``: ``(reasons, phrases)``.
 
@@ -684,7 +700,6 @@ def device_census(spec: PlacementSpec, groups: list[tuple[Any, int]]) -> tuple[C
     the first device rule its representative fails (leases.device_requests.choose); the "node(s)
     had …" phrase of each code as the request words it. Two queries whatever the number of nodes.
     """
-    from . import devices as lease_devices
     from .device_requests import choose
 
     rows, taken = lease_devices.node_devices([pk for pk, _ in groups], lease_devices.device_types(spec.devices))
@@ -784,9 +799,12 @@ def diagnose(
 
     The constraint filters (:func:`constraint_failure`) then run once per group, on its
     representative, not once per node: a request's 409 costs about the same on 100 or 100,000
-    alike nodes. A request for devices also groups the schedulable nodes by
+    alike nodes. A request for devices also groups the schedulable nodes by their device reason,
+    decided in SQL per node (:func:`leases.devices.device_rule_sql`: one aggregate over the node's
+    device rows in the same query) when :func:`leases.devices.decided_in_sql` holds; otherwise by
     :func:`device_fingerprint` (their devices as the request sees them), and the device rules run
-    once per group that passes every other filter (:func:`device_census`, two more queries).
+    in Python once per group that passes every other filter (:func:`device_census`, two more
+    queries).
     """
     from django.db.models import CharField, Count, Max, Min, Sum, Value
     from django.db.models.functions import Cast, Coalesce, Greatest
@@ -830,7 +848,14 @@ def diagnose(
     signature = _signature(pool, spec, counts)
     if spec.node_constraints:
         signature[node_reliability.CENSUS_KEY] = node_reliability.census_reason(spec.node_constraints)
-    if spec.devices:
+    devices_in_sql = bool(spec.devices) and lease_devices.decided_in_sql(spec)
+    if devices_in_sql:
+        # Each schedulable node's device reason (or ''), decided in SQL: nodes group by it.
+        signature["g_devices"] = Case(
+            When(Exact(first_reason, Value("")), then=lease_devices.device_rule_reason(spec, _node_id_column())),
+            default=Value(None),
+        )
+    elif spec.devices:
         # Nodes with the same devices (as the request sees them) in one group, so that the device
         # rules run once per group below; computed for schedulable nodes only.
         signature["g_devices"] = Case(
@@ -850,6 +875,7 @@ def diagnose(
     pooled_free: Counter = Counter()
     a_candidate_holds = False  # a schedulable node passing the constraints would hold it once freed
     device_groups: list[tuple[uuid.UUID, int]] = []  # (representative, nodes passing every other filter)
+    device_phrases: dict[str, str] = {}
     for row in groups:
         if row["g_reason"]:
             reasons[row["g_reason"]] += row["n"]
@@ -867,11 +893,13 @@ def diagnose(
                 short += row[f"short{i}"]
             pooled_free[name] += row[f"free_sum{i}"] or 0
         a_candidate_holds = a_candidate_holds or bool(row["holds"])
-        if spec.devices and row["n"] > short:
+        if devices_in_sql and row["g_devices"] and row["n"] > short:
+            reasons[row["g_devices"]] += row["n"] - short
+            device_phrases[row["g_devices"]] = reason_phrase(spec.devices[0], row["g_devices"])
+        elif spec.devices and not devices_in_sql and row["n"] > short:
             device_groups.append((representative, row["n"] - short))
     total = sum(g["n"] for g in groups)
     schedulable = sum(g["n"] for g in schedulable_groups)
-    device_phrases: dict[str, str] = {}
     if device_groups:
         # Nodes that pass every other filter: counted under their first failed device rule, decided
         # once per device group on its representative's devices (two queries).

@@ -566,12 +566,12 @@ def _refuse_impossible(pool: Pool, explanation: dict) -> None:
 def return_capacity(lease: Lease) -> None:
     """Subtract ``lease.resources`` from its node (never below zero: drift is reported, not hidden
     behind a constraint error that would block ending the lease)."""
+    if lease.devices:  # device rows before count rows: the lock order of every device writer
+        lease_devices.release(lease.pk)
     for name, amount in sorted((lease.resources or {}).items()):
         NodeResource.objects.filter(node_id=lease.node_id, name=name).update(
             allocated=Greatest(F("allocated") - amount, 0)
         )
-    if lease.devices:
-        lease_devices.release(lease.pk)
 
 
 def end_lease(

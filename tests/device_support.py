@@ -55,3 +55,23 @@ def make_gpu_node(pool=None, *, count: int = 8, tag: str = "n", verified: bool =
         fleet_devices.sync_counts(Node.objects.select_related("pool").get(pk=node.pk))
     node.refresh_from_db()
     return node, secret
+
+
+def claimed_disagreements() -> list[str]:
+    """Devices whose ``claimed`` mirror disagrees with the live holds recomputed from scratch (a
+    live LeaseDevice on the device, or on a MIG instance of it): ``["<device id>: stored X,
+    recomputed Y"]``, empty when they agree."""
+    from fleet.models import Device
+    from leases.models import LeaseDevice
+
+    live = LeaseDevice.objects.filter(live=True)
+    held = set(live.values_list("device_id", flat=True))
+    parents = set(live.exclude(device__parent_device_id="").values_list("device__node_id", "device__parent_device_id"))
+    out = []
+    for pk, node_id, device_id, claimed in Device.objects.filter(retired_at__isnull=True).values_list(
+        "pk", "node_id", "device_id", "claimed"
+    ):
+        recomputed = pk in held or (node_id, device_id) in parents
+        if claimed != recomputed:
+            out.append(f"{device_id}: stored {claimed}, recomputed {recomputed}")
+    return out

@@ -4,13 +4,16 @@ model, and a device failing while allocated never makes free capacity negative."
 from __future__ import annotations
 
 import pytest
+from django.utils import timezone
 
+from fleet.events import Actor
 from fleet.models import Device, NodeResource
 from fleet.selectors import pool_capacity
 from leases.preview import placement_preview
+from leases.services import end_lease
 from tests.device_support import A100, gpu, make_gpu_node, report_devices
 from tests.factories import PoolFactory
-from tests.support import grant
+from tests.support import grant, grant_status
 
 pytestmark = pytest.mark.django_db
 FATAL = {"xid_events": [{"xid": 79, "at": "2026-12-02T10:00:00Z", "message": "GPU has fallen off the bus"}]}
@@ -28,7 +31,8 @@ def test_pool_capacity_counts_devices_by_type_and_model_and_a_fault_while_alloca
     # two of the allocated GPUs fall off the bus; the lease tolerates it and keeps them
     report_devices(node, [gpu(i, health=FATAL) if i < 2 else gpu(i) for i in range(8)])
     gpus = NodeResource.objects.get(node=node, name="nvidia.com/gpu")
-    assert (gpus.allocatable, gpus.allocated, gpus.free) == (6, 8, 0)
+    # the held failed GPUs stay counted while the lease that holds them lives
+    assert (gpus.allocatable, gpus.allocated, gpus.free) == (8, 8, 0)
 
     capacity = pool_capacity(pool)
     assert capacity["resources"]["nvidia.com/gpu"]["free"] == 2  # the A100 node's two, never -2 + 2
@@ -40,6 +44,24 @@ def test_pool_capacity_counts_devices_by_type_and_model_and_a_fault_while_alloca
     }
     answer = operator_api.get("/api/v1/pools/gpu/capacity").json()
     assert answer["devices"]["nvidia.com/gpu"]["H100"]["free"] == 0
+
+
+def test_a_gpu_that_fails_while_held_is_not_subtracted_twice_from_the_free_count(client_user):
+    """One GPU of eight, held by a tolerating lease, falls off the bus: seven GPUs are free, not
+    six; once the lease ends, the failed GPU leaves the count and the seven stay free."""
+    pool = PoolFactory(name="gpu")
+    node, _ = make_gpu_node(pool, count=8)
+    lease = grant(client_user, "one", pool="gpu", resources={"nvidia.com/gpu": 1}, tolerations=[{"operator": "Exists"}])
+    held = lease.devices[0]["index"]
+    report_devices(node, [gpu(i, health=FATAL) if i == held else gpu(i) for i in range(8)])
+    gpus = NodeResource.objects.get(node=node, name="nvidia.com/gpu")
+    assert (gpus.allocatable, gpus.allocated, gpus.free) == (8, 1, 7)
+    assert grant_status(client_user, "seven", pool="gpu", resources={"nvidia.com/gpu": 7}) == 201
+
+    assert end_lease(lease.pk, to_state="released", reason="done", now=timezone.now(), actor=Actor.system("t"))
+    gpus.refresh_from_db()
+    assert (gpus.allocatable, gpus.allocated, gpus.free) == (7, 7, 0)
+    assert grant_status(client_user, "more", pool="gpu", resources={"nvidia.com/gpu": 1}) == 409
 
 
 def test_an_unknown_self_reported_model_is_counted_as_other():

@@ -86,11 +86,11 @@ def test_a_gpu_and_its_mig_instances_exclude_each_other(client_user):
     profile = {"attribute": "mig_profile", "operator": "=", "value": "3g.40gb"}
     slice_request = [{"type": "nvidia.com/mig", "count": 1, "constraints": [profile]}]
     assert grant_status(client_user, "slice", pool="gpu", cpu="1", devices=slice_request) == 409
-    Lease.objects.filter(pk=whole.pk).update(state="released")
-    LeaseDevice.objects.filter(lease=whole).update(live=False)
-    from fleet.models import NodeResource
+    from django.utils import timezone
 
-    NodeResource.objects.filter(node=node, name="nvidia.com/gpu").update(allocated=0)
+    from leases.services import end_lease
+
+    end_lease(whole.pk, to_state="released", reason="done", now=timezone.now(), actor=Actor.system("test"))
     sliced, status = grant(
         client_user, "slice", devices=[{"type": "nvidia.com/mig", "count": 1}], resources={"cpu": "1"}
     )

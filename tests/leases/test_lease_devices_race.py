@@ -12,7 +12,7 @@ import pytest
 
 from fleet.models import NodeResource
 from leases.models import Lease, LeaseDevice
-from tests.device_support import make_gpu_node
+from tests.device_support import claimed_disagreements, make_gpu_node
 from tests.factories import PoolFactory
 from tests.races import Hold, race
 from tests.support import grant_status
@@ -31,6 +31,7 @@ def test_two_clients_racing_for_the_last_free_gpu_of_a_node_exactly_one_wins(cli
         )
     assert not outcome.errors, outcome.errors
     assert sorted(outcome.results) == [201, 409]
+    assert claimed_disagreements() == []
     held = list(LeaseDevice.objects.filter(live=True).values_list("device__device_id", flat=True))
     assert sorted(held) == ["GPU-n-0000", "GPU-n-0001"]
     assert Lease.objects.filter(state="granted").count() == 2
@@ -55,3 +56,4 @@ def test_a_whole_gpu_and_its_mig_slice_racing_never_both_win(client_user):
         outcome = race(lambda i: grant_status(client_user, f"racer-{i}", pool="gpu", cpu="1", **bodies[i]), 2)
     assert not outcome.errors, outcome.errors
     assert sorted(outcome.results) == [201, 409]
+    assert claimed_disagreements() == []

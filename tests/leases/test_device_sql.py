@@ -1,0 +1,173 @@
+"""The device rules in SQL (leases.devices.device_rule_sql) decide as leases.device_requests.choose
+does: on random nodes (models, memory, groups, health, verification, holds, live holds) and random
+requests, the SQL reason code equals choose's, on SQLite and PostgreSQL alike; and placement and
+the 409 built on it give what the Python path gives."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from fleet.models import Device
+from leases import devices as lease_devices
+from leases import placement
+from leases.device_requests import choose, parse_device_requests
+from leases.models import LeaseDevice
+from leases.services import resolve_shape
+from leases.spec import parse_spec
+from tests.device_support import A100, H100, make_gpu_node
+from tests.factories import PoolFactory
+from tests.support import grant
+
+pytestmark = pytest.mark.django_db
+
+device_strategy = st.fixed_dictionaries(
+    {
+        "model": st.sampled_from([H100, A100, "H100_PCIe%x"]),
+        "memory_bytes": st.sampled_from([None, 40 * 2**30, 80 * 2**30]),
+        "interconnect_group": st.sampled_from(["", "nvlink-0", "nvlink-1"]),
+        "numa_node": st.sampled_from([None, 0, 1]),
+        "health": st.sampled_from(["healthy", "unknown", "unhealthy", "missing"]),
+        "verified": st.booleans(),
+        "held": st.booleans(),
+        "hard_tainted": st.booleans(),
+        "taken": st.booleans(),
+    }
+)
+constraint_strategy = st.sampled_from(
+    [
+        {"attribute": "model", "operator": "glob", "value": "*H100*"},
+        {"attribute": "model", "operator": "glob", "value": "NVIDIA ?100*"},
+        {"attribute": "model", "operator": "glob", "value": "H100_PCIe%?"},
+        {"attribute": "model", "operator": "=", "value": A100},
+        {"attribute": "model", "operator": "!=", "value": A100},
+        {"attribute": "memory", "operator": ">=", "value": "80Gi"},
+        {"attribute": "memory", "operator": "<", "value": "40.5Gi"},
+        {"attribute": "memory", "operator": "!=", "value": "40Gi"},
+        {"attribute": "numa_node", "operator": "=", "value": 1},
+        {"attribute": "interconnect_group", "operator": "glob", "value": "nvlink-*"},
+        {"attribute": "index", "operator": "<=", "value": 2},
+    ]
+)
+request_strategy = st.fixed_dictionaries(
+    {
+        "type": st.sampled_from(["nvidia.com/gpu", "amd.com/gpu"]),
+        "count": st.integers(1, 4),
+        "constraints": st.lists(constraint_strategy, max_size=2),
+        "colocate": st.sampled_from(["", "interconnect_group", "numa_node"]),
+    }
+)
+
+
+def sql_reason(request, node_pk) -> str:
+    table = connection.ops.quote_name("fleet_node")
+    sql, params = lease_devices.device_rule_sql(request, f"{table}.{connection.ops.quote_name('id')}")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {sql} FROM {table} WHERE id = %s",
+            [*params, node_pk.hex if connection.vendor == "sqlite" else node_pk],
+        )
+        return cursor.fetchone()[0]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(described=st.lists(device_strategy, min_size=0, max_size=6), wire=request_strategy, implicit=st.booleans())
+def test_the_device_rules_in_sql_give_the_reason_choose_gives(client_user, described, wire, implicit):
+    with transaction.atomic():
+        pool = PoolFactory(name="gpu")
+        node, _ = make_gpu_node(pool, count=len(described))
+        holder = grant(client_user, "holder", pool="gpu", cpu="1")
+        rows = list(Device.objects.filter(node=node).order_by("index"))
+        now = timezone.now()
+        for row, want in zip(rows, described, strict=True):
+            Device.objects.filter(pk=row.pk).update(
+                model=want["model"], memory_bytes=want["memory_bytes"], interconnect_group=want["interconnect_group"],
+                numa_node=want["numa_node"], health=want["health"], held=want["held"],
+                hard_tainted=want["hard_tainted"], verified_at=now if want["verified"] else None,
+            )  # fmt: skip
+            if want["taken"]:  # a hold as leases.devices.claim writes it: the row and its mirror
+                LeaseDevice.objects.create(lease=holder, device=row)
+                Device.objects.filter(pk=row.pk).update(claimed=True)
+        request = parse_device_requests([wire])[0]
+        if implicit:
+            request = type(request)(request.type, request.count, implicit=True)
+        devices, taken = lease_devices.node_devices([node.pk], None)
+        expected = choose((request,), devices.get(node.pk, []), taken.get(node.pk, set())).code
+        assert sql_reason(request, node.pk) == expected
+        transaction.set_rollback(True)
+
+
+def test_placement_and_the_409_decided_in_sql_agree_with_the_python_path(client_user):
+    pool = PoolFactory(name="gpu")
+    for tag in ("h1", "h2"):
+        make_gpu_node(pool, tag=tag, count=4)
+    make_gpu_node(pool, tag="a1", count=4, model=A100, memory=40 * 2**30)
+    Device.objects.filter(device_id__startswith="GPU-h2-", index__gte=2).update(interconnect_group="nvlink-9")
+    h100 = {"attribute": "model", "operator": "glob", "value": "*H100*"}
+    small = {"attribute": "memory", "operator": "<", "value": "50Gi"}
+    bracket = {"attribute": "model", "operator": "glob", "value": "[A-Z]*"}
+    for devices in (
+        [{"type": "nvidia.com/gpu", "count": 3, "constraints": [h100], "colocate": "interconnect_group"}],
+        [{"type": "nvidia.com/gpu", "count": 2, "constraints": [h100]}],
+        [{"type": "nvidia.com/gpu", "count": 4, "colocate": "numa_node"}],
+        [{"type": "nvidia.com/gpu", "count": 1, "constraints": [small]}],
+    ):  # fmt: skip
+        spec = resolve_shape(parse_spec({"workload_id": "w", "pool": "gpu", "devices": devices}))[0]
+        assert lease_devices.decided_in_sql(spec)
+        in_sql = {c.node.hostname for c in placement.find_candidates(pool, spec).candidates}
+        # The same request with a bracket glob that means the same is decided in Python.
+        python_devices = [dict(d, constraints=[*d.get("constraints", []), bracket]) for d in devices]
+        python_spec = resolve_shape(parse_spec({"workload_id": "w", "pool": "gpu", "devices": python_devices}))[0]
+        assert not lease_devices.decided_in_sql(python_spec)
+        in_python = {c.node.hostname for c in placement.find_candidates(pool, python_spec).candidates}
+        assert in_sql == in_python
+        assert placement.diagnose(pool, spec)["reasons"] == placement.diagnose(pool, python_spec)["reasons"]
+
+
+operation_strategy = st.lists(
+    st.one_of(
+        st.tuples(st.just("gpus"), st.integers(1, 3)),
+        st.tuples(st.just("slice"), st.integers(1, 2)),
+        st.tuples(st.just("end"), st.integers(0, 20)),
+    ),
+    min_size=1,
+    max_size=12,
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(operations=operation_strategy)
+def test_the_claimed_mirror_agrees_with_the_live_holds_after_any_grants_and_releases(client_user, operations):
+    """Grants of whole GPUs and of MIG slices and lease ends in any order, through the services:
+    every device's ``claimed`` equals its recomputation from the live holds after each step."""
+    from fleet.devices import sync_counts
+    from fleet.events import Actor
+    from fleet.models import Node
+    from leases.models import Lease
+    from leases.services import end_lease
+    from tests.device_support import claimed_disagreements, gpu, report_devices
+    from tests.support import grant_status
+
+    with transaction.atomic():
+        pool = PoolFactory(name="gpu")
+        node, _ = make_gpu_node(pool, count=4)
+        parent = Device.objects.get(node=node, index=0)
+        migs = [{"id": f"MIG-{i}", "type": "nvidia.com/mig", "index": i, "mig_profile": "1g.10gb",
+                 "parent": parent.device_id} for i in range(2)]  # fmt: skip
+        report_devices(node, [gpu(i) for i in range(4)] + migs)
+        Device.objects.filter(node=node).update(verified_at=parent.verified_at)
+        sync_counts(Node.objects.select_related("pool").get(pk=node.pk))
+        for step, (kind, amount) in enumerate(operations):
+            if kind == "end":
+                live = list(Lease.objects.filter(state="granted").order_by("granted_at", "pk"))
+                if live:
+                    lease = live[amount % len(live)]
+                    end_lease(lease.pk, to_state="released", reason="t", now=timezone.now(), actor=Actor.system("t"))
+            else:
+                resource = "nvidia.com/gpu" if kind == "gpus" else "nvidia.com/mig"
+                grant_status(client_user, f"w{step}", pool="gpu", cpu="1", resources={resource: amount})
+            assert claimed_disagreements() == [], (step, kind, amount)
+        transaction.set_rollback(True)
