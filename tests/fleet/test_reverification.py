@@ -298,3 +298,37 @@ def test_metrics_count_the_deverified_nodes_per_pool(client, django_capture_on_c
     assert value(text, "nodepool_nodes_unverified", pool="rack") == 1
     assert value(text, "nodepool_nodes_unverified", pool="other") == 0
     assert value(text, "nodepool_node_reverifications_total", pool="rack", outcome="failed") >= 1
+
+
+def test_attestation_that_no_longer_verifies_with_the_pools_key_deverifies():
+    from fleet.models import Pool
+    from tests.fleet_support import Signer
+
+    old, new = Signer(), Signer()
+    pool = _pool(attestation_required=True, attestation_public_key=old.public_pem)
+    node, _ = make_schedulable_node(pool)
+    Node.objects.filter(pk=node.pk).update(attestation=old.attest({"hostname": node.hostname, "pool": "rack"}))
+    Pool.objects.filter(pk=pool.pk).update(attestation_public_key=new.public_pem)  # the pool rotated its key
+    _due_now(node)
+    assert reverify_due(actor=SWEEP)["failed"] == 1
+    run = Reverification.objects.get(node=node, state="failed")
+    assert run.code == "attestation_failed" and "does not verify" in run.reason
+    assert _marked(node) and run.benchmark is None
+
+
+def test_a_fresh_admission_lifts_the_mark():
+    from fleet.admission import finalize_admission
+    from fleet.models import AdmissionCheck
+    from tests.factories import set_lifecycle
+
+    node, secret = make_schedulable_node(_pool())
+    _due_now(node)
+    reverify_due(actor=SWEEP)
+    _answer(node, secret, cpu=1000, memory=32 * 2**30)
+    assert _marked(node)
+    set_lifecycle(node, "admitting")
+    Node.objects.filter(pk=node.pk).update(admission_attempt=2)
+    AdmissionCheck.objects.create(node=node, attempt=2, name="agent_version", status="passed")
+    assert finalize_admission(node_id=node.pk, attempt=2, actor=SWEEP) == "ready"
+    assert not _marked(node)
+    assert [c["status"] for c in node.conditions if c["type"] == "Unverified"] == ["False"]
