@@ -101,8 +101,8 @@ class DeviceHealth(models.TextChoices):
 class ReverificationState(models.TextChoices):
     """A scheduled re-verification run (fleet.reverification): ``scheduled`` (its due time drawn,
     never shown to the node) → ``running`` (claimed by a sweep; a benchmark asked for) →
-    ``passed`` | ``failed``; ``cancelled`` when the node left service or the pool's schedule
-    changed before it ran."""
+    ``passed`` | ``failed``; ``cancelled`` when the node left service or the pool turned its
+    schedule off before it ran."""
 
     SCHEDULED = "scheduled", "scheduled"
     RUNNING = "running", "running"

@@ -719,7 +719,7 @@ class Reverification(SerializedFSMRefresh, models.Model):
     only its free capacity, ``expected`` = allocatable − allocated). ``expected`` and
     ``measured`` are ``{resource: canonical int}`` (cpu millicores, memory bytes). ``code`` is the
     outcome's stable code (``passed``, ``measured_below_verified``, ``inventory_mismatch``,
-    ``attestation_failed``, ``no_answer``, ``node_left_service``, ``schedule_changed``) and
+    ``attestation_failed``, ``no_answer``, ``node_left_service``, ``schedule_off``) and
     ``evidence`` its detail: ``{"ratios": {resource: measured/expected}, "shortfalls": [...],
     "inventory": [{"device_id", "field", "verified", "reported"}], "attestation": str}``.
     At most one run per node is open (scheduled or running): the constraint
