@@ -392,11 +392,13 @@ def reverify_due(*, actor: Actor, now: datetime | None = None, limit: int = 200)
 
     Safe to run twice at once: scheduling inserts at most one open run per node, and each start is
     a compare-and-swap under the node's row lock. A run that raises is logged and left scheduled
-    for the next pass. Returns counts: ``{"cancelled", "scheduled", "started", "failed", "postponed"}``.
+    for the next pass; lost ``Unverified`` conditions are put back (:func:`conditions_repair`).
+    Returns counts: ``{"cancelled", "scheduled", "started", "failed", "postponed", "repaired"}``.
     """
     now = now or timezone.now()
     summary = {"cancelled": reverifications_cancel(actor=actor, now=now),
-               "scheduled": reverifications_schedule(now=now), "started": 0, "failed": 0, "postponed": 0}  # fmt: skip
+               "scheduled": reverifications_schedule(now=now), "started": 0, "failed": 0, "postponed": 0,
+               "repaired": conditions_repair(now=now)}  # fmt: skip
     due = Reverification.objects.filter(state=ReverificationState.SCHEDULED, due_at__lte=now).order_by("due_at")
     for run_id in list(due.values_list("pk", flat=True)[:limit]):
         try:
@@ -407,6 +409,32 @@ def reverify_due(*, actor: Actor, now: datetime | None = None, limit: int = 200)
         if result in summary:
             summary[result] += 1
     return summary
+
+
+def conditions_repair(*, now: datetime, limit: int = 500) -> int:
+    """Put ``Unverified=True`` back on tainted nodes that lost it. A status report applies its
+    conditions with a compare-and-swap on the node's sequence, not its version (fleet.heartbeats),
+    so one read before a deverification and applied after it writes the condition list without
+    ``Unverified``; the taint, which reports never write, stays. Row by row under the node's lock;
+    the reason and message come from the node's latest failed run. Returns how many were repaired."""
+    repaired = 0
+    tainted = Node.objects.exclude(lifecycle=Lifecycle.RETIRED).exclude(taints=[]).values_list("pk", "taints")
+    for node_id, taints in tainted.iterator(chunk_size=2000):
+        if repaired >= limit or not any(t.get("key") == trust.UNVERIFIED_TAINT_KEY for t in taints or []):
+            continue
+        with transaction.atomic():
+            node = Node.objects.select_for_update(no_key=True).get(pk=node_id)
+            if not trust.is_unverified(node) or any(
+                c.get("type") == trust.UNVERIFIED and c.get("status") == "True" for c in node.conditions or []
+            ):
+                continue
+            failed = history(node_id, limit=1)
+            code = failed[0].code if failed and failed[0].code in CONDITION_REASONS else MEASURED_BELOW_VERIFIED
+            message = failed[0].reason if failed else "deverified by a scheduled re-verification"
+            trust.mark_unverified(node, reason=CONDITION_REASONS[code], message=message, now=now)
+            node.save(update_fields=["conditions", "updated_at"])
+            repaired += 1
+    return repaired
 
 
 # --- reading ------------------------------------------------------------------------------------------

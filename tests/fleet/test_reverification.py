@@ -332,3 +332,18 @@ def test_a_fresh_admission_lifts_the_mark():
     assert finalize_admission(node_id=node.pk, attempt=2, actor=SWEEP) == "ready"
     assert not _marked(node)
     assert [c["status"] for c in node.conditions if c["type"] == "Unverified"] == ["False"]
+
+
+def test_a_condition_lost_to_a_racing_status_report_is_put_back_by_the_sweep():
+    node, secret = make_schedulable_node(_pool())
+    _due_now(node)
+    reverify_due(actor=SWEEP)
+    _answer(node, secret, cpu=1000, memory=32 * 2**30)
+    # A report read before the deverification and applied after it: its conditions lack Unverified.
+    Node.objects.filter(pk=node.pk).update(conditions=[])
+    assert reverify_due(actor=SWEEP)["repaired"] == 1
+    node.refresh_from_db()
+    (condition,) = [c for c in node.conditions if c["type"] == "Unverified"]
+    assert (condition["status"], condition["reason"]) == ("True", "MeasuredBelowVerified")
+    assert "measured cpu" in condition["message"]
+    assert reverify_due(actor=SWEEP)["repaired"] == 0
