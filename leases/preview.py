@@ -272,6 +272,64 @@ def _simulate(rows: list[tuple], pool: Pool, spec: PlacementSpec, counts, count:
     return chosen
 
 
+def lease_spec(lease) -> PlacementSpec:
+    """The :class:`PlacementSpec` a live lease was granted for, with its resolved resources (its
+    shape version, not the shape's latest), as :func:`leases.reconcile.simulate_placement` reads it."""
+    try:
+        spec = parse_spec(lease.spec)
+    except Problem:  # granted before a validation rule tightened: placed by resources only
+        spec = parse_spec({"workload_id": lease.workload_id, "pool": lease.pool.name, "resources": {"cpu": "1"}})
+    return dataclasses.replace(spec, resources=dict(lease.resources or {}), pool=lease.pool.name)
+
+
+def preview_leases(pool: Pool, leases: list, *, exclude_node_ids=(), now=None) -> dict[str, Any]:
+    """Would every lease of ``leases`` (live leases, e.g. of a node being consolidated) fit on the
+    pool's other nodes **together**? Simulated one after another, largest first, each taking what
+    the previous ones took — the grant path's candidate query, filters and ranking, like
+    :func:`preview_pool` — writing nothing. (Placing each alone, as a drain's dry run does, can
+    count one free slot twice.)
+
+    Returns ``{"placeable": bool, "placements": {lease id: node id}, "unplaced": lease id | None,
+    "message": str}``.
+    """
+    now = now or timezone.now()
+    taken: dict[Any, dict[str, int]] = {}
+    placements: dict[str, str] = {}
+    key = _sort_key(pool)
+    for lease in sorted(leases, key=lambda item: -sum((item.resources or {}).values())):
+        spec = lease_spec(lease)
+        if not spec.resources:
+            continue
+        primary = placement.primary_resource(spec)
+        others = [name for name in sorted(spec.resources) if name != primary]
+        rows = []
+        for row in placement.candidate_query(pool, spec, now=now, exclude_node_ids=exclude_node_ids):
+            row, extra = list(row), taken.get(row[0], {})
+            row[8] += extra.get(primary, 0)
+            for position, name in enumerate(others):
+                row[10 + 2 * position] += extra.get(name, 0)
+            if row[7] - row[8] >= spec.resources[primary] and all(
+                row[9 + 2 * p] - row[10 + 2 * p] >= spec.resources[n] for p, n in enumerate(others)
+            ):
+                rows.append(row)
+        rows.sort(key=key)
+        counts = placement.group_counts(spec, pool, exclude_lease_id=lease.pk)
+        candidates, _ = placement.feasible_rows(rows, pool, spec, counts, limit=placement.FEASIBLE_TARGET)
+        if not candidates:
+            return {
+                "placeable": False,
+                "placements": placements,
+                "unplaced": str(lease.pk),
+                "message": f"lease {lease.pk} ({lease.workload_id}) would not fit on the other nodes",
+            }
+        best = placement.rank(candidates, pool, spec, counts, shuffle_ties=False)[0]
+        used = taken.setdefault(best.node.pk, {})
+        for name, amount in spec.resources.items():
+            used[name] = used.get(name, 0) + amount
+        placements[str(lease.pk)] = str(best.node.pk)
+    return {"placeable": True, "placements": placements, "unplaced": None, "message": ""}
+
+
 def placement_preview(*, data: Any, now=None) -> dict[str, Any]:
     """``POST /placement-previews``: validate a lease request (or a named shape) and preview every pool asked.
 
@@ -390,7 +448,9 @@ __all__ = [
     "MAX_COUNT",
     "after_scale_up",
     "fits_count",
+    "lease_spec",
     "placement_preview",
+    "preview_leases",
     "preview_pool",
     "refresh_request_class_fits",
     "register_scale_up_source",

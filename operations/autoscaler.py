@@ -576,6 +576,7 @@ def _new_machines(ops: PoolOperations, decision: ScaleDecision, count: int, *, p
             bootstrap_token=token,
             requested_at=now,
             pending_since=pending_since,
+            template=ops.node_template or {},
         )
         requests.append(
             MachineRequest(
@@ -830,7 +831,7 @@ def scale_down(*, pool_id, actor: Actor, now) -> int:
             str(pk)
             for pk in Upgrade.objects.filter(pool=pool, state__in=ACTIVE_UPGRADE_STATES).values_list("pk", flat=True)
         }
-        machines = [m for m in machines if _surge_of(m) not in running]
+        machines = [m for m in machines if _surge_of(m) not in running and not _replacing(m)]
         surplus = [m for m in machines if _surge_of(m) and m.node.lifecycle == Lifecycle.READY]
         underused = {}
         for machine in machines:
@@ -937,6 +938,15 @@ def scale_down(*, pool_id, actor: Actor, now) -> int:
             candidates=candidates,
         )
     return 0
+
+
+def _replacing(machine: ProviderMachine) -> bool:
+    """A consolidation replacement whose old node is not taken out yet: idle on purpose, it waits
+    for the work it was launched for (operations.consolidation), so scale-down leaves it alone."""
+    data = (machine.decision.data or {}) if machine.decision_id else {}
+    if data.get("consolidation") != "replace":
+        return False
+    return ProviderMachine.objects.filter(name=data.get("machine"), state=MachineState.READY).exists()
 
 
 def _surge_of(machine: ProviderMachine) -> str | None:

@@ -103,6 +103,14 @@ def samples() -> dict:
             allowed[(ops.pool.name, reason)] = value if value is not None else max(0, counts[0] - counts[1])
     for pool, reason, n in DisruptionBlock.objects.values_list("pool__name", "reason").annotate(n=Count("pk")):
         blocked[(pool, reason)] = n
+    consolidations = defaultdict(float)
+    for pool, action, n in (
+        ScaleDecision.objects.filter(data__consolidation__in=["delete", "replace"])
+        .exclude(outcome=ScaleOutcome.BLOCKED)
+        .values_list("pool__name", "data__consolidation")
+        .annotate(n=Count("pk"))
+    ):
+        consolidations[(pool, action)] += n
     backoff, failures = {}, {}
     for name, until, n in PoolOperations.objects.exclude(provider=ProviderKind.NONE).values_list(
         "pool__name", "backoff_until", "consecutive_failures"
@@ -132,6 +140,7 @@ def samples() -> dict:
         "nodepool_preemptions_total": preemptions,
         "nodepool_pool_allowed_disruptions": allowed,
         "nodepool_pool_disruptions_blocked": blocked,
+        "nodepool_consolidations_total": dict(consolidations),
         "nodepool_pool_scale_up_backoff_seconds": backoff,
         "nodepool_pool_scale_up_consecutive_failures": failures,
         "nodepool_pool_drifted_nodes": drifted,
@@ -211,6 +220,12 @@ class OperationsCollector:
             for labels, value in data[name].items():
                 gauge.add_metric(list(labels), value)
             yield gauge
+        family = CounterMetricFamily(
+            "nodepool_consolidations", "Consolidation actions (delete, replace).", labels=["pool", "action"]
+        )
+        for labels, value in data["nodepool_consolidations_total"].items():
+            family.add_metric(list(labels), value)
+        yield family
         for name, help_text in (
             ("nodepool_pool_scale_up_backoff_seconds", "Seconds left of the pool's scale-up back-off (0: none)."),
             ("nodepool_pool_scale_up_consecutive_failures", "Consecutive failed launches (reset by a ready machine)."),

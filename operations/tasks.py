@@ -62,10 +62,13 @@ def sweep_upgrades() -> int:
 
 @shared_task(name="operations.autoscale", bind=True, ignore_result=True)
 def autoscale(self) -> dict:
-    """Beat: one autoscaling pass over every pool with a provider (see :mod:`operations.autoscaler`)."""
-    from . import autoscaler
+    """Beat: one autoscaling pass over every pool with a provider (see :mod:`operations.autoscaler`),
+    then one consolidation step for each pool that consolidates (:mod:`operations.consolidation`)."""
+    from . import autoscaler, consolidation
 
-    return autoscaler.autoscale_all(actor=Actor.system(outofservice.AUTOSCALER, self.request.id or ""))
+    result = autoscaler.autoscale_all(actor=Actor.system(outofservice.AUTOSCALER, self.request.id or ""))
+    consolidated = consolidation.consolidate_all(actor=Actor.system(outofservice.CONSOLIDATION, self.request.id or ""))
+    return {"autoscaled": result, "consolidated": consolidated}
 
 
 @shared_task(name="operations.sweep_preemptions", bind=True, ignore_result=True)
