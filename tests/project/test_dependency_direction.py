@@ -47,12 +47,14 @@ def test_fleet_declares_the_hooks_the_higher_apps_connect():
         return [entry[0][0] for entry in signal.receivers]
 
     # Leases reconciles before maintenance's rules look at the node (explicit orders, not the order
-    # apps are installed); operations answers a parked node's report with its upgrade instruction.
+    # apps are installed); operations answers a parked node's report with its upgrade instruction,
+    # then a node under repair with its reboot instruction (issue 34 item 5).
     assert [handler.name for handler in status_report_handlers()] == [
         "leases.reconcile_status_report",
         "leases.status_report_kicks_queue",
         "maintenance.rules",
         "operations.upgrade_instruction",
+        "operations.repair_instruction",
         "marketplace.availability",
     ]
     assert uids(signals.nodes_lost) == ["leases.lose_leases"]
