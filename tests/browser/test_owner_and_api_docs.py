@@ -33,6 +33,10 @@ def test_the_owner_sees_only_their_quarantined_node_with_its_evidence_and_no_dea
     expect(maintenance).to_contain_text("benchmark answered with 30 % of declared cpu")
     expect(maintenance.get_by_role("table", name="Quarantine evidence")).to_contain_text("2.4 cores")
     expect(page.locator("#section-actions")).to_have_count(0)  # owners read; operators act
+    # The evidence of an open quarantine is shown once (under maintenance), not again in the
+    # marketplace section, which keeps the reason, the next steps and the appeal link.
+    expect(page.get_by_role("table", name="Evidence shown to the owner")).to_have_count(0)
+    expect(page.locator("#section-marketplace")).to_contain_text("What you can do next")
 
     hrefs = page.locator("#content a[href]").evaluate_all("links => links.map(a => a.getAttribute('href'))")
     for href in {h for h in hrefs if h.startswith("/")}:
