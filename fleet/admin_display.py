@@ -16,7 +16,7 @@ from django.utils.html import format_html, format_html_join
 
 import humanunits
 from nodepool.api.permissions import OWNERS
-from nodepool.quantity import CPU, MEMORY, humanize_quantity
+from nodepool.quantity import CPU, MEMORY
 
 from .admin_sections import NodeSection, register_node_section
 from .choices import Health, Lifecycle, Liveness, Readiness
@@ -129,16 +129,17 @@ def liveness_cell(node: Node):
 
 def free_cell(node: Node):
     """Free capacity in one cell: cpu · memory, then the free GPUs (by model when the node reports
-    devices: ``5×H100 …``, fleet.devices.free_devices_text), e.g. ``40 cores · 128 GiB`` / ``5×H100``."""
+    devices: ``5×H100 …``, fleet.devices.free_devices_text), in Kubernetes units (humanunits), e.g.
+    ``40 cpu · 128Gi`` / ``5×H100``."""
     cpu_memory = format_html(
-        "{} · {}", humanize_quantity(CPU, node.free_cpu), humanize_quantity(MEMORY, node.free_memory)
+        "{} cpu · {}", humanunits.quantity(CPU, node.free_cpu), humanunits.quantity(MEMORY, node.free_memory)
     )
     by_model = getattr(node, "free_devices_text", "")
     if by_model:
         devices = format_html('<span class="np-devices" title="free devices by model">{}</span>', by_model)
         return format_html("{}<br>{}", cpu_memory, devices)
     if node.free_gpu:
-        return format_html("{}<br>{} gpu", cpu_memory, humanize_quantity(GPU, node.free_gpu))
+        return format_html("{}<br>{} gpu", cpu_memory, humanunits.quantity(GPU, node.free_gpu))
     return cpu_memory
 
 
@@ -229,7 +230,7 @@ def _capability(request, node: Node) -> dict:
     sources = {kind: (getattr(node, kind) or {}) for kind in kinds}
     names = sorted({name for source in sources.values() for name in (source.get("resources") or {})})
     rows = [
-        (name, [humanize_quantity(name, (sources[kind].get("resources") or {}).get(name)) for kind in kinds])
+        (name, [humanunits.quantity(name, (sources[kind].get("resources") or {}).get(name)) for kind in kinds])
         for name in names
     ]
     features = sorted({key for source in sources.values() for key in (source.get("features") or {})})
@@ -237,7 +238,7 @@ def _capability(request, node: Node) -> dict:
         (key, [_plain((sources[kind].get("features") or {}).get(key)) for kind in kinds]) for key in features
     ]
     accelerators = [
-        (kind, f"{a.get('count', 1)} × {a.get('model') or a.get('type')}", humanize_quantity(MEMORY, a.get("memory")))
+        (kind, f"{a.get('count', 1)} × {a.get('model') or a.get('type')}", humanunits.quantity(MEMORY, a.get("memory")))
         for kind in kinds
         for a in sources[kind].get("accelerators") or []
         if isinstance(a, dict)
@@ -257,7 +258,7 @@ def _resources(request, node: Node) -> dict:
     rows = []
     for r in sorted(node.resources.all(), key=lambda r: r.name):
         amounts = (r.capacity, r.reserved, r.allocatable, r.allocated, r.free)
-        rows.append((r.name, [humanize_quantity(r.name, v) for v in amounts], r.overcommitted))
+        rows.append((r.name, [humanunits.quantity(r.name, v) for v in amounts], r.overcommitted))
     return {"rows": rows}
 
 

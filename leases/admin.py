@@ -4,11 +4,11 @@ from django.contrib import admin, messages
 from django.db.models import Max
 from django.urls import reverse
 
+import humanunits
 from fleet.admin_display import badge
 from fleet.admin_sections import NodeSection, register_node_section
 from fleet.events import Actor
 from nodepool.admin_mixins import AppendOnlyAdminMixin, ReadOnlyRecordAdminMixin
-from nodepool.quantity import humanize_quantity
 
 from . import services
 from .choices import LIVE_LEASE_STATES, LeaseState
@@ -147,7 +147,7 @@ def _node_leases(request, node) -> dict:
                 "url": reverse("admin:leases_lease_change", args=[lease.pk]) if linked else "",
                 "state": badge(lease.state, "ok" if lease.state in LIVE_LEASE_STATES else "muted"),
                 "resources": ", ".join(
-                    f"{name} {humanize_quantity(name, amount)}" for name, amount in sorted(lease.resources.items())
+                    f"{name} {humanunits.quantity(name, amount)}" for name, amount in sorted(lease.resources.items())
                 ),
             }
         )

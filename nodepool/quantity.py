@@ -167,23 +167,3 @@ def parse_resources(resources: dict, *, field: str = "resources") -> dict[str, i
         except QuantityError as exc:
             raise QuantityError(f"{field}.{name}: {exc}") from exc
     return out
-
-
-def humanize_quantity(resource: str, canonical: int | None) -> str:
-    """A canonical amount for people: cpu in cores (``7900`` → ``"7.9 cores"``), bytes in binary
-    units with one decimal (``25276063744`` → ``"23.5 GiB"``), counts as they are. ``None`` → ``"—"``."""
-    if canonical is None:
-        return "—"
-    if resource == CPU:
-        cores = Decimal(canonical) / 1000
-        text = f"{cores:.3f}".rstrip("0").rstrip(".")
-        return f"{text} core" if cores == 1 else f"{text} cores"
-    if resource in BYTE_RESOURCES:
-        amount = Decimal(canonical)
-        for suffix in ("EiB", "PiB", "TiB", "GiB", "MiB", "KiB"):
-            unit = _BINARY[suffix[:2]]
-            if amount >= unit:
-                value = f"{amount / unit:.1f}".removesuffix(".0")
-                return f"{value} {suffix}"
-        return f"{canonical} B"
-    return str(canonical)

@@ -52,7 +52,7 @@ def test_the_node_list_reads_at_a_glance_at_1440_px(page, operator_user):
     expect(quarantined).to_contain_text("lifecycle is quarantined")
     expect(quarantined).to_contain_text("no valid node credential")
     busy = row(page, world.gpu_busy)
-    expect(busy.locator("td.field-free_cell")).to_contain_text("40 cores · 64 GiB")
+    expect(busy.locator("td.field-free_cell")).to_contain_text("40 cpu · 64Gi")
     expect(busy.locator("td.field-free_cell")).to_contain_text("×H100")
     expect(busy.locator("td.field-liveness_cell")).to_contain_text("alive")
     expect(busy.locator("td.field-liveness_cell .np-age")).to_contain_text("ago")

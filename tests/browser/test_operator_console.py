@@ -57,7 +57,7 @@ def test_a_node_page_reads_in_sections_with_human_units_and_its_leases(operator_
         expect(page.get_by_role("heading", name=title, exact=True)).to_be_visible()
     expect(section(page, "summary")).to_contain_text("schedulable")
     resources = section(page, "resources").get_by_role("row").filter(has_text="memory")
-    expect(resources).to_contain_text("23.5 GiB")
+    expect(resources).to_contain_text("23.5Gi")
     expect(section(page, "leases")).to_contain_text("train-42")
     expect(section(page, "leases").get_by_role("link", name="train-42")).to_be_visible()
 
