@@ -174,9 +174,7 @@ class PoolOperationsView(ETagMixin, APIView):
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses=s.PoolOperationsSerializer)
     def patch(self, request, name):
-        pool = Pool.objects.filter(name=name).first()
-        if pool is None:
-            raise NotFound("No such pool.", POOL_NOT_FOUND)
+        pool = _pool_named(name)
         version = expected_version(request)
         ops = services.pool_operations_update(
             pool=pool, expected_version=version, data=request.data, actor=Actor.from_request(request)
@@ -184,49 +182,47 @@ class PoolOperationsView(ETagMixin, APIView):
         return Response(s.PoolOperationsSerializer(ops).data)
 
 
-class PoolDisruptionsView(APIView):
+def _pool_named(name: str) -> Pool:
+    """The pool called ``name``; 404 ``pool_not_found`` otherwise."""
+    pool = Pool.objects.filter(name=name).first()
+    if pool is None:
+        raise NotFound("No such pool.", POOL_NOT_FOUND)
+    return pool
+
+
+class _PoolStatusView(APIView):
+    """A read-only, operator-only status document of one pool: ``status(pool) -> dict``."""
+
+    permission_classes = [IsAuthenticated, IsOperator]
+    status = None  # set by each subclass (a staticmethod)
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT})
+    def get(self, request, name):
+        return Response(self.status(_pool_named(name)))
+
+
+class PoolDisruptionsView(_PoolStatusView):
     """``GET /pools/{name}/disruptions``: the pool's disruption budgets with their windows (active
     or next), the allowed disruptions per reason now, and the nodes automation wants to disrupt
     but may not, each with its blocker (:func:`operations.disruption.pool_status`)."""
 
-    permission_classes = [IsAuthenticated, IsOperator]
-
-    @extend_schema(responses={200: OpenApiTypes.OBJECT})
-    def get(self, request, name):
-        pool = Pool.objects.filter(name=name).first()
-        if pool is None:
-            raise NotFound("No such pool.", POOL_NOT_FOUND)
-        return Response(disruption.pool_status(pool))
+    status = staticmethod(disruption.pool_status)
 
 
-class PoolReplacementsView(APIView):
+class PoolReplacementsView(_PoolStatusView):
     """``GET /pools/{name}/replacements``: drift and expiry of the pool — its shape hash, drifted
     nodes with their ``Drifted`` condition, expired nodes, and the replacements active and recent
     (:func:`operations.replacement.pool_status`)."""
 
-    permission_classes = [IsAuthenticated, IsOperator]
-
-    @extend_schema(responses={200: OpenApiTypes.OBJECT})
-    def get(self, request, name):
-        pool = Pool.objects.filter(name=name).first()
-        if pool is None:
-            raise NotFound("No such pool.", POOL_NOT_FOUND)
-        return Response(replacement.pool_status(pool))
+    status = staticmethod(replacement.pool_status)
 
 
-class PoolRepairsView(APIView):
+class PoolRepairsView(_PoolStatusView):
     """``GET /pools/{name}/repairs``: the pool's repair rules, its safety breaker (open or closed,
     since when and why), the outage guard, the repairs in progress and the latest finished ones
     (:func:`operations.repair.pool_status`)."""
 
-    permission_classes = [IsAuthenticated, IsOperator]
-
-    @extend_schema(responses={200: OpenApiTypes.OBJECT})
-    def get(self, request, name):
-        pool = Pool.objects.filter(name=name).first()
-        if pool is None:
-            raise NotFound("No such pool.", POOL_NOT_FOUND)
-        return Response(repair.pool_status(pool))
+    status = staticmethod(repair.pool_status)
 
 
 class NodeDisruptionView(APIView):
@@ -250,9 +246,7 @@ class PoolPreemptionsView(APIView):
 
     @extend_schema(responses={200: OpenApiTypes.OBJECT})
     def get(self, request, name):
-        pool = Pool.objects.filter(name=name).first()
-        if pool is None:
-            raise NotFound("No such pool.", POOL_NOT_FOUND)
+        pool = _pool_named(name)
         refuse_unknown_parameters(request.query_params, {"days"})
         days = request.query_params.get("days", "7")
         # isascii first: "²".isdigit() is True and int("²") raises (a 500, not a 400).
@@ -336,9 +330,7 @@ class PoolPreemptionNoticeView(APIView):
         if not signed and not is_operator(request.user):
             # Before the pool lookup: a caller with no role learns nothing, not even which pools exist.
             raise Forbidden("Send a signed provider request, or act as an operator.", FORBIDDEN)
-        pool = Pool.objects.filter(name=name).first()
-        if pool is None:
-            raise NotFound("No such pool.", POOL_NOT_FOUND)
+        pool = _pool_named(name)
         ops = upgrades.pool_operations(pool)
         # One transaction: a signed delivery is remembered (replays refused) only with the notice
         # it carried; a body refused below leaves no trace, and its sender may fix it and retry.
