@@ -37,12 +37,13 @@ from django.utils import timezone
 
 from nodepool.api.problems import Conflict, Gone
 
-from . import conf, event_types, health, liveness
+from . import conf, devices, event_types, health, liveness
 from .choices import BenchmarkStatus, Lifecycle, Liveness
 from .errors import CONCURRENT_HEARTBEAT, NODE_RETIRED
 from .events import Actor, event_row
 from .instructions import Instruction, status_report_instructions
 from .models import Benchmark, Node, NodeCredential, NodeEvent
+from .pacing import TooManyRequests, min_spacing_fraction, pool_timings
 
 logger = logging.getLogger(__name__)
 
@@ -77,10 +78,6 @@ ADMISSION_LIFECYCLES = (Lifecycle.PENDING, Lifecycle.ADMITTING)
 # A node whose status report is late by this many status-report intervals gets StatusReportOverdue.
 STATUS_REPORT_OVERDUE_INTERVALS = 2
 STATUS_REPORT_OVERDUE = health.STATUS_REPORT_OVERDUE
-
-
-def _spacing() -> float:
-    return conf.get("MIN_SPACING_FRACTION")
 
 
 # Where the control plane wants a node in each lifecycle to end up (told to the agent).
@@ -235,13 +232,8 @@ def apply_heartbeat(
         Gone: the node is retired (410 ``node_retired``); nothing is recreated.
         Conflict: the row kept changing under the request (409 ``concurrent_heartbeat``).
     """
-    from .renewals import pool_timings
-
     received_at = now or timezone.now()
-    # The same per-process timings as the renewals (fleet.renewals.pool_timings): if status
-    # reports told the interval fresh from the pool and renewals their cached one, each kind
-    # would find "the interval changed" after the other, and that exemption would lift the
-    # flood guard for both while the two differ.
+    # The same per-process timings as the renewals (fleet.pacing says why).
     timings = pool_timings(node.pool_id) if node.pool_id else liveness.timings_for(node.pool, 0)
     for _attempt in range(MAX_ATTEMPTS):
         if node.lifecycle == Lifecycle.RETIRED:
@@ -286,8 +278,6 @@ def _check_spacing(*, node: Node, report: HeartbeatReport, received_at: datetime
     Raises:
         TooManyRequests: 429 with ``Retry-After``; nothing is written.
     """
-    from .renewals import TooManyRequests, min_spacing_fraction
-
     not_before = node.status_report_not_before
     if (
         not_before is None
@@ -309,8 +299,6 @@ def _check_spacing(*, node: Node, report: HeartbeatReport, received_at: datetime
 def _restarted_within(node: Node, received_at: datetime, timings: liveness.Timings) -> bool:
     """Whether ``node`` recorded a restart less than the flood guard's spacing before
     ``received_at``. One indexed query, only for a new incarnation inside the spacing."""
-    from .renewals import min_spacing_fraction
-
     since = received_at - timedelta(seconds=timings.interval * min_spacing_fraction())
     return NodeEvent.objects.filter(node_id=node.pk, type=event_types.RESTART, created_at__gt=since).exists()
 
@@ -338,7 +326,7 @@ def _try_apply(
         # posted meanwhile raises its bit again), restarts the overdue clock and the flood guard.
         "instructions": 0,
         "interval_given": timings.interval,
-        "status_report_not_before": received_at + timedelta(seconds=timings.interval * _spacing()),
+        "status_report_not_before": received_at + timedelta(seconds=timings.interval * min_spacing_fraction()),
         "last_status_report_at": received_at,
         "status_report_due_at": received_at
         + timedelta(seconds=STATUS_REPORT_OVERDUE_INTERVALS * timings.status_report_interval),
@@ -487,8 +475,6 @@ def _after_apply(*, node, report, actor, received_at, timings, restarted, events
 def _apply_devices(node: Node, report: HeartbeatReport, actor, received_at: datetime) -> None:
     """The device part of the report, in its own transaction: a fault in it is logged and never
     spoils the rest of the report (already applied) nor answers 500."""
-    from . import devices
-
     try:
         devices.apply_report(
             node=node,

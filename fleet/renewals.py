@@ -21,9 +21,8 @@ rotation hint). When it matches no row, :func:`renew` reads the credential and t
 say why (401, 403, 410, an ordering code, 429) or to take the slower path: a node that was not
 ``alive`` is revived with a liveness event in one transaction.
 
-Timings are per pool and change only with the pool or the fleet's size, so each process keeps
-them for ``TIMINGS_CACHE_SECONDS`` (a pool edit reaches renewals within that time), and it
-remembers each node's pool (checked by the statement itself, so a moved node is never wrong).
+Timings are per pool, cached per process (fleet.pacing, shared with the status reports), and
+each process remembers each node's pool (checked by the statement itself, so a moved node is never wrong).
 """
 
 from __future__ import annotations
@@ -41,11 +40,11 @@ from nodepool.api.errors import AUTHENTICATION_FAILED, FORBIDDEN
 from nodepool.api.problems import Gone, Problem
 from nodepool.db import prepared_cursor
 
-from . import clock, conf, event_types, liveness, signals
+from . import clock, event_types, liveness, pacing, signals
 from . import secrets as node_secrets
 from .choices import ActorType, Lifecycle, Liveness
 from .credentials import is_superseded, revoke_lineage_on_reuse
-from .errors import CONCURRENT_RENEWAL, NODE_RETIRED, TOO_MANY_REQUESTS
+from .errors import CONCURRENT_RENEWAL, NODE_RETIRED
 from .events import Actor, event_row
 from .heartbeats import (
     APPLIED,
@@ -56,32 +55,20 @@ from .heartbeats import (
     ordering_code,
 )
 from .instructions import Instruction
-from .models import Node, NodeCredential, NodeEvent, Pool
+from .models import Node, NodeCredential, NodeEvent
+from .pacing import TooManyRequests, min_spacing_fraction, pool_timings
 
 MAX_BODY_BYTES = 256
 STATUS_REPORT_REQUIRED = "status_report_required"
-TIMINGS_CACHE_SECONDS = 30.0
 MAX_ATTEMPTS = 3
 # Node id -> pool id, per process. Bounded: cleared when full (a miss costs one read).
 _POOL_OF_NODE: dict = {}
 _POOL_OF_NODE_MAX = 500_000
-_TIMINGS: dict[int, tuple[float, liveness.Timings]] = {}
 # A flooding node's refusal, per process: node id -> (secret digest, incarnation, interval told,
 # not before). While it holds, the same credential renewing the same incarnation at the same
 # interval is refused without a statement, so 50 requests in flight from one node cost this
 # process a dictionary lookup each, not two database round trips.
 _REFUSED_UNTIL: dict = {}
-
-
-class TooManyRequests(Problem):
-    """429 with ``Retry-After`` (whole seconds, rounded up)."""
-
-    status_code = 429
-    default_code = TOO_MANY_REQUESTS
-
-    def __init__(self, detail: str, retry_after: float):
-        self.wait = max(1, int(retry_after + 0.999))
-        super().__init__(detail, TOO_MANY_REQUESTS, retry_after=self.wait)
 
 
 class CredentialRefused(Problem):
@@ -126,27 +113,9 @@ def deadline_slack(timings: liveness.Timings) -> float:
     return max(0.0, min(timings.interval, timings.unreachable_after - timings.stale_after))
 
 
-def min_spacing_fraction() -> float:
-    """The flood guard: a message kind may not come sooner than this fraction of the interval
-    last told (``NODEPOOL["MIN_SPACING_FRACTION"]``, default 0.5; 0 turns the guard off)."""
-    return conf.get("MIN_SPACING_FRACTION")
-
-
-def pool_timings(pool_id: int, *, now_monotonic: float | None = None) -> liveness.Timings:
-    """The liveness timings of pool ``pool_id`` at the current fleet size, cached per process."""
-    clock = now_monotonic if now_monotonic is not None else time.monotonic()
-    cached = _TIMINGS.get(pool_id)
-    if cached is not None and clock - cached[0] < TIMINGS_CACHE_SECONDS:
-        return cached[1]
-    pool = Pool.objects.get(pk=pool_id)
-    timings = liveness.timings_for(pool, liveness.heartbeat_population())
-    _TIMINGS[pool_id] = (clock, timings)
-    return timings
-
-
 def forget_cached_timings() -> None:
     """Drop this process's cached timings and node pools (tests; after editing a pool)."""
-    _TIMINGS.clear()
+    pacing.forget_timings()
     _POOL_OF_NODE.clear()
     _REFUSED_UNTIL.clear()
     _BULK_LOADED_AT.clear()

@@ -26,7 +26,7 @@ from django.db import IntegrityError, connection, transaction
 
 from fleet.choices import Lifecycle
 from fleet.models import Node, NodeResource
-from fleet.renewals import pool_timings
+from fleet.pacing import pool_timings
 from nodepool.db import prepared_cursor
 
 from .models import AvailabilityClose, NodeAvailability

@@ -40,11 +40,14 @@ import threading
 import time
 from datetime import timedelta
 
+from axes.models import AccessLog
 from django.db import DatabaseError, connection
 from django.utils import timezone
 
 from nodepool.api.errors import AUTH_FAILURES_THROTTLED
 from nodepool.api.problems import problem_response
+from nodepool.api.throttling import client_address
+from nodepool.models import AuthFailureCount
 
 from . import conf
 
@@ -120,8 +123,6 @@ def count_failure(scope: str, key: str, window_seconds: int, now: float | None =
 
 def failures(scope: str, key: str, window_seconds: int, now: float | None = None) -> tuple[int, float]:
     """``(failures of (scope, key) in the current window, unix time the window ends)``."""
-    from nodepool.models import AuthFailureCount
-
     now = time.time() if now is None else now
     window = int(now // window_seconds)
     row = AuthFailureCount.objects.filter(scope=scope, key=key, window=window).values_list("count", flat=True)
@@ -130,8 +131,6 @@ def failures(scope: str, key: str, window_seconds: int, now: float | None = None
 
 def forget(scope: str, key: str) -> int:
     """Delete every counter of ``(scope, key)`` (``manage.py unlock_login``); returns how many."""
-    from nodepool.models import AuthFailureCount
-
     if scope == ADDRESS:
         _blocked.pop(key, None)
     return AuthFailureCount.objects.filter(scope=scope, key=key).delete()[0]
@@ -139,8 +138,6 @@ def forget(scope: str, key: str) -> int:
 
 def prune(now: float | None = None) -> int:
     """Delete counters of windows that ended more than a day ago (hourly task); returns how many."""
-    from nodepool.models import AuthFailureCount
-
     cutoff = (time.time() if now is None else now) - 86400
     deleted = 0
     for scope, seconds in ((ADDRESS, address_window()), (LOGIN, account_window())):
@@ -182,8 +179,6 @@ def blocked_wait(request) -> float | None:
     accepted recently)."""
     if not _blocked:
         return None
-    from nodepool.api.throttling import client_address
-
     key = address_key(client_address(request))
     until = _blocked.get(key)
     if until is None:
@@ -212,8 +207,6 @@ def record_failure(request) -> None:
     limit = address_limit()
     if limit <= 0:
         return
-    from nodepool.api.throttling import client_address
-
     key = address_key(client_address(request))
     try:
         count, ends = count_failure(ADDRESS, key, address_window())
@@ -271,8 +264,6 @@ def reset_process_state() -> None:
 def is_familiar(username: str, address: str, now=None) -> bool:
     """Did ``username`` log in successfully from ``address`` within ``NODEPOOL_LOGIN_FAMILIAR_DAYS``?
     (django-axes' access log, one row per successful login.)"""
-    from axes.models import AccessLog
-
     since = (now or timezone.now()) - timedelta(days=conf.get("LOGIN_FAMILIAR_DAYS"))
     return AccessLog.objects.filter(username=username, ip_address=address, attempt_time__gte=since).exists()
 

@@ -48,7 +48,7 @@ def prepared_cursor():
         or connection.queries_logged
     ):
         return connection.cursor()
-    import psycopg
+    import psycopg  # only here: a SQLite deployment need not install the PostgreSQL driver
 
     connection.ensure_connection()
     raw = connection.connection

@@ -44,7 +44,7 @@ def timed_out() -> bool:
 
 def _active_command(wrapper) -> int | None:
     """The socket of ``wrapper``'s psycopg connection if a command is in progress on it, else None."""
-    from psycopg import pq
+    from psycopg import pq  # only here: a SQLite deployment need not install the PostgreSQL driver
 
     connection = getattr(wrapper, "connection", None)
     if connection is None:

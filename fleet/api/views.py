@@ -21,7 +21,7 @@ from nodepool.api.permissions import IsOperator, IsOperatorOrReadOnlyOwner
 from nodepool.api.problems import Gone, NotFound
 from nodepool.api.versioning import ETagMixin, expected_version
 
-from .. import admission, liveness, renewals, services
+from .. import admission, liveness, pacing, services
 from ..authentication import IsNodeSelf, node_from_request
 from ..choices import Lifecycle
 from ..errors import NODE_NOT_FOUND, NODE_RETIRED
@@ -151,7 +151,7 @@ class NodeEnrollmentView(APIView):
         # shared by every thread, and two enrollments at once in a threaded server then fail with
         # "Direct lifecycle modification is not allowed" (seen with the live server).
         lifecycle = Node.objects.filter(pk=node.pk).values_list("lifecycle", flat=True).get()
-        timings = renewals.pool_timings(node.pool_id)
+        timings = pacing.pool_timings(node.pool_id)
         body = {
             "node_id": str(node.pk),
             "incarnation": node.incarnation,
