@@ -62,13 +62,25 @@ request_strategy = st.fixed_dictionaries(
 )
 
 
-def sql_reason(request, node_pk) -> str:
+def sql_reason(request, node_pk, rule=lease_devices.device_rule_sql) -> str:
     table = connection.ops.quote_name("fleet_node")
-    sql, params = lease_devices.device_rule_sql(request, f"{table}.{connection.ops.quote_name('id')}")
+    sql, params = rule(request, f"{table}.{connection.ops.quote_name('id')}")
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT {sql} FROM {table} WHERE id = %s",
             [*params, node_pk.hex if connection.vendor == "sqlite" else node_pk],
+        )
+        return cursor.fetchone()[0]
+
+
+def set_reason(request, node_pk) -> str:
+    table = connection.ops.quote_name("fleet_node")
+    reasons, reasons_params = lease_devices.device_reasons_sql(request)
+    sql, params = lease_devices.device_reason_of(request, f"{table}.{connection.ops.quote_name('id')}")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"WITH {lease_devices.DEVICE_REASONS} AS ({reasons}) SELECT {sql} FROM {table} WHERE id = %s",
+            [*reasons_params, *params, node_pk.hex if connection.vendor == "sqlite" else node_pk],
         )
         return cursor.fetchone()[0]
 
@@ -97,6 +109,8 @@ def test_the_device_rules_in_sql_give_the_reason_choose_gives(client_user, descr
         devices, taken = lease_devices.node_devices([node.pk], None)
         expected = choose((request,), devices.get(node.pk, []), taken.get(node.pk, set())).code
         assert sql_reason(request, node.pk) == expected
+        # The 409's set-based form of the same rules (every node of the pool at once).
+        assert set_reason(request, node.pk) == expected
         transaction.set_rollback(True)
 
 
