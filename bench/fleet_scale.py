@@ -208,7 +208,7 @@ def seed(count: int, *, interval: int, grace: int, stop_fraction: float, rng: ra
 def run_size(args, count: int) -> dict:
     from django.db import close_old_connections, connection
 
-    from fleet.liveness import sweep_liveness
+    from fleet.liveness_sweep import sweep_liveness
     from fleet.models import Node, NodeEvent
 
     rng = random.Random(count)

@@ -208,7 +208,7 @@ def flood_phase(nodes_file: str, others_file: str, args, run, *, pace_ms: float,
     from django.db import close_old_connections
     from django.utils import timezone
 
-    from fleet.liveness import sweep_liveness
+    from fleet.liveness_sweep import sweep_liveness
     from fleet.models import NodeEvent
 
     with open(nodes_file) as handle:

@@ -134,7 +134,7 @@ def raw_update(now) -> tuple[float, int]:
 
 
 def run_sweep(now) -> tuple[float, int]:
-    from fleet.liveness import sweep_liveness
+    from fleet.liveness_sweep import sweep_liveness
 
     started = time.perf_counter()
     summary = sweep_liveness(now=now)

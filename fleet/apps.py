@@ -13,10 +13,13 @@ class FleetConfig(AppConfig):
             event_types,  # noqa: F401  (fleet's own event types, and the registry every app declares in)
             metrics,  # noqa: F401  (the heartbeat counter exists, at 0, from process start)
             reverification,  # noqa: F401  (connects its receiver of fleet.signals.benchmark_finished)
+            sql,
             tasks,  # noqa: F401  (registers the tasks fleet.admission and fleet.services enqueue by name)
         )
 
         register_collector("fleet", collectors.collect)
+        # SQLite: the SQL functions fleet's statements call, on every new connection (fleet.sql).
+        sql.connect_signals()
         # Per-process series follow the pools and their request classes (nodepool.metrics): gone
         # with the object, from zero when one of the same name is created again.
         from django.db.models.signals import post_delete

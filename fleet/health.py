@@ -29,7 +29,7 @@ STATUS_REPORT_OVERDUE = "StatusReportOverdue"
 # Server-owned: set by a failed re-verification, cleared by a passed one (fleet.trust).
 UNVERIFIED = "Unverified"
 # Server-owned conditions a node's report never sets or clears: carried over as stored
-# (fleet.heartbeats.merge_conditions). fleet.trust's Unverified, and those higher apps register from
+# (fleet.heartbeat_rules.merge_conditions). fleet.trust's Unverified, and those higher apps register from
 # their AppConfig.ready() (operations' Drifted).
 KEPT_CONDITIONS: list[str] = [UNVERIFIED]
 

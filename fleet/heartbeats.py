@@ -37,10 +37,19 @@ from django.utils import timezone
 
 from nodepool.api.problems import Conflict, Gone
 
-from . import conf, devices, event_types, health, liveness
+from . import devices, event_types, health, liveness
+from . import sql as fleet_sql
 from .choices import BenchmarkStatus, Lifecycle, Liveness
 from .errors import CONCURRENT_HEARTBEAT, NODE_RETIRED
 from .events import Actor, event_row
+from .heartbeat_rules import (
+    APPLIED,
+    condition_changes,
+    merge_conditions,
+    ordering_code,
+    rotate_hint,
+    skew_condition,
+)
 from .instructions import Instruction, status_report_instructions
 from .models import Benchmark, Node, NodeCredential, NodeEvent
 from .pacing import TooManyRequests, min_spacing_fraction, pool_timings
@@ -60,16 +69,6 @@ MAX_READY_REASON = 200
 MAX_LEASE_STATE = 32
 MAX_COUNTER = 2**53  # incarnation and sequence stay exact in every JSON client
 
-# Stable codes of the response.
-APPLIED = "applied"
-DUPLICATE_SEQUENCE = "duplicate_sequence"
-STALE_SEQUENCE = "stale_sequence"
-STALE_INCARNATION = "stale_incarnation"
-
-# Rotate the credential once less than this fraction of its lifetime is left.
-ROTATE_WHEN_REMAINING = 0.25
-# ClockSkew clears only below this fraction of the threshold, so a skew near it does not flap.
-SKEW_CLEAR_RATIO = 0.8
 MAX_ATTEMPTS = 5
 # Benchmarks are part of admission (issue 3): only a node being admitted is asked to run one, so
 # a ready node's heartbeat does not pay for the lookup.
@@ -132,79 +131,6 @@ class HeartbeatOutcome:
     @property
     def desired_lifecycle(self) -> str:
         return _DESIRED.get(self.node.lifecycle, self.node.lifecycle)
-
-
-def ordering_code(*, stored_incarnation: int, stored_sequence: int, incarnation: int, sequence: int) -> str:
-    """``applied`` when ``(incarnation, sequence)`` is newer than the stored pair, else why not."""
-    if incarnation < stored_incarnation:
-        return STALE_INCARNATION
-    if incarnation > stored_incarnation:
-        return APPLIED
-    if sequence == stored_sequence:
-        return DUPLICATE_SEQUENCE
-    return APPLIED if sequence > stored_sequence else STALE_SEQUENCE
-
-
-def rotate_hint(credential: NodeCredential | None, now: datetime) -> bool:
-    """True when less than a quarter of the credential's lifetime is left (rotate before it expires)."""
-    if credential is None:
-        return False
-    lifetime = (credential.expires_at - credential.issued_at).total_seconds()
-    return (credential.expires_at - now).total_seconds() <= ROTATE_WHEN_REMAINING * max(lifetime, 0.0)
-
-
-def skew_condition(previous: dict | None, skew: float, received_at: datetime) -> dict | None:
-    """The server-owned ``ClockSkew`` condition for a measured skew (node clock minus server clock).
-
-    Absent until a skew first crosses the threshold; then kept, ``False`` once it falls back below
-    80 % of the threshold (hysteresis). Returns None while it has never been needed.
-    """
-    threshold = conf.get("CLOCK_SKEW_THRESHOLD")
-    was_true = bool(previous and previous.get("status") == health.TRUE)
-    limit = threshold * SKEW_CLEAR_RATIO if was_true else threshold
-    if abs(skew) > limit:
-        status = health.TRUE
-        reason = "NodeClockAhead" if skew > 0 else "NodeClockBehind"
-        message = f"the node's clock differs from the control plane's by more than {threshold:g}s"
-    elif previous is None:
-        return None
-    else:
-        status, reason, message = health.FALSE, "ClockInSync", ""
-    return {"type": health.CLOCK_SKEW, "status": status, "reason": reason, "message": message}
-
-
-def merge_conditions(stored: list[dict], reported: list[dict], skew: dict | None, now: datetime) -> list[dict]:
-    """The node's new condition list: what it reported (its own ``ClockSkew`` ignored) plus the
-    server's ``ClockSkew``, and the stored ``Unverified`` (fleet.trust) and other kept conditions
-    (``health.KEPT_CONDITIONS``) as they are. ``last_transition_time``
-    is kept while a condition's status holds."""
-    previous = {c.get("type"): c for c in stored or []}
-    stamp = now.isoformat()
-    merged = []
-    server_owned = (health.CLOCK_SKEW, STATUS_REPORT_OVERDUE, *health.KEPT_CONDITIONS)
-    # Unverified (fleet.trust) and the kept conditions of higher apps (operations' Drifted): carried
-    # over as stored, whatever the node says.
-    kept = [previous[kind] for kind in health.KEPT_CONDITIONS if kind in previous]
-    for condition in [*(c for c in reported if c["type"] not in server_owned), *([skew] if skew else []), *kept]:
-        before = previous.get(condition["type"])
-        same = before is not None and before.get("status") == condition["status"]
-        merged.append({**condition, "last_transition_time": before.get("last_transition_time") if same else stamp})
-    return merged
-
-
-def condition_changes(stored: list[dict], merged: list[dict]) -> list[tuple[str, str, str, dict | None]]:
-    """``[(type, old status, new status, new condition)]`` for every condition whose status or
-    reason changed, appeared or disappeared (message-only changes are not events)."""
-    before = {c.get("type"): c for c in stored or []}
-    after = {c["type"]: c for c in merged}
-    changes = []
-    for kind in [*after, *(k for k in before if k not in after)]:
-        old, new = before.get(kind), after.get(kind)
-        old_key = (old.get("status"), old.get("reason", "")) if old else None
-        new_key = (new["status"], new.get("reason", "")) if new else None
-        if old_key != new_key:
-            changes.append((kind, old["status"] if old else "", new["status"] if new else "", new))
-    return changes
 
 
 def apply_heartbeat(
@@ -386,36 +312,11 @@ def _conditional_update(*, node: Node, report: HeartbeatReport, values: dict[str
     compare-and-swap: the sweeps move those and the conditions that go with them without bumping
     ``version``) and ``lifecycle <> 'retired'``. ``RETURNING version`` tells the caller whether
     anything else about the node (lifecycle, cordon, holds: every such change bumps ``version``)
-    moved since that read. Written as SQL rather than a queryset ``update()`` because compiling
-    that queryset cost a third of the heartbeat's own CPU time; values still go through each
-    field's ``get_db_prep_save``, so SQLite and PostgreSQL get what the ORM would send.
+    moved since that read. The statement is ``fleet.sql.status_report_update`` (why it is SQL:
+    there).
     """
-    quote = connection.ops.quote_name
-    assignments, params = [], []
-    for name, value in values.items():
-        field = Node._meta.get_field(name)
-        column = quote(field.column)
-        if name == "restart_count":  # counted in SQL: no lost update even if two restarts raced
-            assignments.append(f"{column} = {column} + 1")
-            continue
-        assignments.append(f"{column} = %s")
-        params.append(field.get_db_prep_save(value, connection))
-    params += [
-        Node._meta.pk.get_db_prep_value(node.pk, connection),
-        node.incarnation,
-        node.sequence,
-        node.liveness,
-        node.status_report_overdue,
-        Lifecycle.RETIRED,
-        report.incarnation,
-        report.incarnation,
-        report.sequence,
-    ]
-    sql = (
-        f"UPDATE {quote(Node._meta.db_table)} SET {', '.join(assignments)} "  # noqa: S608 -- columns from the model
-        "WHERE id = %s AND incarnation = %s AND sequence = %s AND liveness = %s AND status_report_overdue = %s "
-        "AND lifecycle <> %s "
-        "AND (incarnation < %s OR (incarnation = %s AND sequence < %s)) RETURNING version"
+    sql, params = fleet_sql.status_report_update(
+        node=node, report_incarnation=report.incarnation, report_sequence=report.sequence, values=values
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)

@@ -40,13 +40,13 @@ from nodepool.api.errors import AUTHENTICATION_FAILED, FORBIDDEN
 from nodepool.api.problems import Gone, Problem
 from nodepool.db import prepared_cursor
 
-from . import clock, event_types, liveness, pacing, signals
+from . import clock, event_types, liveness, pacing, signals, sql
 from . import secrets as node_secrets
 from .choices import ActorType, Lifecycle, Liveness
 from .credentials import is_superseded, revoke_lineage_on_reuse
 from .errors import CONCURRENT_RENEWAL, NODE_RETIRED
 from .events import Actor, event_row
-from .heartbeats import (
+from .heartbeat_rules import (
     APPLIED,
     DUPLICATE_SEQUENCE,
     ROTATE_WHEN_REMAINING,
@@ -148,61 +148,6 @@ def _remember_pool(node_id, pool_id) -> None:
     _POOL_OF_NODE[node_id] = pool_id
 
 
-_SQL: dict[tuple[str, bool], str] = {}
-
-
-def _statement(vendor: str, revive: bool) -> str:
-    """The renewal UPDATE for a database vendor; ``revive`` also moves liveness back to alive
-    (compare-and-swap on the liveness read) and stamps ``liveness_changed_at``.
-
-    PostgreSQL joins the credential with ``UPDATE … FROM`` and returns its lifetime from the join
-    (planned in a tenth of the time the subquery form takes); it runs as a prepared statement,
-    planned once per connection (``nodepool.db.prepared_cursor``). SQLite may not return columns of a ``FROM`` table, so
-    it checks the credential with ``EXISTS`` and reads its lifetime with scalar subqueries.
-    """
-    key = (vendor, revive)
-    if key not in _SQL:
-        quote = connection.ops.quote_name
-        node, cred = quote(Node._meta.db_table), quote(NodeCredential._meta.db_table)
-        revival = ", liveness = %(alive)s, liveness_changed_at = %(now)s" if revive else ""
-        # The stale deadline moves only when fewer than two intervals are left (see DEADLINE_SLACK):
-        # most renewals then change no indexed column, and PostgreSQL updates the row in place (HOT).
-        deadline = (
-            "CASE WHEN n.next_liveness_check_at IS NULL OR n.next_liveness_check_at < %(keep_after)s "
-            "THEN %(deadline)s ELSE n.next_liveness_check_at END"
-        )
-        if revive:
-            deadline = "%(deadline)s"
-        assignments = (
-            f"sequence = %(sequence)s, last_heartbeat_at = %(now)s, next_liveness_check_at = {deadline}, "
-            f"interval_given = %(interval)s, renewal_not_before = %(not_before)s{revival}"
-        )
-        row = (
-            "n.id = %(id)s AND n.pool_id = %(pool)s AND n.incarnation = %(incarnation)s AND n.sequence < %(sequence)s "
-            f"AND n.liveness = %(liveness)s AND n.lifecycle <> '{Lifecycle.RETIRED.value}' "
-            "AND (n.renewal_not_before IS NULL OR n.renewal_not_before <= %(now)s OR n.interval_given IS NULL "
-            "OR n.interval_given <> %(interval)s)"
-        )
-        credential = (
-            "c.prefix = %(prefix)s AND c.node_id = n.id AND c.secret_hash = %(digest)s "
-            "AND (c.revoked_at IS NULL OR c.revoked_at > %(now)s) AND c.expires_at > %(valid_at)s"
-        )
-        if vendor == "postgresql":
-            sql = (
-                f"UPDATE {node} AS n SET {assignments} FROM {cred} AS c "  # noqa: S608 -- tables from the models
-                f"WHERE {row} AND {credential} RETURNING n.instructions, c.issued_at, c.expires_at"
-            )
-        else:
-            lifetime = f"SELECT {{}} FROM {cred} WHERE prefix = %(prefix)s"  # noqa: S608
-            sql = (
-                f"UPDATE {node} AS n SET {assignments} "  # noqa: S608
-                f"WHERE {row} AND EXISTS (SELECT 1 FROM {cred} AS c WHERE {credential}) "
-                f"RETURNING instructions, ({lifetime.format('issued_at')}), ({lifetime.format('expires_at')})"
-            )
-        _SQL[key] = sql
-    return _SQL[key]
-
-
 def _as_datetime(value) -> datetime:
     if isinstance(value, str):  # SQLite returns the stored text
         value = parse_datetime(value)
@@ -247,7 +192,7 @@ def _try_statement(
     if revive:
         params["alive"] = str(Liveness.ALIVE)
     with prepared_cursor() as cursor:  # planned once per connection on PostgreSQL (nodepool.db)
-        cursor.execute(_statement(connection.vendor, revive), params)
+        cursor.execute(sql.renewal(revive), params)
         return cursor.fetchone()
 
 

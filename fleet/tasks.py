@@ -8,7 +8,7 @@ from django.db import OperationalError
 from nodepool import metrics
 
 from .events import Actor
-from .liveness import sweep_liveness
+from .liveness_sweep import sweep_liveness
 
 
 @shared_task(

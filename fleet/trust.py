@@ -8,7 +8,7 @@ verifies the node anew, so it lifts the mark).
 
 The taint follows Kubernetes' ``NoSchedule`` semantics (running work stays; new work that does
 not tolerate it goes elsewhere: leases.placement). The condition is server-owned, like
-``ClockSkew``: a node's own report never sets or clears it (fleet.heartbeats.merge_conditions).
+``ClockSkew``: a node's own report never sets or clears it (fleet.heartbeat_rules.merge_conditions).
 Its polarity is a pressure-style one (bad when ``"True"``), and it is in no pool's health lists by
 default, so it does not make the node unhealthy: the taint is what keeps work away.
 """

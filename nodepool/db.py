@@ -29,6 +29,7 @@ import weakref
 
 from django.db import DEFAULT_DB_ALIAS, connections, models
 from django.db.backends.utils import CursorWrapper
+from django.db.models.sql import Query
 
 PREPARE_THRESHOLD = 5  # psycopg's default: executions of one statement before it is prepared
 
@@ -57,45 +58,61 @@ def prepared_cursor():
     return CursorWrapper(psycopg.Cursor(raw), connection)
 
 
-# Per connection's operations object (one per thread): model -> (SQL select list, converters).
+# Per connection's operations object (one per thread): (model, fields) -> _Reader.
 _READERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _reader(connection, model: type[models.Model]) -> tuple[str, list[str], list[tuple]]:
-    """The select list of every concrete column of ``model``, their attribute names, and per
-    column the converters Django applies to a value read from the database (the backend's, e.g.
-    SQLite's text to datetime, then the field's ``from_db_value``, e.g. JSON text to objects)."""
-    readers = _READERS.setdefault(connection.ops, {})
-    if model not in readers:
+class _Reader:
+    """How to read ``model``'s columns (all concrete ones, or those of ``fields``, in the model's
+    field order: ``Model.from_db`` takes values in that order) and convert them: the converters
+    are the ORM's own (``SQLCompiler.get_converters``: the backend's, e.g. SQLite's text to
+    datetime, then each field's ``from_db_value``, e.g. JSON text to objects), applied by the
+    ORM's own ``apply_converters``, as a queryset does."""
+
+    __slots__ = ("columns", "names", "compiler", "converters")
+
+    def __init__(self, connection, model: type[models.Model], fields: tuple[str, ...] | None):
         table = model._meta.db_table
-        fields = model._meta.concrete_fields
+        concrete = model._meta.concrete_fields
+        if fields is not None:
+            wanted = {model._meta.get_field(name).attname for name in fields}
+            concrete = [f for f in concrete if f.attname in wanted]
         quote = connection.ops.quote_name
-        columns = ", ".join(f"{quote(table)}.{quote(f.column)}" for f in fields)
-        converters = []
-        for field in fields:
-            column = field.get_col(table)
-            chain = connection.ops.get_db_converters(column) + column.get_db_converters(connection)
-            converters.append((column, chain))
-        readers[model] = (columns, [f.attname for f in fields], converters)
-    return readers[model]
+        self.columns = ", ".join(f"{quote(table)}.{quote(f.column)}" for f in concrete)
+        self.names = [f.attname for f in concrete]
+        self.compiler = Query(model).get_compiler(connection=connection)
+        self.converters = self.compiler.get_converters([f.get_col(table) for f in concrete])
 
 
-def select_list(model: type[models.Model]) -> str:
-    """Every concrete column of ``model``, qualified by its table (``"fleet_pool"."id", …``), in
-    the order :func:`from_row` reads them: for a prepared ``SELECT`` that joins other tables."""
-    return _reader(connections[DEFAULT_DB_ALIAS], model)[0]
+def _reader(connection, model: type[models.Model], fields: tuple[str, ...] | None = None) -> _Reader:
+    readers = _READERS.setdefault(connection.ops, {})
+    key = (model, fields)
+    if key not in readers:
+        readers[key] = _Reader(connection, model, fields)
+    return readers[key]
 
 
-def from_row(model: type[models.Model], values) -> models.Model:
+def select_list(model: type[models.Model], fields: tuple[str, ...] | None = None) -> str:
+    """Every concrete column of ``model`` (or those of ``fields``, names as for ``QuerySet.only``),
+    qualified by its table (``"fleet_pool"."id", …``), in the order :func:`from_row` reads them:
+    for a prepared ``SELECT`` that joins other tables."""
+    return _reader(connections[DEFAULT_DB_ALIAS], model, fields).columns
+
+
+def from_row(model: type[models.Model], values, fields: tuple[str, ...] | None = None) -> models.Model:
     """The instance of ``model`` read from ``values``, a row's values in :func:`select_list`'s
-    order (extra values after them are ignored), converted as the ORM converts them."""
+    order for the same ``fields`` (extra values after them are ignored: :func:`row_width` says
+    where the next model's start), converted as the ORM converts them. Fields left out of
+    ``fields`` are deferred, as after ``QuerySet.only``."""
     connection = connections[DEFAULT_DB_ALIAS]
-    _, names, converters = _reader(connection, model)
-    values = list(values[: len(names)])
-    for i, (expression, chain) in enumerate(converters):
-        for converter in chain:
-            values[i] = converter(values[i], expression, connection)
-    return model.from_db(connection.alias, names, values)
+    reader = _reader(connection, model, fields)
+    (converted,) = reader.compiler.apply_converters([values[: len(reader.names)]], reader.converters)
+    return model.from_db(connection.alias, reader.names, converted)
+
+
+def row_width(model: type[models.Model], fields: tuple[str, ...] | None = None) -> int:
+    """How many values of a row :func:`from_row` reads for ``model`` and ``fields``."""
+    return len(_reader(connections[DEFAULT_DB_ALIAS], model, fields).names)
 
 
 def fetch_rows(model: type[models.Model], column: str, value, *, limit: int | None = None) -> list[models.Model]:

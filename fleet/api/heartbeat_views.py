@@ -6,7 +6,6 @@ and its pool), validate (heartbeat_serializers), call one service, shape the res
 
 from __future__ import annotations
 
-from django.db import connections, router
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
@@ -17,13 +16,13 @@ from rest_framework.views import APIView
 from nodepool.api.authentication import UserTokenAuthentication
 from nodepool.api.problems import Gone
 
-from .. import conf, metrics
+from .. import conf, metrics, sql
 from .. import heartbeats as hb
 from ..authentication import IsNodeSelf, NodeCredentialAuthentication, node_from_request
 from ..choices import Lifecycle
 from ..errors import NODE_RETIRED
 from ..events import Actor
-from ..models import Node, NodeCredential, NodeMetrics, Pool
+from ..models import NodeCredential, NodeMetrics
 from .heartbeat_serializers import parse_heartbeat, parse_metrics
 
 
@@ -33,78 +32,12 @@ class HeartbeatAuthentication(NodeCredentialAuthentication):
     The heartbeat is the hottest path of the control plane, and the ORM lookup of the credential
     with its node and pool (~100 columns, a dozen JSON) cost more CPU than the rest of the
     heartbeat together, most of it compiling the same query again on every request. This loads
-    only the columns a heartbeat reads with one fixed SQL statement and builds the instances as
-    the ORM does (``Model.from_db`` after the fields' and the backend's converters). Every other
-    field is deferred: Django loads it with one query on access, so callees stay correct. The
-    checks (secret digest, revocation, expiry) are the base class's, unchanged.
+    only the columns a heartbeat reads with one fixed statement (``fleet.sql``); every other field
+    is deferred. The checks (secret digest, revocation, expiry) are the base class's, unchanged.
     """
 
-    CREDENTIAL_FIELDS = ("id", "node", "prefix", "secret_hash", "issued_at", "expires_at", "revoked_at")
-    NODE_FIELDS = (
-        "id", "pool", "lifecycle", "liveness", "liveness_changed_at", "last_heartbeat_at", "next_liveness_check_at",
-        "ready", "ready_reason", "conditions", "health", "health_reasons", "incarnation", "sequence",
-        "restart_count", "agent_version", "usage", "version", "instructions", "interval_given",
-        "status_report_not_before", "status_report_overdue",
-    )  # fmt: skip
-    POOL_FIELDS = (
-        "id", "name", "heartbeat_interval", "status_report_interval", "heartbeat_grace", "loss_threshold",
-        "unhealthy_conditions", "degraded_conditions", "trust_node_labels", "allowed_agent_versions",
-        "allowed_undeclared_resources",
-    )  # fmt: skip
-    _statements: dict = {}
-
-    @classmethod
-    def _statement(cls, alias: str):
-        """``(sql, [(model, attnames, [(column, converters)])])`` for a database alias, built once."""
-        if alias not in cls._statements:
-            conn = connections[alias]
-            quote = conn.ops.quote_name
-            parts, columns = [], []
-            for table, model, names in (
-                ("c", NodeCredential, cls.CREDENTIAL_FIELDS),
-                ("n", Node, cls.NODE_FIELDS),
-                ("p", Pool, cls.POOL_FIELDS),
-            ):
-                # In the model's own field order: Model.from_db() fills the given values in that order.
-                wanted = {model._meta.get_field(name).attname for name in names}
-                fields = [field for field in model._meta.concrete_fields if field.attname in wanted]
-                columns += [f"{table}.{quote(field.column)}" for field in fields]
-                converted = [
-                    (field.get_col(table), [*conn.ops.get_db_converters(field.get_col(table)),
-                                            *field.get_db_converters(conn)])
-                    for field in fields
-                ]  # fmt: skip
-                parts.append((model, [field.attname for field in fields], converted))
-            sql = (
-                f"SELECT {', '.join(columns)} FROM {quote(NodeCredential._meta.db_table)} c "  # noqa: S608
-                f"JOIN {quote(Node._meta.db_table)} n ON n.{quote('id')} = c.{quote('node_id')} "
-                f"JOIN {quote(Pool._meta.db_table)} p ON p.{quote('id')} = n.{quote('pool_id')} "
-                f"WHERE c.{quote('prefix')} = %s"
-            )
-            cls._statements[alias] = (sql, parts)
-        return cls._statements[alias]
-
     def find_credential(self, prefix: str) -> NodeCredential | None:
-        alias = router.db_for_read(NodeCredential)
-        sql, parts = self._statement(alias)
-        with connections[alias].cursor() as cursor:
-            cursor.execute(sql, [prefix])
-            row = cursor.fetchone()
-        if row is None:
-            return None
-        instances, offset = [], 0
-        for model, attnames, converted in parts:
-            values = []
-            for (column, converters), value in zip(converted, row[offset : offset + len(attnames)], strict=True):
-                for converter in converters:
-                    value = converter(value, column, connections[alias])
-                values.append(value)
-            instances.append(model.from_db(alias, attnames, values))
-            offset += len(attnames)
-        credential, node, pool = instances
-        Node._meta.get_field("pool").set_cached_value(node, pool)
-        NodeCredential._meta.get_field("node").set_cached_value(credential, node)
-        return credential
+        return sql.credential_with_node_and_pool(prefix)
 
 
 class HeartbeatView(APIView):

@@ -18,7 +18,7 @@ from fleet import clock
 from fleet import event_types as fleet_events
 from fleet.credentials import issue_credential
 from fleet.events import Actor
-from fleet.liveness import sweep_liveness
+from fleet.liveness_sweep import sweep_liveness
 from fleet.models import BootstrapToken, ControlPlaneClock, NodeCredential, NodeEvent
 from leases.models import Lease
 from leases.sweeps import expire_leases

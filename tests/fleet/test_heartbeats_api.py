@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 from fleet import event_types as fleet_events
 from fleet.choices import Health, Lifecycle, Liveness
 from fleet.credentials import issue_credential
-from fleet.liveness import sweep_liveness
+from fleet.liveness_sweep import sweep_liveness
 from fleet.models import Benchmark, Node, NodeEvent
 from tests.factories import NodeFactory, PoolFactory, make_schedulable_node, set_lifecycle
 from tests.heartbeat_support import T0, beat, node_api, post_beat, seconds

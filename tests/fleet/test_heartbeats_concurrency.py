@@ -9,7 +9,7 @@ import pytest
 
 from fleet import event_types as fleet_events
 from fleet.choices import Liveness
-from fleet.liveness import sweep_liveness
+from fleet.liveness_sweep import sweep_liveness
 from fleet.models import Node, NodeEvent
 from tests import races
 from tests.factories import PoolFactory, make_schedulable_node

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from fleet import event_types as fleet_events
-from fleet.liveness import sweep_liveness
+from fleet.liveness_sweep import sweep_liveness
 from fleet.models import LivenessSweepState, Node, NodeEvent
 from tests.factories import PoolFactory, make_schedulable_node
 from tests.heartbeat_support import T0, seconds, send

@@ -15,7 +15,8 @@ from django.core.management import call_command
 from fleet import event_types as fleet_events
 from fleet import liveness
 from fleet.choices import Lifecycle, Liveness
-from fleet.liveness import sweep_liveness, timings_for
+from fleet.liveness import timings_for
+from fleet.liveness_sweep import sweep_liveness
 from fleet.models import LivenessSweepState, Node, NodeEvent, NodeResource
 from fleet.schedule import BEAT_SCHEDULE
 from leases import event_types as leases_events

@@ -13,7 +13,7 @@ from fleet import event_types as fleet_events
 from fleet.choices import Lifecycle, Liveness
 from fleet.credentials import issue_credential, revoke_all_credentials
 from fleet.instructions import Instruction, post_instructions
-from fleet.liveness import sweep_liveness
+from fleet.liveness_sweep import sweep_liveness
 from fleet.metrics import HEARTBEATS
 from fleet.models import Node, NodeEvent
 from tests.factories import PoolFactory, make_schedulable_node, set_lifecycle

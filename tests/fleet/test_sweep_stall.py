@@ -20,7 +20,7 @@ from django.test.utils import CaptureQueriesContext
 
 from fleet import clock
 from fleet import event_types as fleet_events
-from fleet.liveness import sweep_liveness
+from fleet.liveness_sweep import sweep_liveness
 from fleet.models import ControlPlaneClock, LivenessSweepState, Node, NodeCredential, NodeEvent
 from fleet.signals import nodes_lost
 from nodepool import metrics

@@ -125,7 +125,7 @@ def test_a_node_without_live_leases_pays_no_evidence_query(node, django_assert_n
 
 def _renewals(node, secret, reporter, times, *, sweep_at=()):
     """Renew at each of ``times`` through the real renewal service, sweeping liveness at ``sweep_at``."""
-    from fleet.liveness import sweep_liveness
+    from fleet.liveness_sweep import sweep_liveness
     from fleet.renewals import forget_cached_timings, renew
 
     forget_cached_timings()

@@ -94,7 +94,7 @@ def test_a_silent_period_is_a_gap_and_is_not_billed(node, pool, client_user):
 
 
 def test_a_node_that_was_lost_and_came_back_bills_only_what_it_evidenced(node, pool, client_user):
-    from fleet.liveness import sweep_liveness
+    from fleet.liveness_sweep import sweep_liveness
 
     lease = grant_at(0, client_user, pool, "job-4", node=node)
     reporter = Reporter(node)

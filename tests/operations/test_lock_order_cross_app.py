@@ -291,7 +291,7 @@ def test_an_upgrade_tick_taking_two_nodes_out_and_a_liveness_sweep_moving_both_c
       deferred foreign key): the sweep waited for the tick holding B. The tick now locks only
       the upgrade row."""
     _pg()
-    from fleet.liveness import sweep_liveness
+    from fleet.liveness_sweep import sweep_liveness
     from fleet.models import Node
     from operations import rollout, upgrades
     from operations.choices import UpgradeNodeState
@@ -340,7 +340,7 @@ def test_a_scale_down_and_a_liveness_sweep_moving_its_node_both_complete(monkeyp
     node waited at COMMIT for the pool row (its events' foreign key, FOR KEY SHARE) while
     scale_down waited for the node: a deadlock. The settings row is now locked alone."""
     _pg()
-    from fleet.liveness import sweep_liveness
+    from fleet.liveness_sweep import sweep_liveness
     from fleet.models import Node
     from operations import autoscaler
     from operations.models import PoolOperations, ProviderMachine

@@ -7,7 +7,7 @@ import json
 from django.core.management.base import BaseCommand
 
 from fleet.events import Actor
-from fleet.liveness import sweep_liveness
+from fleet.liveness_sweep import sweep_liveness
 
 
 class Command(BaseCommand):
