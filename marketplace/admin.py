@@ -25,7 +25,7 @@ from maintenance.selectors import public_evidence
 from nodepool.api.permissions import is_operator, is_owner
 from nodepool.api.problems import Problem
 
-from . import appeals, reconciliation, selectors, statements
+from . import appeals, pricing, reconciliation, selectors, statements
 from .choices import AppealState, LineAppealState, StatementState
 from .models import (
     Appeal,
@@ -459,8 +459,6 @@ class PoolPriceAdmin(OperatorOnlyAdmin):
         return False
 
     def save_model(self, request, obj, form, change):
-        from . import pricing
-
         price = pricing.set_price(
             pool=obj.pool,
             resource=obj.resource,

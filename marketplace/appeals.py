@@ -15,6 +15,7 @@ from django.utils import timezone
 from fleet.choices import Lifecycle
 from fleet.errors import NODE_NOT_FOUND
 from fleet.events import Actor, record_event
+from fleet.models import Node
 from maintenance import services as maintenance_services
 from maintenance.models import Quarantine
 from nodepool.api.problems import Conflict, NotFound, Problem
@@ -57,8 +58,6 @@ def appeal_create(*, owner, node_id, statement, actor: Actor) -> Appeal:
             .first()
         )
         if quarantine is None:
-            from fleet.models import Node
-
             if not Node.objects.filter(pk=node_id, owner=owner).exists():
                 raise NotFound("No such node.", NODE_NOT_FOUND)
             raise Conflict("The node is not quarantined; there is nothing to appeal.", NODE_NOT_QUARANTINED)

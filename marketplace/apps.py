@@ -12,12 +12,13 @@ class MarketplaceConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from fleet.instructions import register_status_report_handler
-        from leases.signals import lease_ended
-        from nodepool import retention
-        from nodepool.metrics import register_collector
+        # Every import here waits for ready(): the app registry must be loaded before models are.
+        from fleet.instructions import register_status_report_handler  # imports models: ready() only
+        from leases.signals import lease_ended  # imports models: ready() only
+        from nodepool import retention  # imports models: ready() only
+        from nodepool.metrics import register_collector  # with the collectors: ready() only
 
-        from . import (
+        from . import (  # the app's modules import its models: ready() only
             availability,
             collectors,
             errors,  # noqa: F401  (declares the app's problem codes: the registry is complete)

@@ -6,14 +6,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from django.db.models import Count
 from django.utils import timezone
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from fleet.models import Pool
 from nodepool.metrics import resource_unit
 
 from .choices import PoolPeriodState
-from .models import MismatchItem, PayoutHold, PoolPeriod, PoolPrice
+from .line_appeals import appeals_open_longer_than_allowed
+from .models import MismatchItem, PayoutDelivery, PayoutHold, PoolPeriod, PoolPrice
 from .pricing import unit_of
+from .webhooks import MAX_ATTEMPTS
 
 
 def collect() -> Iterable[Metric]:
@@ -49,15 +53,9 @@ def collect_money() -> Iterable[Metric]:
     ``nodepool_marketplace_line_appeals_overdue`` line appeals open longer than their pool's
     ``appeal_alert_after``; ``nodepool_marketplace_payout_webhooks_undelivered{state}`` payout
     webhook notices not delivered: ``pending`` (will be retried) and ``gave_up`` (attempts spent)."""
-    from django.db.models import Count
-
-    from .payouts import appeals_open_longer_than_allowed
-
     periods = GaugeMetricFamily(
         "nodepool_marketplace_pool_periods", "Pool settlement periods per state.", labels=["pool", "state"]
     )
-    from fleet.models import Pool
-
     counts: dict[str, dict[str, int]] = {name: {} for name in Pool.objects.values_list("name", flat=True)}
     for pool, state, count in PoolPeriod.objects.values_list("pool__name", "state").annotate(n=Count("id")):
         counts.setdefault(pool, {})[state] = count
@@ -86,9 +84,6 @@ def collect_money() -> Iterable[Metric]:
         "Line appeals open longer than their pool's appeal_alert_after.",
         value=appeals_open_longer_than_allowed(timezone.now()),
     )
-    from .models import PayoutDelivery
-    from .webhooks import MAX_ATTEMPTS
-
     undelivered = GaugeMetricFamily(
         "nodepool_marketplace_payout_webhooks_undelivered",
         "Payout webhook notices not delivered: pending (retried) or gave_up (attempts spent).",

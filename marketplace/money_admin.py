@@ -19,10 +19,12 @@ from django.utils.html import format_html, format_html_join
 
 from fleet.admin import OperatorOnlyAdmin
 from fleet.events import Actor
+from fleet.models import NodeEvent
 from maintenance.admin import ReasonForm, Spec, run_with_form
+from nodepool.api.permissions import is_operator, is_owner
 from nodepool.api.problems import Problem
 
-from . import payouts, periods
+from . import holds, line_appeals, payouts, periods, webhooks
 from .models import (
     LineAppeal,
     MismatchItem,
@@ -38,8 +40,6 @@ from .models import (
 def history(subject_type: str, obj) -> str:
     """The events of one payout, hold or line appeal, oldest first, as a small table (its owner
     reads them here: they are theirs, fleet.api.events)."""
-    from fleet.models import NodeEvent
-
     if obj is None or obj.pk is None:
         return "-"
     rows = NodeEvent.objects.filter(subject_type=subject_type, subject_id=str(obj.pk)).order_by("created_at", "id")
@@ -121,13 +121,9 @@ class OwnersRead(admin.ModelAdmin):
     owner_field = "owner"
 
     def _operator(self, request):
-        from nodepool.api.permissions import is_operator
-
         return is_operator(request.user)
 
     def _owner(self, request):
-        from nodepool.api.permissions import is_owner
-
         return is_owner(request.user)
 
     def has_module_permission(self, request):
@@ -216,7 +212,7 @@ class PayoutAdmin(OwnersRead):
 
 
 def _release(hold, version, actor, data):
-    payouts.hold_release(hold_id=hold.pk, reason=data["reason"], expected_version=version, actor=actor)
+    holds.hold_release(hold_id=hold.pk, reason=data["reason"], expected_version=version, actor=actor)
 
 
 @admin.action(description="Release selected payout holds (with a reason)…")
@@ -239,7 +235,7 @@ class PayoutHoldAdmin(OwnersRead):
 
 
 def _reject(appeal, version, actor, data):
-    payouts.line_appeal_resolve(
+    line_appeals.line_appeal_resolve(
         appeal_id=appeal.pk, outcome="rejected", resolution=data["reason"], amount=None,
         expected_version=version, actor=actor,
     )  # fmt: skip
@@ -266,7 +262,7 @@ class CorrectionForm(ReasonForm):
 
 
 def _correct(appeal, version, actor, data):
-    payouts.line_appeal_resolve(
+    line_appeals.line_appeal_resolve(
         appeal_id=appeal.pk, outcome="corrected", resolution=data["reason"], amount=data["amount"],
         expected_version=version, actor=actor,
     )  # fmt: skip
@@ -337,7 +333,7 @@ class LineAppealAdmin(OwnersRead):
         return TemplateResponse(request, "admin/marketplace/line_appeal_form.html", context)
 
     def file_view(self, request, line_id):
-        """GET: the form (a message); POST: ``payouts.line_appeal_create``; a refusal is shown
+        """GET: the form (a message); POST: ``line_appeals.line_appeal_create``; a refusal is shown
         on the form (409: not final, paid, appealed already), another owner's line is a 404."""
         self._owner_only(request)
         line = StatementLine.objects.filter(pk=line_id, statement__owner=request.user).first()
@@ -346,7 +342,7 @@ class LineAppealAdmin(OwnersRead):
         form = LineAppealMessageForm(request.POST if request.method == "POST" else None)
         if request.method == "POST" and form.is_valid():
             try:
-                appeal = payouts.line_appeal_create(
+                appeal = line_appeals.line_appeal_create(
                     owner=request.user, line_id=line.pk, message=form.cleaned_data["message"],
                     actor=Actor.from_request(request),
                 )  # fmt: skip
@@ -360,7 +356,7 @@ class LineAppealAdmin(OwnersRead):
         return self._page(request, "Appeal a statement line", line, form, "Appeal this line")
 
     def withdraw_view(self, request, appeal_id):
-        """GET: a confirmation; POST: ``payouts.line_appeal_withdraw`` (only the owner's open appeal)."""
+        """GET: a confirmation; POST: ``line_appeals.line_appeal_withdraw`` (only the owner's open appeal)."""
         self._owner_only(request)
         appeal = LineAppeal.objects.filter(pk=appeal_id, owner=request.user).select_related("line").first()
         if appeal is None:
@@ -368,7 +364,9 @@ class LineAppealAdmin(OwnersRead):
         form = forms.Form(request.POST if request.method == "POST" else None)
         if request.method == "POST" and form.is_valid():
             try:
-                payouts.line_appeal_withdraw(appeal_id=appeal.pk, owner=request.user, actor=Actor.from_request(request))
+                line_appeals.line_appeal_withdraw(
+                    appeal_id=appeal.pk, owner=request.user, actor=Actor.from_request(request)
+                )
             except Problem as exc:
                 form.add_error(None, str(exc.detail))
             else:
@@ -379,8 +377,6 @@ class LineAppealAdmin(OwnersRead):
 
 @admin.action(description="Retry selected undelivered notices (a fresh set of attempts, due now)")
 def retry_deliveries(modeladmin, request, queryset):
-    from . import webhooks
-
     count = webhooks.retry(queryset.values_list("pk", flat=True))
     modeladmin.message_user(request, f"{count} payout webhook notice(s) due again; delivered ones were left alone.")
 

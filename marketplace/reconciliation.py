@@ -15,7 +15,7 @@ and by a beat sweep that catches anything the task missed. Reconciliation compar
 4. the lease's devices: a device fault that tainted one of them while it ran (the ``device`` event
    ``lease_device_fault``, leases.device_faults) or a device its evidence saw unhealthy adds the
    ``device_fault`` finding; the state stays what 1–3 decide, and the finding flags the record's
-   statement line for review, which holds the payout (marketplace.payouts.REVIEW_FINDINGS);
+   statement line for review, which holds the payout (marketplace.holds.REVIEW_FINDINGS);
 5. re-verification: a failed scheduled re-verification of the node (fleet.reverification) not yet
    followed by a passing one when the lease ran adds the ``node_deverified`` finding, which flags
    the line for review the same way.
@@ -33,6 +33,7 @@ from decimal import Decimal
 from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from fleet import event_types as fleet_events
 from fleet import liveness
@@ -41,16 +42,19 @@ from fleet.events import Actor, record_event
 from fleet.models import Node, NodeEvent, NodeResource
 from fleet.reverification import unverified_between
 from leases.choices import EvidenceClose
+from leases.device_faults import DEVICE_FAULT_EVIDENCE
 from leases.models import EvidenceInterval, Lease
 from maintenance.models import Quarantine
 from maintenance.rules import impossible_usage
 from nodepool.api.errors import VERSION_MISMATCH
 from nodepool.api.problems import Conflict, NotFound, PreconditionFailed
+from nodepool.celery import app as celery_app
 
 from . import conf, event_types
 from .choices import OPEN_STATES, PAYABLE_STATES, DisputeDecision, GapReason, UsageState
 from .errors import USAGE_NOT_DISPUTED, USAGE_RECORD_NOT_FOUND
 from .models import PoolSettlement, UsageRecord
+from .statements import attach_line, refresh_line
 
 logger = logging.getLogger(__name__)
 MILLI = Decimal("0.001")
@@ -110,18 +114,15 @@ def open_usage_record(*, lease: Lease, now: datetime) -> UsageRecord:
         allocated_seconds=_seconds(ended_at - lease.granted_at),
     )
     if record.owner_id is not None:
-        from .statements import attach_line
-
         attach_line(record)
     transaction.on_commit(lambda: _queue(record.pk, window))
     return record
 
 
 def _queue(record_id: int, window: float) -> None:
-    from .tasks import reconcile_usage_record
-
     try:
-        reconcile_usage_record.apply_async(args=[record_id], countdown=window)
+        # By name: marketplace.tasks wraps this module (no import cycle).
+        celery_app.signature("marketplace.reconcile_usage_record").apply_async(args=[record_id], countdown=window)
     except Exception:  # the beat sweep reconciles it; a broker hiccup must not fail the lease's end
         logger.exception("could not queue the reconciliation of usage record %s", record_id)
 
@@ -206,8 +207,6 @@ def _impossible(record: UsageRecord, peaks: list[dict]) -> list[str]:
 def _device_faults(record: UsageRecord, intervals: list[EvidenceInterval]) -> list[str]:
     """Ids of the lease's devices that faulted while it ran: named by a ``lease_device_fault``
     event of the lease (the fault tainted the device) or seen unhealthy in its evidence."""
-    from leases.device_faults import DEVICE_FAULT_EVIDENCE
-
     ids: set[str] = set()
     for data in NodeEvent.objects.filter(
         type=fleet_events.DEVICE, to_state=DEVICE_FAULT_EVIDENCE, lease_id=record.lease_id
@@ -346,8 +345,6 @@ def reconcile_usage(record_id, *, actor: Actor, now: datetime | None = None, for
             return UsageRecord.objects.get(pk=record.pk)
         record.refresh_from_db()
         _record_outcome(record, actor, from_state=before)
-        from .statements import refresh_line
-
         refresh_line(record)
     return record
 
@@ -457,15 +454,11 @@ def resolve_usage(
         UsageRecord.objects.filter(pk=record.pk, version=record.version).update(**changes)
         record.refresh_from_db()
         _record_outcome(record, actor, from_state=before, reason=f"operator decision ({decision}): {reason}")
-        from .statements import refresh_line
-
         refresh_line(record)
     return record
 
 
 def _parsed(intervals):
-    from django.utils.dateparse import parse_datetime
-
     return [(parse_datetime(a), parse_datetime(b)) for a, b in intervals or []]
 
 

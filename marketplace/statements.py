@@ -25,8 +25,9 @@ from nodepool.api.problems import Conflict, NotFound
 from nodepool.api.versioning import check_version
 
 from . import event_types, pricing
-from .choices import PAYABLE_STATES, StatementPeriod, StatementState, UsageState
+from .choices import PAYABLE_STATES, LineKind, StatementPeriod, StatementState, UsageState
 from .errors import PERIOD_NOT_OVER, STATEMENT_FINAL, STATEMENT_HAS_UNRECONCILED_LINES, STATEMENT_NOT_FOUND
+from .holds import evaluate_holds
 from .models import OwnerSettings, Statement, StatementLine, UsageRecord
 
 
@@ -133,6 +134,24 @@ def refresh_line(record: UsageRecord) -> StatementLine | None:
     return line
 
 
+def correction_line(*, owner_id, after: datetime, amount: Decimal, currency: str, reason: str, **refs) -> StatementLine:
+    """A correction line (positive or negative, already reconciled) on the owner's statement open
+    after ``after``: how a reversed payout or a resolved line appeal is booked; the original line is
+    never edited."""
+    statement = statement_for(owner_id, after)
+    return StatementLine.objects.create(
+        statement=statement,
+        kind=LineKind.CORRECTION,
+        state=UsageState.RECONCILED,
+        node_id_text="",
+        pool_name=refs.get("corrects").pool_name if refs.get("corrects") else "",
+        amount=amount,
+        currency=currency,
+        reason=reason[:2000],
+        **refs,
+    )
+
+
 def totals(statement: Statement) -> dict[str, str]:
     """``{currency: amount}`` of the payable lines (as stored when final, computed while open)."""
     if statement.state == StatementState.FINAL:
@@ -221,9 +240,6 @@ def finalize_statement(*, statement_id, expected_version: int, actor: Actor, now
             data={"owner": statement.owner_id, "totals": frozen, "carried_out": carried_out},
         )
         # Payout holds (outliers, lines flagged for review) are decided on the frozen totals.
-        # Imported here: marketplace.payouts builds on this module (statement_for, totals).
-        from .payouts import evaluate_holds
-
         evaluate_holds(Statement.objects.get(pk=statement.pk), now=now)
     return Statement.objects.get(pk=statement.pk)
 

@@ -35,6 +35,7 @@ from django.utils import timezone
 
 from nodepool import egress, failsafe
 from nodepool.celery import app as celery_app
+from operations.providers import signed_headers
 
 from . import conf
 from .models import Payout, PayoutDelivery
@@ -101,8 +102,6 @@ def deliver(delivery_pk: int, *, now: datetime | None = None) -> str:
     target, secret = url(), conf.get("PAYOUT_WEBHOOK_SECRET") or ""
     if not target or not secret:
         return "skipped"
-    from operations.providers import signed_headers
-
     with transaction.atomic():
         delivery = (
             PayoutDelivery.objects.select_for_update(skip_locked=True)

@@ -25,7 +25,7 @@ from nodepool.api.permissions import is_operator
 from nodepool.api.problems import NotFound, Problem
 from nodepool.api.versioning import ETagMixin, expected_version
 
-from .. import payouts, periods
+from .. import holds, line_appeals, payout_files, payouts, periods
 from ..choices import LineAppealState, PayoutState, PoolPeriodState
 from ..errors import (
     INVALID_DECIMAL,
@@ -345,11 +345,11 @@ class PayoutExport(APIView):
         rows = _payouts(request).order_by("requested_at", "id")
         if state:
             rows = rows.filter(state=state)
-        records = [{k: payout_dict(p)[k] for k in payouts.EXPORT_COLUMNS} for p in rows]
+        records = [{k: payout_dict(p)[k] for k in payout_files.EXPORT_COLUMNS} for p in rows]
         if kind == "json":
             return HttpResponse(json.dumps({"payouts": records}, indent=2), content_type="application/json")
         out = io.StringIO()
-        writer = csv.DictWriter(out, fieldnames=payouts.EXPORT_COLUMNS, lineterminator="\n")
+        writer = csv.DictWriter(out, fieldnames=payout_files.EXPORT_COLUMNS, lineterminator="\n")
         writer.writeheader()
         writer.writerows(records)
         return HttpResponse(out.getvalue(), content_type="text/csv; charset=utf-8")
@@ -383,7 +383,7 @@ class PayoutImport(APIView):
                     row["(extra cells)"] = row.pop(None)
         else:
             records = _body(request, {"payouts"}).get("payouts")
-        results = payouts.payout_import(payouts.parse_import(records), actor=Actor.from_request(request))
+        results = payout_files.payout_import(payout_files.parse_import(records), actor=Actor.from_request(request))
         unchanged = sum(1 for r in results if r["outcome"] == "unchanged")
         return Response({"applied": len(results) - unchanged, "unchanged": unchanged, "results": results})
 
@@ -411,7 +411,7 @@ class PayoutHoldRelease(ETagMixin, APIView):
     @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
     def post(self, request, pk):
         data = _body(request, {"reason", "expected_version"})
-        hold = payouts.hold_release(
+        hold = holds.hold_release(
             hold_id=pk, reason=data.get("reason"), expected_version=expected_version(request),
             actor=Actor.from_request(request),
         )  # fmt: skip
@@ -439,7 +439,7 @@ class LineAppealList(APIView):
         line = data.get("line")
         if not isinstance(line, int) or isinstance(line, bool):
             raise Problem("line: a statement line id (integer).", INVALID_FIELD, field="line")
-        appeal = payouts.line_appeal_create(
+        appeal = line_appeals.line_appeal_create(
             owner=request.user, line_id=line, message=data.get("message"), actor=Actor.from_request(request)
         )
         return Response(appeal_dict(appeal), status=201)
@@ -455,7 +455,7 @@ class LineAppealResolve(ETagMixin, APIView):
     def post(self, request, pk):
         data = _body(request, {"outcome", "resolution", "amount", "expected_version"})
         amount = _money(data, "amount")
-        appeal = payouts.line_appeal_resolve(
+        appeal = line_appeals.line_appeal_resolve(
             appeal_id=pk, outcome=data.get("outcome"), resolution=data.get("resolution"), amount=amount,
             expected_version=expected_version(request), actor=Actor.from_request(request),
         )  # fmt: skip
@@ -469,5 +469,5 @@ class LineAppealWithdraw(APIView):
 
     @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
     def post(self, request, pk):
-        appeal = payouts.line_appeal_withdraw(appeal_id=pk, owner=request.user, actor=Actor.from_request(request))
+        appeal = line_appeals.line_appeal_withdraw(appeal_id=pk, owner=request.user, actor=Actor.from_request(request))
         return Response(appeal_dict(appeal))

@@ -7,7 +7,9 @@ see everything and take the actions. Views validate, call one service, and shape
 
 from __future__ import annotations
 
+import json
 import re
+import uuid
 from decimal import Decimal, InvalidOperation
 
 from django.contrib.auth import get_user_model
@@ -20,6 +22,7 @@ from rest_framework.permissions import BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from fleet import liveness
 from fleet.errors import NODE_NOT_FOUND, POOL_NOT_FOUND, UNKNOWN_POOL
 from fleet.events import Actor
 from fleet.models import Node, Pool
@@ -137,8 +140,6 @@ class UsageRecordList(generics.ListAPIView):
 
 
 def _uuid(value: str, name: str):
-    import uuid
-
     try:
         return uuid.UUID(value)
     except (ValueError, TypeError, AttributeError) as exc:
@@ -258,8 +259,6 @@ class StatementExport(APIView):
         if kind == "csv":
             response = HttpResponse(statements.export_csv(statement), content_type="text/csv; charset=utf-8")
         else:
-            import json
-
             body = json.dumps(statements.export_json(statement), indent=2)
             response = HttpResponse(body, content_type="application/json")
         response["Content-Disposition"] = f'attachment; filename="{name}.{kind}"'
@@ -374,8 +373,6 @@ class PoolSettlementView(APIView):
                 INVALID_FIELD,
                 field="settlement_window",
             )
-        from fleet import liveness
-
         lost_after = liveness.timings_for(pool, liveness.heartbeat_population()).lost_after
         if value is not None and value <= lost_after:
             raise Problem(

@@ -10,7 +10,7 @@ from decimal import Decimal
 from playwright.sync_api import expect
 
 from fleet.events import Actor
-from marketplace import payouts
+from marketplace import line_appeals, payouts
 from marketplace.models import LineAppeal, Payout, PayoutHold, Statement, StatementLine
 from tests.browser.conftest import _staff, login
 
@@ -63,7 +63,9 @@ def test_the_owner_follows_a_payout_and_an_appeal_through_their_history(page, ow
     Statement.objects.filter(pk=statement.pk).update(state="final", totals={"EUR": "6.05"})
     appealed = StatementLine.objects.get(amount=Decimal("1.21"))
     owner = Actor("user", owner_user.username, user=owner_user)
-    appeal = payouts.line_appeal_create(owner=owner_user, line_id=appealed.pk, message="it ran 30 min", actor=owner)
+    appeal = line_appeals.line_appeal_create(
+        owner=owner_user, line_id=appealed.pk, message="it ran 30 min", actor=owner
+    )
     requester = Actor("user", operator_user.username, user=operator_user)
     second = _staff("paula-operator", "operators")
     payout = payouts.payout_request(statement_id=statement.pk, currency="EUR", actor=requester)

@@ -12,8 +12,8 @@ from fleet import admission, reverification
 from fleet.models import Benchmark, Node, Pool, Reverification
 from leases.services import lease_release
 from marketplace.choices import UsageState
+from marketplace.holds import REVIEW_FINDINGS
 from marketplace.models import UsageRecord
-from marketplace.payouts import REVIEW_FINDINGS
 from marketplace.reconciliation import reconcile_usage
 from tests.marketplace_support import ACTOR, Reporter, at, grant_at, owned_node, priced_pool
 

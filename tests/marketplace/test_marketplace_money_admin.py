@@ -12,7 +12,7 @@ from django.contrib.auth.models import User
 
 from fleet.events import Actor
 from fleet.models import NodeEvent
-from marketplace import payouts
+from marketplace import line_appeals, payouts
 from marketplace.models import LineAppeal, Payout, PayoutHold, Statement, StatementLine
 from tests.marketplace.test_marketplace_money_api import (  # noqa: F401  (fixtures)
     NEXT,
@@ -85,7 +85,7 @@ def test_operators_mark_a_payout_paid_and_correct_a_line_appeal_in_the_admin(
 ):
     statement, period, line = final_statement
     statement = reconcile_and_finalize(statement, period)
-    appeal = payouts.line_appeal_create(owner=owner, line_id=line.pk, message="ran longer", actor=as_actor(owner))
+    appeal = line_appeals.line_appeal_create(owner=owner, line_id=line.pk, message="ran longer", actor=as_actor(owner))
     staff(operator, owner)
     client.force_login(operator)
     form = client.post("/admin/marketplace/lineappeal/", {"action": "correct_line_appeals",
@@ -123,7 +123,7 @@ def test_operators_mark_a_payout_paid_and_correct_a_line_appeal_in_the_admin(
 def test_a_zero_correction_is_refused_by_the_form(client, owner, operator, final_statement):  # noqa: F811
     statement, period, line = final_statement
     reconcile_and_finalize(statement, period)
-    appeal = payouts.line_appeal_create(owner=owner, line_id=line.pk, message="m", actor=as_actor(owner))
+    appeal = line_appeals.line_appeal_create(owner=owner, line_id=line.pk, message="m", actor=as_actor(owner))
     staff(operator)
     client.force_login(operator)
     answer = client.post("/admin/marketplace/lineappeal/", {
@@ -142,7 +142,7 @@ def test_owners_appeal_and_withdraw_a_line_on_their_statement_page(
     final_statement,  # noqa: F811
 ):
     """The statement page offers each line of a final statement an appeal form that goes through
-    payouts.line_appeal_create (same rules as the API) and an open appeal a withdrawal."""
+    line_appeals.line_appeal_create (same rules as the API) and an open appeal a withdrawal."""
     statement, period, line = final_statement
     staff(owner, other_owner, operator)
     client.force_login(owner)

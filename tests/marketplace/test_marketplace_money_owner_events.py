@@ -13,7 +13,7 @@ from django.contrib.auth.models import User
 from fleet.events import Actor, record_event
 from fleet.models import NodeEvent
 from fleet.retention import prune_events
-from marketplace import payouts
+from marketplace import holds, line_appeals, payouts
 from marketplace.choices import HoldReason
 from marketplace.models import Statement
 from tests.marketplace.test_marketplace_money_api import (  # noqa: F401  (fixtures)
@@ -37,10 +37,10 @@ def money_story(final_statement, owner, operator, second_operator_api):  # noqa:
     statement, period, line = final_statement
     statement = reconcile_and_finalize(statement, period)
     second = User.objects.get(username="paula-operator")
-    hold = payouts._hold(statement, HoldReason.OUTLIER, "10x his last day", {}, NEXT)
-    payouts.hold_release(hold_id=hold.pk, reason="a new node", expected_version=1, actor=as_actor(operator), now=NEXT)
-    appeal = payouts.line_appeal_create(owner=owner, line_id=line.pk, message="ran longer", actor=as_actor(owner))
-    payouts.line_appeal_resolve(appeal_id=appeal.pk, outcome="rejected", resolution="as metered", amount=None,
+    hold = holds._hold(statement, HoldReason.OUTLIER, "10x his last day", {}, NEXT)
+    holds.hold_release(hold_id=hold.pk, reason="a new node", expected_version=1, actor=as_actor(operator), now=NEXT)
+    appeal = line_appeals.line_appeal_create(owner=owner, line_id=line.pk, message="ran longer", actor=as_actor(owner))
+    line_appeals.line_appeal_resolve(appeal_id=appeal.pk, outcome="rejected", resolution="as metered", amount=None,
                                 expected_version=1, actor=as_actor(operator), now=NEXT)  # fmt: skip
     payout = payouts.payout_request(statement_id=statement.pk, currency="EUR", actor=as_actor(operator), now=NEXT)
     payout = payouts.payout_approve(payout_id=payout.pk, expected_version=1, actor=as_actor(second), now=NEXT)

@@ -45,7 +45,7 @@ from decimal import Decimal
 import pytest
 
 from fleet.events import Actor
-from marketplace import payouts, periods, statements
+from marketplace import holds, line_appeals, payouts, periods, statements
 from marketplace.choices import HoldReason, LineKind, PayoutState, PoolPeriodState
 from marketplace.models import MismatchItem, PayoutHold, PoolPeriod, Statement, StatementLine
 from nodepool.api.permissions import OPERATORS
@@ -162,7 +162,7 @@ def test_two_periods_match_the_hand_computed_figures_to_the_cent(
     assert totals(otto, DAY1) == {"EUR": "3.03"}
     assert not PayoutHold.objects.exists()
 
-    appeal = payouts.line_appeal_create(
+    appeal = line_appeals.line_appeal_create(
         owner=otto, line_id=line_b.pk, message="the job ran 30 more minutes", actor=as_actor(otto), now=d2(2)
     )
     oscar_day1 = Statement.objects.get(owner=oscar, period_start=DAY1)
@@ -180,7 +180,7 @@ def test_two_periods_match_the_hand_computed_figures_to_the_cent(
         payout_id=usd.pk, reason="chargeback from the bank", expected_version=usd.version,
         actor=as_actor(operator), now=d2(4),
     )  # fmt: skip
-    payouts.line_appeal_resolve(
+    line_appeals.line_appeal_resolve(
         appeal_id=appeal.pk, outcome="corrected", resolution="evidence found in the agent's log",
         amount=Decimal("0.61"), expected_version=appeal.version, actor=as_actor(operator), now=d2(5),
     )  # fmt: skip
@@ -218,7 +218,7 @@ def test_two_periods_match_the_hand_computed_figures_to_the_cent(
     with pytest.raises(Conflict) as held:
         payouts.payout_request(statement_id=oscar_day2.pk, currency="EUR", actor=as_actor(operator))
     assert held.value.get_codes() == "statement_on_hold"
-    payouts.hold_release(
+    holds.hold_release(
         hold_id=hold.pk, reason="two new nodes joined", expected_version=hold.version, actor=as_actor(operator)
     )
     with pytest.raises(Conflict) as owes:

@@ -24,7 +24,6 @@ UNEXPLAINED = {
     "leases": 62,
     "maintenance": 7,
     "operations": 31,
-    "marketplace": 26,
     "nodepoolctl": 2,
 }
 
