@@ -14,7 +14,7 @@ never). Each evaluation, under the node's row lock:
    reports any of them** (rule below) → node ``maintenance``, never ``ready``.
 
 At or after the deadline the evaluation instead *enforces*: it claims the drain with a
-compare-and-swap (``state=active, deadline<=now`` → ``forced``) and, only if the claim won,
+compare-and-swap (``Drain.force``: ``state=active, deadline<=now`` → ``forced``) and, only if the claim won,
 revokes every live lease (fenced) and moves the node to maintenance. A second, late or duplicate
 timer finds the drain no longer active and does nothing: enforcement happens exactly once.
 
@@ -46,7 +46,7 @@ from fleet.models import Node
 from leases import services as lease_services
 from leases.choices import LIVE_LEASE_STATES, WorkloadState
 from leases.models import Lease
-from nodepool import metrics
+from nodepool import fsm, metrics
 from nodepool.api.problems import Conflict, NotFound
 from nodepool.api.versioning import check_version
 from nodepool.celery import app as celery_app
@@ -276,7 +276,7 @@ def _evaluate(drain: Drain, node: Node, *, actor: Actor, now) -> None:
         now=now,
     )
     if not live and not unconfirmed:
-        _finish(drain, node, state=DrainState.COMPLETED, actor=actor, now=now, progress=progress)
+        _complete(drain, node, actor=actor, now=now, progress=progress)
         return
     before = {item["code"] for item in (drain.progress or {}).get("waiting_on", [])}
     after = {item["code"] for item in progress["waiting_on"]}
@@ -295,8 +295,12 @@ def _evaluate(drain: Drain, node: Node, *, actor: Actor, now) -> None:
 def _enforce(drain: Drain, node: Node, *, actor: Actor, now) -> bool:
     """At or after the deadline: claim the drain (CAS), revoke what is left, complete as forced."""
     live = live_leases(node, lock=True)
-    claimed = Drain.objects.filter(pk=drain.pk, state=DrainState.ACTIVE, deadline__lte=now).update(
-        state=DrainState.FORCED, finished_at=now, finish_reason="deadline reached", version=F("version") + 1
+    claimed = fsm.move(
+        Drain.objects.filter(pk=drain.pk, deadline__lte=now),
+        "force",
+        finished_at=now,
+        finish_reason="deadline reached",
+        version=F("version") + 1,
     )
     if not claimed:
         return False
@@ -354,9 +358,10 @@ def overridden_budgets(leases: list[Lease], *, now) -> list[dict]:
     ]
 
 
-def _finish(drain: Drain, node: Node, *, state: str, actor: Actor, now, progress: dict) -> bool:
-    claimed = Drain.objects.filter(pk=drain.pk, state=DrainState.ACTIVE).update(
-        state=state,
+def _complete(drain: Drain, node: Node, *, actor: Actor, now, progress: dict) -> bool:
+    claimed = fsm.move(
+        Drain.objects.filter(pk=drain.pk),
+        "complete",
         finished_at=now,
         finish_reason="every lease ended and the node no longer reports any",
         progress=progress,
@@ -371,7 +376,7 @@ def _finish(drain: Drain, node: Node, *, state: str, actor: Actor, now, progress
         event_types.DRAIN,
         actor,
         from_state=DrainState.ACTIVE,
-        to_state=state,
+        to_state=DrainState.COMPLETED,
         reason="drain completed",
         data={"drain_id": str(drain.pk)},
     )
@@ -412,8 +417,8 @@ def cancel_drain(*, drain_id, expected_version: int, reason: str, actor: Actor, 
             raise Conflict(f"The drain is {drain.state}, not active.", DRAIN_NOT_ACTIVE, state=drain.state)
         from_state = apply_transition(node, "cancel_drain", action="cancel-drain", reason=reason, now=now)
         save_transition(node)
-        Drain.objects.filter(pk=drain.pk).update(
-            state=DrainState.CANCELLED, finished_at=now, finish_reason=reason, version=F("version") + 1
+        fsm.move(
+            Drain.objects.filter(pk=drain.pk), "cancel", finished_at=now, finish_reason=reason, version=F("version") + 1
         )
         requested = Eviction.objects.filter(
             drain=drain, kind=EvictionKind.CHECKPOINT, withdrawn_at__isnull=True, lease__state__in=LIVE_LEASE_STATES

@@ -12,13 +12,15 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
+from django_fsm import FSMField, transition
 
 from fleet.choices import ActorType
+from nodepool.fsm import SerializedFSMRefresh
 
 from .choices import DrainState, EvictionKind, EvictionPolicy, QuarantineRule
 
 
-class Drain(models.Model):
+class Drain(SerializedFSMRefresh, models.Model):
     """One drain of one node: move its leases off by ``deadline`` under an eviction ``policy``.
 
     ``progress`` is the snapshot of the last evaluation (see ``maintenance.drains``):
@@ -27,11 +29,15 @@ class Drain(models.Model):
     "budgets": [{"group", "allowed_disruptions", ...}]}``. ``version`` counts operator-visible
     changes (deadline, state), not progress refreshes, so an operator's If-Match stays valid
     while the sweep updates progress.
+
+    ``state`` is a protected FSM field: the verbs below declare the graph (docs/state-machines.md);
+    maintenance.drains and maintenance.services move it with claims built from them
+    (``nodepool.fsm.move``), in their transactions, under the node's row lock.
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     node = models.ForeignKey("fleet.Node", on_delete=models.PROTECT, related_name="drains")
-    state = models.CharField(max_length=16, choices=DrainState.choices, default=DrainState.ACTIVE)
+    state = FSMField(max_length=16, choices=DrainState.choices, default=DrainState.ACTIVE, protected=True)
     policy = models.CharField(max_length=16, choices=EvictionPolicy.choices, default=EvictionPolicy.WAIT)
     reason = models.TextField()
     deadline = models.DateTimeField()
@@ -61,6 +67,24 @@ class Drain(models.Model):
 
     def __str__(self) -> str:
         return f"drain of {self.node_id} ({self.state})"
+
+    # --- transitions: the declared graph; the services claim with nodepool.fsm.move ------------------
+    @transition(field=state, source=DrainState.ACTIVE, target=DrainState.COMPLETED)
+    def complete(self):
+        """Every lease ended and the node no longer reports any (claimed by maintenance.drains)."""
+
+    @transition(field=state, source=DrainState.ACTIVE, target=DrainState.FORCED)
+    def force(self):
+        """The deadline passed: what is left is revoked. The claim's condition is
+        ``deadline <= now`` (the service's clock, not this process's)."""
+
+    @transition(field=state, source=DrainState.ACTIVE, target=DrainState.CANCELLED)
+    def cancel(self):
+        """An operator cancelled it: the node goes back to ready, the drain's hold is removed."""
+
+    @transition(field=state, source=DrainState.ACTIVE, target=DrainState.ABORTED)
+    def abort(self):
+        """The node is being quarantined or retired."""
 
 
 class Eviction(models.Model):

@@ -30,6 +30,7 @@ from fleet.models import Node
 from leases import services as lease_services
 from leases.choices import LIVE_LEASE_STATES
 from leases.models import Lease
+from nodepool import fsm
 from nodepool.api.errors import TRANSITION_NOT_ALLOWED
 from nodepool.api.problems import Conflict, NotFound
 from nodepool.api.versioning import check_version
@@ -177,8 +178,8 @@ def abort_active_drain(node: Node, *, actor: Actor, reason: str, now) -> Drain |
     drain = Drain.objects.select_for_update().filter(node=node, state=DrainState.ACTIVE).first()
     if drain is None:
         return None
-    Drain.objects.filter(pk=drain.pk, state=DrainState.ACTIVE).update(
-        state=DrainState.ABORTED, finished_at=now, finish_reason=reason, version=F("version") + 1
+    fsm.move(
+        Drain.objects.filter(pk=drain.pk), "abort", finished_at=now, finish_reason=reason, version=F("version") + 1
     )
     record_event(
         node,
