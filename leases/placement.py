@@ -26,33 +26,44 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import (
     BigIntegerField,
+    BooleanField,
     Case,
+    CharField,
+    Count,
     Exists,
     ExpressionWrapper,
     F,
     FilteredRelation,
+    Max,
+    Min,
     OuterRef,
     Q,
+    Sum,
     TextField,
+    Value,
     When,
 )
+from django.db.models.expressions import RawSQL
+from django.db.models.fields.json import KeyTransform
+from django.db.models.functions import Cast, Coalesce, Greatest
 from django.db.models.lookups import Exact
+from django.utils import timezone
 
 from fleet.choices import Lifecycle, SchedulingPolicy
 from fleet.labels import HOSTNAME_LABEL
 from fleet.labelview import FEATURE_LABELS, NODE_ID_LABEL, identity_labels, label_view
-from fleet.models import Node, NodeResource, Pool
-from fleet.selectors import schedulable_q, valid_credential_exists
+from fleet.models import Node, NodeCredential, NodeResource, Pool
+from fleet.selectors import first_unschedulable_reason, schedulable_q, valid_credential_exists
 from nodepool.db import prepared_cursor
 
 from . import devices as lease_devices
 from . import impossible
 from . import reliability as node_reliability
 from .choices import LIVE_LEASE_STATES, SpreadMode, UnschedulableCause
-from .device_requests import reason_phrase
+from .device_requests import choose, reason_phrase
 from .models import Lease
 from .spec import PlacementSpec
 
@@ -179,8 +190,6 @@ def group_counts(spec: PlacementSpec, pool: Pool, *, exclude_lease_id=None) -> G
     of 10,000 leases then costs tens of milliseconds, not half a second of JSON decoding and label
     views per lease. A JSON ``null`` label value (which the API refuses) counts as absent here.
     """
-    from django.db.models import Count
-    from django.db.models.fields.json import KeyTransform
 
     counts = GroupCounts()
     if not spec.spread_group:
@@ -448,7 +457,6 @@ def _page_reader(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_ids=
     resource names — with sentinel values that are swapped for the request's pool, amounts and
     time. The ORM (and so ``fleet.selectors.schedulable_q``) stays the source of the SQL.
     """
-    from django.utils import timezone
 
     now = now or timezone.now()
     if exclude_node_ids:  # drain dry-runs: rare, uncached
@@ -528,9 +536,6 @@ def _hashable(value) -> bool:
 
 
 def _credential_subquery(now):
-    from django.utils import timezone
-
-    from fleet.models import NodeCredential
 
     now = now or timezone.now()
     return NodeCredential.objects.filter(node=OuterRef("node_id"), revoked_at__isnull=True, expires_at__gt=now)
@@ -667,7 +672,6 @@ def _with_devices(found: list, spec: PlacementSpec) -> list:
     """The candidates whose devices can meet ``spec.devices``: one query for the whole page that
     answers which nodes pass (leases.devices.device_rule_sql) when the rules are decided in SQL,
     else two that read the page's devices for :func:`leases.device_requests.choose`."""
-    from .device_requests import choose
 
     if lease_devices.decided_in_sql(spec):
         passing = lease_devices.nodes_passing(spec, [c.node.pk for c in found])
@@ -696,7 +700,6 @@ def device_census(spec: PlacementSpec, groups: list[tuple[Any, int]]) -> tuple[C
     the first device rule its representative fails (leases.device_requests.choose); the "node(s)
     had …" phrase of each code as the request words it. Two queries whatever the number of nodes.
     """
-    from .device_requests import choose
 
     rows, taken = lease_devices.node_devices([pk for pk, _ in groups], lease_devices.device_types(spec.devices))
     tolerates = device_tolerance(spec)
@@ -736,7 +739,6 @@ def device_fingerprint(spec: PlacementSpec):
     so that two nodes whose devices the request cannot tell apart get the same text. NULL for a
     node without such devices. PostgreSQL and SQLite alike (``string_agg`` / ``group_concat``).
     """
-    from django.db.models.expressions import RawSQL
 
     columns = [*_FINGERPRINT_COLUMNS, "taints"] if spec.tolerations else list(_FINGERPRINT_COLUMNS)
     parts = [f"COALESCE(CAST(d.\"{c}\" AS TEXT), '~')" for c in columns]
@@ -802,10 +804,6 @@ def diagnose(
     in Python once per group that passes every other filter (:func:`device_census`, two more
     queries).
     """
-    from django.db.models import CharField, Count, Max, Min, Sum, Value
-    from django.db.models.functions import Cast, Coalesce, Greatest
-
-    from fleet.selectors import first_unschedulable_reason
 
     if counts is None:
         counts = group_counts(spec, pool, exclude_lease_id=exclude_lease_id)
@@ -977,8 +975,6 @@ def _hostname_in(values: set[str]):
     """A condition on the census' node rows: the hostname is one of ``values``, sent as one
     parameter however many values there are. A host-wide group names every host of the pool, and
     10,000 placeholders cost more to build, send and parse than the grouping itself."""
-    from django.db.models import BooleanField
-    from django.db.models.expressions import RawSQL
 
     # The SQL names only the model's own table and column; the values travel as a parameter.
     column = f"{connection.ops.quote_name(Node._meta.db_table)}.{connection.ops.quote_name('hostname')}"
@@ -1013,7 +1009,6 @@ def _hash_grouped(queryset, with_table: tuple[str, str, list] | None = None) -> 
     over the device rows (leases.devices.device_reasons_sql), which the query's expressions look
     up by node.
     """
-    from django.db import connection, transaction
 
     if connection.vendor != "postgresql":
         return _with_table(queryset, with_table) if with_table else list(queryset)
@@ -1055,9 +1050,6 @@ def _signature(pool: Pool, spec: PlacementSpec, counts: GroupCounts) -> dict[str
     none of them fall in one group. A ``Gt``/``Lt`` requirement on an identity label compares
     numbers, so it makes every node its own group.
     """
-    from django.db.models import CharField, Value
-    from django.db.models.fields.json import KeyTransform
-    from django.db.models.functions import Cast
 
     keys = set(spec.node_selector) | {req.key for req in spec.required}
     if spec.anti_affinity:

@@ -20,16 +20,21 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from django.db.models import F, IntegerField, Q, Sum, Value
+from django.db.models.functions import Least
 from django.utils import timezone
 
 from fleet.choices import SchedulingPolicy
 from fleet.models import Pool
 from nodepool.api.problems import Problem
 
-from . import placement
+from . import device_requests, placement
+from . import devices as lease_devices
+from .device_requests import choose
 from .errors import INVALID_COUNT
 from .models import Shape
-from .spec import PlacementSpec, bad, parse_spec
+from .services import resolve_pool, resolve_shape
+from .spec import PlacementSpec, bad, device_requests_from_wire, parse_spec, with_device_counts
 
 MAX_COUNT = 1000  # leases one preview simulates; "fits" is counted exactly beyond it
 # Higher apps say how a pool can scale up (operations: its autoscaler's node template and max_nodes):
@@ -195,8 +200,6 @@ def _device_fits(node_ids: list, spec: PlacementSpec, *, most: int = MAX_COUNT) 
     each pick took. Two queries for every node."""
     if not spec.device_constrained or not node_ids:
         return None
-    from . import devices as lease_devices
-    from .device_requests import choose
 
     rows, taken = lease_devices.node_devices(
         node_ids, lease_devices.device_types(spec.devices), usable_only=not spec.tolerations
@@ -342,7 +345,6 @@ def placement_preview(*, data: Any, now=None) -> dict[str, Any]:
         Problem 400: bad input (the lease request's own rules, ``invalid_count``, ``unknown_pool``,
         ``unknown_shape``).
     """
-    from .services import resolve_pool, resolve_shape
 
     if not isinstance(data, dict):
         raise bad("", "the body must be a JSON object")
@@ -374,8 +376,6 @@ def request_class_spec(request_class: dict[str, Any]) -> PlacementSpec | None:
     requests come along (as ``resolve_shape`` takes them for a grant), so "can serve N now" of a
     class of 4 × H100 on one NVLink island counts what the devices give, not the GPU count.
     """
-    from . import device_requests
-    from .spec import device_requests_from_wire, with_device_counts
 
     resources = dict(request_class.get("resources") or {})
     features = dict(request_class.get("features") or {})
@@ -423,8 +423,6 @@ def quick_fits(pool: Pool, spec: PlacementSpec, *, now=None) -> int:
     through :func:`placement.feasible_rows` in Python. Anything else takes the full path. Both
     paths give the same number (tests/leases/test_placement_previews.py checks it).
     """
-    from django.db.models import F, IntegerField, Q, Sum, Value
-    from django.db.models.functions import Least
 
     plain = not (spec.node_selector or spec.required or spec.features or spec.spread_group or spec.device_constrained)
     pool_tainted = any(t.get("effect") in ("NoSchedule", "NoExecute") for t in placement.node_taints_of_pool(pool))

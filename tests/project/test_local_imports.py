@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 UNEXPLAINED = {
     "nodepool": 35,
     "fleet": 32,
-    "leases": 62,
+    "leases": 38,
     "maintenance": 7,
     "operations": 31,
     "nodepoolctl": 2,
