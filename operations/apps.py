@@ -13,13 +13,14 @@ class OperationsConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
+        # Django: the app registry must be ready before these modules (models, signals) load.
         from fleet import admission, health
-        from fleet.instructions import register_status_report_handler
-        from leases import impossible, preview
-        from leases.signals import lease_ended
-        from nodepool.metrics import register_collector
+        from fleet.instructions import register_status_report_handler  # app registry ready (see above)
+        from leases import impossible, preview  # app registry ready (see above)
+        from leases.signals import lease_ended  # app registry ready (see above)
+        from nodepool.metrics import register_collector  # app registry ready (see above)
 
-        from . import (
+        from . import (  # app registry ready (see above)
             capacity,
             drift,
             errors,  # noqa: F401  (declares the app's problem codes: the registry is complete)
@@ -30,7 +31,7 @@ class OperationsConfig(AppConfig):
             tasks,  # noqa: F401  (registers the tasks the domain modules send by name)
             upgrades,
         )
-        from .metrics import OperationsCollector
+        from .metrics import OperationsCollector  # app registry ready (see above)
 
         admission.register_check(
             targets.CHECK_NAME, targets.check_upgrade_target, applies=lambda pool: bool(targets.pool_target(pool))

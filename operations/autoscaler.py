@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.db import DatabaseError, transaction
 from django.db.models import F
@@ -47,6 +47,7 @@ from fleet import services as fleet_services
 from fleet.choices import Lifecycle
 from fleet.events import Actor, record_event
 from fleet.models import BootstrapToken, Node, NodeResource, Pool
+from leases import event_types as lease_events
 from leases.choices import LIVE_LEASE_STATES, LeaseRequestState
 from leases.models import Lease, LeaseRequest
 from leases.services import simulate_placement
@@ -55,6 +56,7 @@ from maintenance import drains
 from maintenance import services as maintenance_services
 from maintenance.choices import DrainState
 from maintenance.models import Drain
+from nodepool import fsm
 from nodepool.api.problems import Problem
 
 from . import capacity, conf, disruption, event_types, outofservice
@@ -136,20 +138,25 @@ def follow_machines(*, pool_id, actor: Actor, now) -> None:
             logger.warning("machine %s not moved this pass", machine.name, exc_info=True)
 
 
-def _moved(machine: ProviderMachine, **changes) -> bool:
-    """Move ``machine`` on from the state it was read in; False when a concurrent pass (or a
-    preemption) moved it first. Passes do not lock each other out of following machines, so
-    every change of a machine's state is this compare-and-swap, and its event is written once."""
-    return bool(ProviderMachine.objects.filter(pk=machine.pk, state=machine.state).update(**changes))
+def _moved(machine: ProviderMachine, verb: str, **changes) -> bool:
+    """Move ``machine`` on from the state it was read in by its declared transition ``verb``
+    (``nodepool.fsm.move``: the statement's states are the declaration's); False when a concurrent
+    pass (or a preemption) moved it first, or the declaration does not allow the move from there.
+    Passes do not lock each other out of following machines, so every change of a machine's state
+    is this compare-and-swap, and its event is written once. On success the instance follows."""
+    if not fsm.move(ProviderMachine.objects.filter(pk=machine.pk, state=machine.state), verb, **changes):
+        return False
+    getattr(machine, verb)()
+    for name, value in changes.items():
+        setattr(machine, name, value)
+    return True
 
 
 def _follow(machine: ProviderMachine, ops: PoolOperations, actor: Actor, now) -> None:
     if machine.state == MachineState.REQUESTED and machine.bootstrap_token_id:
         node = Node.objects.filter(bootstrap_token_id=machine.bootstrap_token_id).first()
-        if node is not None:
-            if not _moved(machine, node=node, state=MachineState.ENROLLED):
-                return
-            machine.node, machine.state = node, MachineState.ENROLLED
+        if node is not None and not _moved(machine, "enroll", node=node):
+            return
     node = Node.objects.get(pk=machine.node_id) if machine.node_id else None
     if machine.state == MachineState.ENROLLED and node is not None:
         if node.lifecycle == Lifecycle.PENDING:
@@ -157,7 +164,7 @@ def _follow(machine: ProviderMachine, ops: PoolOperations, actor: Actor, now) ->
                 node_id=node.pk, expected_version=node.version, actor=actor, reason="a machine the autoscaler requested"
             )
         elif node.lifecycle == Lifecycle.READY:
-            if not _moved(machine, state=MachineState.READY, ready_at=now):
+            if not _moved(machine, "become_ready", ready_at=now):
                 return
             # A machine that made it: the pool's back-off starts over.
             PoolOperations.objects.filter(pk=ops.pk, consecutive_failures__gt=0).update(
@@ -229,7 +236,7 @@ def _claim_removal(machine: ProviderMachine, *, to_state: str, reason: str, now)
     with transaction.atomic():
         return _moved(
             machine,
-            state=MachineState.DELETING,
+            "claim_removal",
             removing_to=to_state,
             removal_reason=reason[:2000],
             error=(reason if to_state == MachineState.FAILED else machine.error)[:2000],
@@ -254,10 +261,10 @@ def _finish_removal(machine_id, ops: PoolOperations, actor: Actor) -> None:
     with transaction.atomic():
         # The node's row before the machine's, the order of the paths that lock both (preemption).
         node = maintenance_services.lock_node(machine.node_id) if machine.node_id else None
-        changes = {"state": machine.removing_to}
-        if machine.removing_to == MachineState.FAILED:
-            changes["error"] = reason[:2000]
-        if not ProviderMachine.objects.filter(pk=machine.pk, state=MachineState.DELETING).update(**changes):
+        failed = machine.removing_to == MachineState.FAILED
+        changes = {"error": reason[:2000]} if failed else {}
+        verb = "fail" if failed else "finish_deletion"
+        if not fsm.move(ProviderMachine.objects.filter(pk=machine.pk, state=MachineState.DELETING), verb, **changes):
             return
         _removed(machine, node, actor, state=machine.removing_to, reason=reason)
 
@@ -484,7 +491,6 @@ def _scale_up_in_fallbacks(
     refused when fallbacks are written (:func:`operations.services.parse_fallback_pools`), so
     locks follow the fallback order and two pools never wait on each other.
     """
-    from leases import event_types as lease_events
 
     for fallback_id in ops.fallback_pools or []:
         fallback = (
@@ -738,7 +744,7 @@ def _call_provider(ops: PoolOperations, decision: ScaleDecision, requests: list[
         BootstrapToken.objects.filter(pk__in=machines.values("bootstrap_token_id"), revoked_at__isnull=True).update(
             revoked_at=now
         )
-        machines.update(state=MachineState.FAILED, error=error[:2000], deleted_at=now)
+        fsm.move(machines, "fail", error=error[:2000], deleted_at=now)
         _finish_decision(
             ops,
             decision,
@@ -885,7 +891,7 @@ def scale_down(*, pool_id, actor: Actor, now) -> int:
                 with transaction.atomic():  # the machine's move and the node's drain, or neither
                     # A following pass (which takes no pool lock) may have moved the machine since
                     # it was read, when its node was lost or retired: then it is not ours to remove.
-                    if not _moved(machine, state=MachineState.DRAINING):
+                    if not _moved(machine, "drain"):
                         candidates.append(
                             {"node_id": str(node.pk), "node": str(node), "reason": "machine moved on meanwhile"}
                         )
@@ -955,6 +961,5 @@ def _surge_of(machine: ProviderMachine) -> str | None:
 
 
 def _parse(value: str):
-    from datetime import datetime
 
     return datetime.fromisoformat(value)

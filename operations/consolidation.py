@@ -236,7 +236,7 @@ def _disrupt(ops: PoolOperations, machine: ProviderMachine, *, why: str, now) ->
     node = machine.node
     try:
         with transaction.atomic():
-            if not autoscaler._moved(machine, state=MachineState.DRAINING):
+            if not autoscaler._moved(machine, "drain"):
                 return False
             disruption.disrupt(
                 node=node,

@@ -21,6 +21,8 @@ from .choices import (
     ACTIVE_REPAIR_STATES,
     ACTIVE_REPLACEMENT_STATES,
     ACTIVE_UPGRADE_STATES,
+    LIVE_MACHINE_STATES,
+    NODE_IN_PROGRESS,
     DisruptionReason,
     MachineState,
     PauseCause,
@@ -261,14 +263,14 @@ class Upgrade(SerializedFSMRefresh, ConcurrentTransitionMixin, models.Model):
         """any active state → failed (the rollback itself failed, or the pool vanished)."""
 
 
-class UpgradeNode(models.Model):
+class UpgradeNode(SerializedFSMRefresh, ConcurrentTransitionMixin, models.Model):
     """One node's turn in one phase of an upgrade, resumable from its ``state`` alone."""
 
     upgrade = models.ForeignKey(Upgrade, on_delete=models.CASCADE, related_name="nodes")
     node = models.ForeignKey("fleet.Node", on_delete=models.CASCADE, related_name="+")
     phase = models.CharField(max_length=16, choices=UpgradePhase.choices)
     position = models.PositiveIntegerField()
-    state = models.CharField(max_length=16, choices=UpgradeNodeState.choices, default=UpgradeNodeState.WAITING)
+    state = FSMField(max_length=16, choices=UpgradeNodeState.choices, default=UpgradeNodeState.WAITING, protected=True)
     from_version = models.CharField(max_length=64, blank=True)
     incarnation_at_drain = models.PositiveBigIntegerField(null=True, blank=True)
     drain_id = models.UUIDField(null=True, blank=True)
@@ -285,6 +287,43 @@ class UpgradeNode(models.Model):
 
     def __str__(self) -> str:
         return f"{self.phase} #{self.position} {self.node_id}: {self.state}"
+
+    # --- transitions: memory only (operations.rollout saves under the upgrade's row lock; the
+    # set-based moves in operations.upgrades go through nodepool.fsm.move) -------------------------
+    @transition(field=state, source=UpgradeNodeState.WAITING, target=UpgradeNodeState.DRAINING)
+    def drain(self):
+        """waiting → draining: cordoned and draining through the disruption gate."""
+
+    @transition(field=state, source=[UpgradeNodeState.WAITING, UpgradeNodeState.DRAINING],
+                target=UpgradeNodeState.UPGRADING)  # fmt: skip
+    def start_upgrade(self):
+        """waiting (not ready: nothing to drain) | draining (drained) → upgrading: told to upgrade."""
+
+    @transition(field=state, source=[UpgradeNodeState.WAITING, UpgradeNodeState.UPGRADING],
+                target=UpgradeNodeState.ADMITTING)  # fmt: skip
+    def admit(self):
+        """waiting (already at the target) | upgrading (restarted) → admitting."""
+
+    @transition(field=state, source=[UpgradeNodeState.WAITING, UpgradeNodeState.ADMITTING],
+                target=UpgradeNodeState.DONE)  # fmt: skip
+    def finish(self):
+        """waiting (already at the target) | admitting (admitted at the target) → done."""
+
+    @transition(field=state, source=list(NODE_IN_PROGRESS), target=UpgradeNodeState.FAILED)
+    def fail(self):
+        """draining | upgrading | admitting → failed (admission refused, the drain ended, a timeout)."""
+
+    @transition(field=state, source=UpgradeNodeState.FAILED, target=UpgradeNodeState.WAITING)
+    def retry(self):
+        """failed → waiting: a canary retried by an operator's override."""
+
+    @transition(field=state, source=UpgradeNodeState.WAITING, target=UpgradeNodeState.SKIPPED)
+    def skip(self):
+        """waiting → skipped: the upgrade ended (abort, rollback) or an override moved its turn."""
+
+    @transition(field=state, source=list(NODE_IN_PROGRESS), target=UpgradeNodeState.SKIPPED)
+    def abandon(self):
+        """draining | upgrading | admitting → skipped: in flight when the upgrade ended or rolled back."""
 
 
 class ScaleDecision(models.Model):
@@ -308,18 +347,21 @@ class ScaleDecision(models.Model):
         return f"{self.direction} {self.count} ({self.outcome})"
 
 
-class ProviderMachine(models.Model):
+class ProviderMachine(SerializedFSMRefresh, models.Model):
     """A machine the pool's provider was asked to create, followed until it is deleted.
 
     ``pending_since`` is when the oldest lease request that caused it started waiting: the
     scale-up time is ``ready_at - pending_since`` (request pending to node ready).
+
+    Passes do not lock each other out of following machines: every move is a compare-and-swap
+    built from the transition declared here (``operations.autoscaler._moved``, ``nodepool.fsm.move``).
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     pool = models.ForeignKey("fleet.Pool", on_delete=models.CASCADE, related_name="machines")
     provider = models.CharField(max_length=16, choices=ProviderKind.choices)
     name = models.CharField(max_length=100, unique=True)
-    state = models.CharField(max_length=16, choices=MachineState.choices, default=MachineState.REQUESTED)
+    state = FSMField(max_length=16, choices=MachineState.choices, default=MachineState.REQUESTED, protected=True)
     decision = models.ForeignKey(ScaleDecision, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     bootstrap_token = models.ForeignKey(
         "fleet.BootstrapToken", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
@@ -350,8 +392,33 @@ class ProviderMachine(models.Model):
         start = self.pending_since or self.requested_at
         return (self.ready_at - start).total_seconds() if self.ready_at else None
 
+    # --- transitions: memory only (the claims in operations.autoscaler move the rows) -------------
+    @transition(field=state, source=MachineState.REQUESTED, target=MachineState.ENROLLED)
+    def enroll(self):
+        """requested → enrolled: a node enrolled with the machine's bootstrap token."""
 
-class Preemption(models.Model):
+    @transition(field=state, source=MachineState.ENROLLED, target=MachineState.READY)
+    def become_ready(self):
+        """enrolled → ready: its node was admitted."""
+
+    @transition(field=state, source=MachineState.READY, target=MachineState.DRAINING)
+    def drain(self):
+        """ready → draining: scale-down or consolidation cordoned and drains its node."""
+
+    @transition(field=state, source=[*LIVE_MACHINE_STATES, MachineState.DRAINING], target=MachineState.DELETING)
+    def claim_removal(self):
+        """requested | enrolled | ready | draining → deleting: claimed for removal before the provider is asked."""
+
+    @transition(field=state, source=MachineState.DELETING, target=MachineState.DELETED)
+    def finish_deletion(self):
+        """deleting → deleted: the provider deleted it."""
+
+    @transition(field=state, source=[MachineState.REQUESTED, MachineState.DELETING], target=MachineState.FAILED)
+    def fail(self):
+        """requested (the provider's create failed) | deleting (a failed machine's removal finished) → failed."""
+
+
+class Preemption(SerializedFSMRefresh, models.Model):
     """A preemption notice for a spot node: drained at once, its work requeued before ``deadline``."""
 
     node = models.ForeignKey("fleet.Node", on_delete=models.CASCADE, related_name="preemptions")
@@ -359,7 +426,7 @@ class Preemption(models.Model):
     source = models.CharField(max_length=16, choices=PreemptionSource.choices)
     deadline = models.DateTimeField()
     received_at = models.DateTimeField(db_index=True)
-    state = models.CharField(max_length=16, choices=PreemptionState.choices, default=PreemptionState.DRAINING)
+    state = FSMField(max_length=16, choices=PreemptionState.choices, default=PreemptionState.DRAINING, protected=True)
     drain_id = models.UUIDField(null=True, blank=True)
     fallback_pool = models.ForeignKey("fleet.Pool", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     leases_requeued = models.PositiveIntegerField(default=0)
@@ -375,6 +442,10 @@ class Preemption(models.Model):
 
     def __str__(self) -> str:
         return f"preemption of {self.node_id} by {self.deadline:%H:%M:%S}"
+
+    @transition(field=state, source=PreemptionState.DRAINING, target=PreemptionState.DRAINED)
+    def close(self):
+        """draining → drained: its node is in maintenance, retired or quarantined (operations.preemption.follow)."""
 
 
 class SeenDelivery(models.Model):

@@ -29,10 +29,11 @@ from leases.requeue import requeue_lease
 from maintenance import drains
 from maintenance.choices import DrainState, EvictionPolicy
 from maintenance.models import Drain
+from nodepool import fsm
 from nodepool.api.problems import Conflict, NotFound, Unprocessable
 from nodepool.celery import app as celery_app
 
-from . import conf, event_types, outofservice
+from . import autoscaler, conf, event_types, outofservice
 from .choices import PreemptionState
 from .errors import INVALID_DEADLINE_RANGE, POOL_NOT_SPOT
 from .models import Preemption
@@ -224,7 +225,6 @@ def follow(*, preemption_id, actor: Actor, now=None) -> bool:
     """Evaluate an open preemption's drain now (checkpointed work leaves at once instead of at the
     maintenance sweep's next run), and close the preemption once its node is drained; a machine
     the provider made is then deleted. Returns True when this call closed it."""
-    from . import autoscaler
 
     now = now or timezone.now()
     closed = 0
@@ -236,9 +236,7 @@ def follow(*, preemption_id, actor: Actor, now=None) -> bool:
         node = Node.objects.get(pk=preemption.node_id)
         if node.lifecycle not in (Lifecycle.MAINTENANCE, Lifecycle.RETIRED, Lifecycle.QUARANTINED):
             continue
-        if not Preemption.objects.filter(pk=preemption.pk, state=PreemptionState.DRAINING).update(
-            state=PreemptionState.DRAINED, finished_at=now
-        ):
+        if not fsm.move(Preemption.objects.filter(pk=preemption.pk), "close", finished_at=now):
             continue
         record_event(
             node,

@@ -39,6 +39,7 @@ from nodepool.quantity import format_quantity
 from . import conf
 from .choices import ProviderKind
 from .errors import REPLAYED, SIGNATURE_EXPIRED, SIGNATURE_INVALID, SIGNATURE_MISSING
+from .models import SeenDelivery
 
 TIMESTAMP_HEADER = "X-Nodepool-Timestamp"
 SIGNATURE_HEADER = "X-Nodepool-Signature"
@@ -104,7 +105,6 @@ def verify(secret: str, headers, body: bytes, *, now: float | None = None, remem
     ``delivery_id`` equal to the header (``invalid_body``), and a delivery id already accepted
     (``replayed``; remembered in :class:`operations.models.SeenDelivery` when ``remember``).
     """
-    from .models import SeenDelivery
 
     timestamp, given = headers.get(TIMESTAMP_HEADER), headers.get(SIGNATURE_HEADER)
     delivery = headers.get(DELIVERY_HEADER)

@@ -84,7 +84,7 @@ from maintenance.choices import DrainState
 from maintenance.models import Drain
 from nodepool.api.problems import Problem
 
-from . import conf, disruption, event_types, outofservice
+from . import autoscaler, conf, disruption, event_types, outofservice
 from .choices import ACTIVE_REPAIR_STATES, DisruptionReason, ProviderKind, RepairAction, RepairState
 from .errors import INVALID_REPAIR_RULE
 from .models import PoolOperations, Repair
@@ -503,7 +503,6 @@ def _after_drain(repair: Repair, node: Node, *, now, actor: Actor) -> None:
 
 def _begin_replacement(repair: Repair, node: Node, *, now, actor: Actor) -> None:
     """pending → replacing: ask the provider for one node now (not counting the leaving one)."""
-    from . import autoscaler  # the autoscaler imports the gate, which this module also uses
 
     repair.replace()
     repair.detail = "drained; a replacement is asked of the provider and the node is being removed"
@@ -520,7 +519,6 @@ def _begin_replacement(repair: Repair, node: Node, *, now, actor: Actor) -> None
 
 def _remove_node(repair: Repair, node: Node, *, now, actor: Actor) -> None:
     """replacing: the node's machine deleted through the provider (or the node retired), then done."""
-    from . import autoscaler
 
     if node.lifecycle != Lifecycle.RETIRED:
         if not autoscaler.remove_machine_of(node, actor=actor, reason=f"repair {repair.pk}: replaced"):

@@ -36,10 +36,12 @@ from nodepool.api.problems import Problem
 from nodepool.celery import app as celery_app
 
 from . import capacity, disruption, outofservice
+from .autoscaler import surge_ready
 from .choices import NODE_IN_PROGRESS, DisruptionReason, PauseCause, UpgradeNodeState, UpgradePhase, UpgradeState
-from .models import Upgrade, UpgradeNode
+from .models import ScaleDecision, Upgrade, UpgradeNode
 from .targets import target_mismatches
 from .upgrades import (
+    _transition,
     begin_rollback,
     event,
     lock_upgrade,
@@ -107,12 +109,14 @@ def _guarded(function, row, upgrade, actor, now, *extra):
         return False
 
 
-def _set(row: UpgradeNode, state: str, *, now, detail: str = "", **fields) -> None:
-    if state == UpgradeNodeState.UPGRADING:
+def _set(row: UpgradeNode, verb: str, *, now, detail: str = "", **fields) -> None:
+    """Move ``row`` by its declared transition ``verb`` (TransitionNotAllowed from a state the
+    declaration does not list) and save it: the caller holds the upgrade's row lock."""
+    getattr(row, verb)()
+    if row.state == UpgradeNodeState.UPGRADING:
         tell_node(row.node_id)  # the instruction now waits for the node: its next renewal says so
-    row.state = state
     row.detail = detail or row.detail
-    if state in (UpgradeNodeState.DONE, UpgradeNodeState.FAILED, UpgradeNodeState.SKIPPED):
+    if row.state in (UpgradeNodeState.DONE, UpgradeNodeState.FAILED, UpgradeNodeState.SKIPPED):
         row.finished_at = now
     for name, value in fields.items():
         setattr(row, name, value)
@@ -121,7 +125,7 @@ def _set(row: UpgradeNode, state: str, *, now, detail: str = "", **fields) -> No
 
 def _fail(row, upgrade, actor, now, detail: str, node=None) -> None:
     before = row.state
-    _set(row, UpgradeNodeState.FAILED, now=now, detail=detail)
+    _set(row, "fail", now=now, detail=detail)
     if row.phase != UpgradePhase.ROLLBACK:
         upgrade.failures += 1
     event(
@@ -150,7 +154,7 @@ def _step(row: UpgradeNode, upgrade: Upgrade, actor: Actor, now) -> None:
         if node.lifecycle == Lifecycle.MAINTENANCE:
             _set(
                 row,
-                UpgradeNodeState.UPGRADING,
+                "start_upgrade",
                 now=now,
                 incarnation_at_drain=node.incarnation,
                 detail="drained; told to upgrade",
@@ -174,7 +178,7 @@ def _step(row: UpgradeNode, upgrade: Upgrade, actor: Actor, now) -> None:
                 owner=outofservice.UPGRADE,
                 reason=f"restarted at {node.agent_version}; admission verifies the target",
             )
-            _set(row, UpgradeNodeState.ADMITTING, now=now, detail=f"restarted as incarnation {node.incarnation}")
+            _set(row, "admit", now=now, detail=f"restarted as incarnation {node.incarnation}")
             event(
                 upgrade,
                 actor,
@@ -192,7 +196,7 @@ def _step(row: UpgradeNode, upgrade: Upgrade, actor: Actor, now) -> None:
             if problems:
                 _fail(row, upgrade, actor, now, "admitted but not at the target: " + "; ".join(problems))
                 return
-            _set(row, UpgradeNodeState.DONE, now=now, detail=f"admitted at {node.agent_version}")
+            _set(row, "finish", now=now, detail=f"admitted at {node.agent_version}")
             event(
                 upgrade,
                 actor,
@@ -214,7 +218,7 @@ def _start(row: UpgradeNode, upgrade: Upgrade, actor: Actor, now, limit: int | N
     node = Node.objects.get(pk=row.node_id)
     target = row_target(row)
     if node.lifecycle == Lifecycle.READY and not target_mismatches(node, target):
-        _set(row, UpgradeNodeState.DONE, now=now, started_at=now, detail="already at the target")
+        _set(row, "finish", now=now, started_at=now, detail="already at the target")
         event(upgrade, actor, "already at the target", node=node, to_state=UpgradeNodeState.DONE, phase=row.phase)
         return False
     if node.lifecycle == Lifecycle.READY:
@@ -237,7 +241,7 @@ def _start(row: UpgradeNode, upgrade: Upgrade, actor: Actor, now, limit: int | N
                 row.detail = detail
                 row.save(update_fields=["detail"])
             return blocked.verdict
-        _set(row, UpgradeNodeState.DRAINING, now=now, started_at=now, drain_id=drain.pk, detail="draining")
+        _set(row, "drain", now=now, started_at=now, drain_id=drain.pk, detail="draining")
         event(
             upgrade,
             actor,
@@ -257,7 +261,7 @@ def _start(row: UpgradeNode, upgrade: Upgrade, actor: Actor, now, limit: int | N
             outofservice.return_to_service(
                 node=node, owner=outofservice.UPGRADE, reason=f"already at {node.agent_version}; admission verifies it"
             )
-            _set(row, UpgradeNodeState.ADMITTING, now=now, started_at=now, detail="already at the target; admitting")
+            _set(row, "admit", now=now, started_at=now, detail="already at the target; admitting")
             event(
                 upgrade,
                 actor,
@@ -274,7 +278,7 @@ def _start(row: UpgradeNode, upgrade: Upgrade, actor: Actor, now, limit: int | N
             )
         _set(
             row,
-            UpgradeNodeState.UPGRADING,
+            "start_upgrade",
             now=now,
             started_at=now,
             incarnation_at_drain=node.incarnation,
@@ -313,8 +317,6 @@ def _start_waiting(upgrade: Upgrade, phase: str, actor: Actor, now) -> int:
         limits[pool_id] = unavailable_limit(upgrade, capacity.member_nodes(pool).count())
         if upgrade.max_surge_nodes and pool_id == upgrade.pool_id and phase != UpgradePhase.ROLLBACK:
             # Nodes the provider added first keep capacity up while as many more are out.
-            from .autoscaler import surge_ready
-
             limits[pool_id] += min(upgrade.max_surge_nodes, surge_ready(pool_id=pool_id, upgrade_id=upgrade.pk))
     blocked_pools: set = set()
     waiting_on: list[str] = []
@@ -347,7 +349,6 @@ def _counts(upgrade: Upgrade, phase: str) -> dict[str, int]:
 
 
 def _pause(upgrade: Upgrade, actor: Actor, reason: str, cause: str) -> None:
-    from .upgrades import _transition
 
     upgrade.paused_from = upgrade.state
     upgrade.pause_cause = cause
@@ -387,15 +388,12 @@ def _canary(upgrade: Upgrade, actor: Actor, now) -> None:
         )
         return
     if now >= upgrade.soak_until:
-        from .upgrades import _transition
-
         _transition(upgrade, "roll", "roll", actor, "canary soaked healthy; rolling")
 
 
 def _request_surge(upgrade: Upgrade) -> None:
     """Ask the provider for ``max_surge_nodes`` extra nodes once, from a task after this tick
     commits (the provider is never called while the upgrade row is locked)."""
-    from .models import ScaleDecision
 
     if upgrade.max_surge_nodes and not ScaleDecision.objects.filter(data__upgrade_id=str(upgrade.pk)).exists():
         # By name: operations.tasks runs this module (no import cycle).
@@ -439,7 +437,6 @@ def _rolling(upgrade: Upgrade, actor: Actor, now) -> None:
                 PauseCause.FAILURES,
             )
             return
-        from .upgrades import _transition
 
         totals = _counts(upgrade, UpgradePhase.CANARY)
         for state, n in counts.items():
@@ -454,7 +451,6 @@ def _rolling_back(upgrade: Upgrade, actor: Actor, now) -> None:
     counts = _counts(upgrade, UpgradePhase.ROLLBACK)
     if counts.get(UpgradeNodeState.WAITING) or any(counts.get(s) for s in NODE_IN_PROGRESS):
         return
-    from .upgrades import _transition
 
     upgrade.finished_at = now
     if counts.get(UpgradeNodeState.FAILED):

@@ -16,6 +16,7 @@ from fleet import event_types as fleet_events
 from fleet.errors import UNKNOWN_POOL
 from fleet.events import Actor, record_event
 from fleet.models import Pool
+from fleet.services import pool_update
 from leases.spec import resources_from_wire
 from maintenance.choices import EvictionPolicy
 from nodepool import egress
@@ -279,7 +280,6 @@ def pool_operations_update(*, pool: Pool, expected_version: int, data: Any, acto
 
 
 def _apply_spot_taint(pool: Pool, *, spot: bool, actor: Actor) -> None:
-    from fleet.services import pool_update
 
     taints = [t for t in (pool.taints or []) if t.get("key") != SPOT_TAINT["key"]]
     if spot:

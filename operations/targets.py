@@ -18,6 +18,7 @@ from fleet.models import Node, Pool
 from nodepool.api.problems import Problem
 
 from .errors import INVALID_TARGET
+from .models import PoolOperations
 
 CHECK_NAME = "upgrade_target"
 SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -114,7 +115,6 @@ def target_mismatches(node: Node, target: dict) -> list[str]:
 
 
 def pool_target(pool: Pool) -> dict:
-    from .models import PoolOperations
 
     return PoolOperations.objects.filter(pool=pool).values_list("target", flat=True).first() or {}
 

@@ -20,8 +20,10 @@ from django.utils import timezone
 
 from fleet.events import Actor
 
-from . import conf, outofservice, upgrades
-from .models import Upgrade
+from . import autoscaler, conf, consolidation, outofservice, preemption, repair, replacement, rollout, upgrades
+from .choices import PreemptionState
+from .models import Preemption, Upgrade
+from .rollout import TICKING_STATES
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +31,6 @@ logger = logging.getLogger(__name__)
 @shared_task(name="operations.advance_upgrade", bind=True, ignore_result=True)
 def advance_upgrade(self, upgrade_id: str, generation: int) -> str:
     """One tick of an upgrade, then the next one (unless superseded, finished or eager)."""
-    from . import rollout
 
     if not Upgrade.objects.filter(pk=upgrade_id, tick_generation=generation).exists():
         return "superseded"
@@ -47,7 +48,6 @@ def advance_upgrade(self, upgrade_id: str, generation: int) -> str:
 @shared_task(name="operations.sweep_upgrades", ignore_result=True)
 def sweep_upgrades() -> int:
     """Restart the tick chain of every ticking upgrade whose last tick is overdue. Returns how many."""
-    from .rollout import TICKING_STATES
 
     overdue = timezone.now() - timedelta(seconds=5 * float(conf.get("UPGRADE_TICK")))
     restarted = 0
@@ -64,7 +64,6 @@ def sweep_upgrades() -> int:
 def autoscale(self) -> dict:
     """Beat: one autoscaling pass over every pool with a provider (see :mod:`operations.autoscaler`),
     then one consolidation step for each pool that consolidates (:mod:`operations.consolidation`)."""
-    from . import autoscaler, consolidation
 
     result = autoscaler.autoscale_all(actor=Actor.system(outofservice.AUTOSCALER, self.request.id or ""))
     consolidated = consolidation.consolidate_all(actor=Actor.system(outofservice.CONSOLIDATION, self.request.id or ""))
@@ -74,7 +73,6 @@ def autoscale(self) -> dict:
 @shared_task(name="operations.sweep_preemptions", bind=True, ignore_result=True)
 def sweep_preemptions(self) -> int:
     """Beat: finish preemptions whose node is drained (retire it through the provider)."""
-    from . import preemption
 
     return preemption.sweep(actor=Actor.system(outofservice.PREEMPTION, self.request.id or ""))
 
@@ -82,9 +80,6 @@ def sweep_preemptions(self) -> int:
 @shared_task(name="operations.follow_preemption", bind=True, ignore_result=True)
 def follow_preemption(self, preemption_id: int) -> str:
     """Evaluate one preemption's drain every ``UPGRADE_TICK`` seconds until its node is drained."""
-    from . import preemption
-    from .choices import PreemptionState
-    from .models import Preemption
 
     try:
         preemption.follow(
@@ -101,7 +96,6 @@ def follow_preemption(self, preemption_id: int) -> str:
 @shared_task(name="operations.request_surge", bind=True, ignore_result=True)
 def request_surge(self, pool_id: int, count: int, upgrade_id: str) -> int:
     """An upgrade's surge: ``count`` extra nodes from the pool's provider (once per upgrade)."""
-    from . import autoscaler
 
     return autoscaler.request_surge(
         pool_id=pool_id,
@@ -114,7 +108,6 @@ def request_surge(self, pool_id: int, count: int, upgrade_id: str) -> int:
 @shared_task(name="operations.request_replacement", bind=True, ignore_result=True)
 def request_replacement(self, pool_id: int, preemption_id: int, node_id: str) -> int:
     """A preempted node's replacement, asked at once (once per preemption)."""
-    from . import autoscaler
 
     return autoscaler.request_replacement(
         pool_id=pool_id,
@@ -127,7 +120,6 @@ def request_replacement(self, pool_id: int, preemption_id: int, node_id: str) ->
 @shared_task(name="operations.sweep_replacements", bind=True, ignore_result=True)
 def sweep_replacements(self) -> dict:
     """Beat: find drifted and expired nodes and move their replacements (operations.replacement)."""
-    from . import replacement
 
     return replacement.sweep(actor=Actor.system("operations.sweep_replacements", self.request.id or ""))
 
@@ -135,6 +127,5 @@ def sweep_replacements(self) -> dict:
 @shared_task(name="operations.sweep_repairs", bind=True, ignore_result=True)
 def sweep_repairs(self) -> dict:
     """Beat: one repair pass over every pool with repair rules (see :mod:`operations.repair`)."""
-    from . import repair
 
     return repair.sweep(actor=Actor.system(outofservice.REPAIR, self.request.id or ""))

@@ -27,6 +27,7 @@ from maintenance import drains as maintenance_drains
 from maintenance import holds
 from maintenance.choices import DrainState
 from maintenance.models import Drain
+from nodepool import fsm
 from nodepool.api.errors import TRANSITION_NOT_ALLOWED
 from nodepool.api.problems import Conflict, NotFound, Problem
 from nodepool.api.versioning import check_version
@@ -35,7 +36,6 @@ from nodepool.celery import app as celery_app
 from . import capacity, disruption, event_types
 from .choices import (
     MOVING_UPGRADE_STATES,
-    NODE_IN_PROGRESS,
     CanaryOverride,
     PauseCause,
     UpgradeNodeState,
@@ -444,13 +444,15 @@ def _apply_canary_override(upgrade: Upgrade, override: str) -> dict:
     upgrade.soak_until = None
     if override == CanaryOverride.SKIP:
         upgrade.paused_from = UpgradeState.ROLLING
-        UpgradeNode.objects.filter(upgrade=upgrade, phase=UpgradePhase.CANARY, state=UpgradeNodeState.WAITING).update(
-            state=UpgradeNodeState.SKIPPED, detail="canary skipped by an override"
+        fsm.move(
+            UpgradeNode.objects.filter(upgrade=upgrade, phase=UpgradePhase.CANARY),
+            "skip",
+            detail="canary skipped by an override",
         )
         return {"canary_skipped": True, "failed_canary_nodes": failed_ids}
     upgrade.paused_from = UpgradeState.CANARY
     if override == CanaryOverride.RETRY:
-        failed.update(state=UpgradeNodeState.WAITING, started_at=None, finished_at=None, detail="canary retried")
+        fsm.move(failed, "retry", started_at=None, finished_at=None, detail="canary retried")
         return {"retried_nodes": failed_ids}
     # Other nodes: as many of the roll's next waiting nodes become the canary.
     wanted = len(failed_ids) or upgrade.canary_nodes or 1
@@ -478,8 +480,10 @@ def _apply_canary_override(upgrade: Upgrade, override: str) -> dict:
             for i, row in enumerate(nexts)
         ]
     )
-    UpgradeNode.objects.filter(pk__in=[row.pk for row in nexts]).update(
-        state=UpgradeNodeState.SKIPPED, detail="moved to the canary by an override"
+    fsm.move(
+        UpgradeNode.objects.filter(pk__in=[row.pk for row in nexts]),
+        "skip",
+        detail="moved to the canary by an override",
     )
     # The failed canary nodes no longer count as a canary failure: they stay failed, out of the canary.
     failed.update(phase=UpgradePhase.ROLL, position=10**6)
@@ -505,9 +509,7 @@ def upgrade_abort(*, upgrade_id, expected_version: int | None, actor: Actor, rea
     def change(upgrade: Upgrade) -> None:
         _transition(upgrade, "abort", "abort", actor, reason or "aborted by an operator")
         upgrade.finished_at = timezone.now()
-        UpgradeNode.objects.filter(upgrade=upgrade, state=UpgradeNodeState.WAITING).update(
-            state=UpgradeNodeState.SKIPPED, detail="the upgrade was aborted"
-        )
+        fsm.move(UpgradeNode.objects.filter(upgrade=upgrade), "skip", detail="the upgrade was aborted")
         release_holds(upgrade, reason=f"upgrade {upgrade.state}")
 
     return _act(upgrade_id, expected_version, actor, change)
@@ -523,8 +525,8 @@ def release_holds(upgrade: Upgrade, *, reason: str) -> int:
     """
     actor = Actor.system(UPGRADE)
     now = timezone.now()
-    UpgradeNode.objects.filter(upgrade=upgrade, state__in=NODE_IN_PROGRESS).update(
-        state=UpgradeNodeState.SKIPPED, finished_at=now, detail=f"in flight when the {reason}"
+    fsm.move(
+        UpgradeNode.objects.filter(upgrade=upgrade), "abandon", finished_at=now, detail=f"in flight when the {reason}"
     )
     drains_by_node: dict = {}
     for node_id, drain_id in UpgradeNode.objects.filter(upgrade=upgrade).values_list("node_id", "drain_id"):
@@ -554,7 +556,7 @@ def begin_rollback(upgrade: Upgrade, actor: Actor, reason: str) -> None:
     _transition(upgrade, "rollback", "rollback", actor, reason)
     _set_targets(upgrade, upgrade.previous_target)
     forward = UpgradeNode.objects.filter(upgrade=upgrade).exclude(phase=UpgradePhase.ROLLBACK)
-    forward.filter(state=UpgradeNodeState.WAITING).update(state=UpgradeNodeState.SKIPPED, detail="rollback started")
+    fsm.move(forward, "skip", detail="rollback started")
     touched = list(forward.exclude(state=UpgradeNodeState.SKIPPED).order_by("phase", "position"))
     UpgradeNode.objects.bulk_create(
         [
@@ -572,8 +574,11 @@ def begin_rollback(upgrade: Upgrade, actor: Actor, reason: str) -> None:
     now = timezone.now()
     for row in touched:
         if row.state not in (UpgradeNodeState.DONE, UpgradeNodeState.FAILED):
-            UpgradeNode.objects.filter(pk=row.pk).update(
-                state=UpgradeNodeState.SKIPPED, finished_at=now, detail="rollback started while in flight"
+            fsm.move(
+                UpgradeNode.objects.filter(pk=row.pk),
+                "abandon",
+                finished_at=now,
+                detail="rollback started while in flight",
             )
 
 

@@ -7,6 +7,7 @@ and shape the response.
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 
 from django.db import transaction
@@ -359,7 +360,6 @@ class PoolPreemptionNoticeView(APIView):
 
 
 def _is_uuid(value: str) -> bool:
-    import uuid
 
     try:
         uuid.UUID(value)

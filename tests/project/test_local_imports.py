@@ -23,7 +23,6 @@ UNEXPLAINED = {
     "fleet": 32,
     "leases": 38,
     "maintenance": 7,
-    "operations": 31,
     "nodepoolctl": 2,
 }
 
