@@ -11,8 +11,8 @@ from fleet.events import Actor
 from maintenance.admin import ReasonForm, Spec, run_with_form
 from nodepool.api.problems import Problem
 
-from . import disruption, repair, replacement, services, upgrades
-from .autoscaler import fallback_pool_names
+from . import disruption, repair, replacement_sweep, services, upgrades
+from .demand import fallback_pool_names
 from .models import PoolOperations, Preemption, ProviderMachine, Repair, ScaleDecision, Upgrade, UpgradeNode
 
 
@@ -183,7 +183,7 @@ class PoolOperationsAdmin(admin.ModelAdmin):
     ]  # fmt: skip
 
     def has_add_permission(self, request) -> bool:
-        return False  # every pool has its settings row (operations.upgrades.pool_operations)
+        return False  # every pool has its settings row (operations.upgrade_plan.pool_operations)
 
     @admin.display(description="Disruptions now")
     def disruptions(self, obj: PoolOperations) -> str:
@@ -215,8 +215,8 @@ class PoolOperationsAdmin(admin.ModelAdmin):
     @admin.display(description="Drift and expiry")
     def drift_and_expiry(self, obj: PoolOperations) -> str:
         """The pool's shape hash, drifted and expired nodes, and its replacements
-        (operations.replacement.pool_status, what nodepoolctl describe pool shows)."""
-        status = replacement.pool_status(obj.pool, recent=10)
+        (operations.replacement_sweep.pool_status, what nodepoolctl describe pool shows)."""
+        status = replacement_sweep.pool_status(obj.pool, recent=10)
         drifted = format_html_join(
             "",
             "<li>{}: {} ({})</li>",

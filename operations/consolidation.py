@@ -53,7 +53,7 @@ from leases.models import Lease, LeaseRequest
 from leases.preview import lease_spec, preview_leases
 from nodepool.api.problems import Problem
 
-from . import autoscaler, capacity, disruption, outofservice
+from . import autoscaler, capacity, demand, disruption, launches, machines, outofservice
 from .choices import (
     ACTIVE_UPGRADE_STATES,
     DisruptionReason,
@@ -195,7 +195,7 @@ def consolidate_pool(*, pool_id, actor: Actor = ACTOR, now=None) -> str:
             break
         if launch is None:
             return "blocked" if held else "nothing"
-    autoscaler._call_provider(*launch, actor)
+    launches._call_provider(*launch, actor)
     return "replacing"
 
 
@@ -236,7 +236,7 @@ def _disrupt(ops: PoolOperations, machine: ProviderMachine, *, why: str, now) ->
     node = machine.node
     try:
         with transaction.atomic():
-            if not autoscaler._moved(machine, "drain"):
+            if not machines._moved(machine, "drain"):
                 return False
             disruption.disrupt(
                 node=node,
@@ -263,7 +263,7 @@ def _delete(ops: PoolOperations, machine: ProviderMachine, leases: list[Lease], 
     if not _disrupt(ops, machine, why=why, now=now):
         return "blocked by the disruption gate"
     fraction = 1.0 if price(machine.template) else None
-    autoscaler._decide(
+    launches._decide(
         ops.pool,
         ScaleDirection.DOWN,
         ScaleOutcome.REQUESTED,
@@ -288,7 +288,7 @@ def _replace(ops: PoolOperations, machine: ProviderMachine, leases: list[Lease],
     verdict = disruption.request_disruption(
         node=node, reason=DisruptionReason.CONSOLIDATION, owner=outofservice.CONSOLIDATION, now=now
     )
-    in_flight = autoscaler._in_flight(pool.pk)
+    in_flight = demand._in_flight(pool.pk)
     held = ""
     if not verdict.allowed:
         held = f"the disruption gate says no: {verdict.describe()}"
@@ -303,11 +303,11 @@ def _replace(ops: PoolOperations, machine: ProviderMachine, leases: list[Lease],
         f"template node (price {price(ops.node_template)}/h): {fraction:.0%} saving"
     )
     if held:
-        autoscaler._held_back(
+        launches._held_back(
             pool, ScaleDirection.UP, f"{reason}; held back: {held}", actor, consolidation_of=str(node.pk)
         )
         return None
-    decision = autoscaler._decide(
+    decision = launches._decide(
         pool,
         ScaleDirection.UP,
         ScaleOutcome.REQUESTED,
@@ -319,5 +319,5 @@ def _replace(ops: PoolOperations, machine: ProviderMachine, leases: list[Lease],
         machine=machine.name,
         saving=round(fraction, 4),
     )
-    requests = autoscaler._new_machines(ops, decision, 1, pending_since=now, now=now)
+    requests = launches._new_machines(ops, decision, 1, pending_since=now, now=now)
     return ops, decision, requests

@@ -4,7 +4,7 @@ A notice comes from the node's agent (``POST /nodes/{id}/preemption-notice``), f
 (a signed ``POST /pools/{name}/preemption-notices``) or from an operator. The node is cordoned
 by ``system:preemption`` and drained with the ``checkpoint`` policy by a margin before the
 notice's deadline (:func:`drain_deadline`), and a replacement node is asked of the provider at
-once (:func:`operations.autoscaler.request_replacement`):
+once (:func:`operations.launches.request_replacement`):
 workloads that can checkpoint do so and move early, the rest are revoked at the deadline. Every
 lease a system drain ends is requeued for its client (:func:`requeue_evicted_lease`), for a
 preemption in the pool's fallback pool when one is configured.
@@ -33,11 +33,11 @@ from nodepool import fsm
 from nodepool.api.problems import Conflict, NotFound, Unprocessable
 from nodepool.celery import app as celery_app
 
-from . import autoscaler, conf, event_types, outofservice
+from . import conf, event_types, machines, outofservice
 from .choices import PreemptionState
 from .errors import INVALID_DEADLINE_RANGE, POOL_NOT_SPOT
 from .models import Preemption
-from .upgrades import pool_operations
+from .upgrade_plan import pool_operations
 
 logger = logging.getLogger(__name__)
 MAX_NOTICE = timedelta(hours=24)
@@ -248,7 +248,7 @@ def follow(*, preemption_id, actor: Actor, now=None) -> bool:
             data={"preemption_id": preemption.pk, "leases_requeued": preemption.leases_requeued},
         )
         try:
-            autoscaler.remove_machine_of(node, actor=actor, reason="spot machine preempted")
+            machines.remove_machine_of(node, actor=actor, reason="spot machine preempted")
         except Exception:
             logger.exception("preemption %s: the machine could not be removed", preemption.pk)
         closed += 1

@@ -36,20 +36,19 @@ from nodepool.api.problems import Problem
 from nodepool.celery import app as celery_app
 
 from . import capacity, disruption, outofservice
-from .autoscaler import surge_ready
 from .choices import NODE_IN_PROGRESS, DisruptionReason, PauseCause, UpgradeNodeState, UpgradePhase, UpgradeState
+from .launches import surge_ready
 from .models import ScaleDecision, Upgrade, UpgradeNode
 from .targets import target_mismatches
+from .upgrade_plan import pool_operations, unavailable_limit
 from .upgrades import (
     _transition,
     begin_rollback,
     event,
     lock_upgrade,
-    pool_operations,
     release_holds,
     row_target,
     tell_node,
-    unavailable_limit,
 )
 
 logger = logging.getLogger(__name__)

@@ -23,12 +23,12 @@ from nodepool import egress
 from nodepool.api.problems import Problem
 from nodepool.api.versioning import check_version
 
-from . import repair
+from . import repair_rules
+from .budgets import parse_budgets
 from .choices import ProviderKind
-from .disruption import parse_budgets
 from .errors import INVALID_POOL_OPERATIONS
 from .models import PoolOperations
-from .upgrades import pool_operations
+from .upgrade_plan import pool_operations
 
 SPOT_TAINT = {"key": "nodepool.dev/spot", "value": "true", "effect": "NoSchedule"}
 INTS = (
@@ -132,7 +132,7 @@ def parse_changes(data: Any, pool: Pool) -> dict:
         elif name == "disruption_budgets":
             value = parse_budgets(value)  # 400 invalid_disruption_budget naming the member
         elif name == "repair_rules":
-            value = repair.parse_rules(value, pool=pool)  # 400 invalid_repair_rule naming the member
+            value = repair_rules.parse_rules(value, pool=pool)  # 400 invalid_repair_rule naming the member
         elif name == "repair_max_unhealthy" and (
             isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1
         ):
@@ -192,7 +192,7 @@ def _check_repair_actions(changes: dict, pool: Pool) -> None:
         return
     current = PoolOperations.objects.filter(pool=pool).values("provider", "repair_rules").first() or {}
     rules = changes.get("repair_rules", current.get("repair_rules") or [])
-    repair.check_actions(rules, changes.get("provider", current.get("provider", ProviderKind.NONE)))
+    repair_rules.check_actions(rules, changes.get("provider", current.get("provider", ProviderKind.NONE)))
 
 
 def _check_webhook_destination(changes: dict, pool: Pool) -> None:

@@ -30,7 +30,7 @@ from nodepool.api.problems import Conflict, Unprocessable
 
 from .errors import INVALID_DEADLINE_RANGE
 from .outofservice import SHUTDOWN
-from .upgrades import pool_operations
+from .upgrade_plan import pool_operations
 
 
 def shutdown_drain(*, node: Node, deadline: datetime | None, reason: str, now=None) -> tuple[Drain, bool]:

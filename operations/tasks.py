@@ -20,7 +20,18 @@ from django.utils import timezone
 
 from fleet.events import Actor
 
-from . import autoscaler, conf, consolidation, outofservice, preemption, repair, replacement, rollout, upgrades
+from . import (
+    autoscaler,
+    conf,
+    consolidation,
+    launches,
+    outofservice,
+    preemption,
+    repair,
+    replacement_sweep,
+    rollout,
+    upgrades,
+)
 from .choices import PreemptionState
 from .models import Preemption, Upgrade
 from .rollout import TICKING_STATES
@@ -97,7 +108,7 @@ def follow_preemption(self, preemption_id: int) -> str:
 def request_surge(self, pool_id: int, count: int, upgrade_id: str) -> int:
     """An upgrade's surge: ``count`` extra nodes from the pool's provider (once per upgrade)."""
 
-    return autoscaler.request_surge(
+    return launches.request_surge(
         pool_id=pool_id,
         count=count,
         upgrade_id=upgrade_id,
@@ -109,7 +120,7 @@ def request_surge(self, pool_id: int, count: int, upgrade_id: str) -> int:
 def request_replacement(self, pool_id: int, preemption_id: int, node_id: str) -> int:
     """A preempted node's replacement, asked at once (once per preemption)."""
 
-    return autoscaler.request_replacement(
+    return launches.request_replacement(
         pool_id=pool_id,
         preemption_id=preemption_id,
         node_id=node_id,
@@ -121,7 +132,7 @@ def request_replacement(self, pool_id: int, preemption_id: int, node_id: str) ->
 def sweep_replacements(self) -> dict:
     """Beat: find drifted and expired nodes and move their replacements (operations.replacement)."""
 
-    return replacement.sweep(actor=Actor.system("operations.sweep_replacements", self.request.id or ""))
+    return replacement_sweep.sweep(actor=Actor.system("operations.sweep_replacements", self.request.id or ""))
 
 
 @shared_task(name="operations.sweep_repairs", bind=True, ignore_result=True)

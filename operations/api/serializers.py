@@ -13,8 +13,8 @@ from maintenance.choices import EvictionPolicy
 from nodepool.api.fields import AwareDateTimeField
 from nodepool.api.strict import StrictBooleanField, StrictSerializer
 
-from ..autoscaler import fallback_pool_names
 from ..choices import PauseCause
+from ..demand import fallback_pool_names
 from ..models import PoolOperations, Preemption, ProviderMachine, ScaleDecision, Upgrade, UpgradeNode
 
 

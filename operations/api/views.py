@@ -32,7 +32,18 @@ from nodepool.api.problems import Forbidden, NotFound, Problem
 from nodepool.api.strict import refuse_unknown_members
 from nodepool.api.versioning import ETagMixin, expected_version
 
-from .. import bulk, disruption, preemption, providers, repair, replacement, services, shutdown, upgrades
+from .. import (
+    bulk,
+    disruption,
+    preemption,
+    providers,
+    repair,
+    replacement_sweep,
+    services,
+    shutdown,
+    upgrade_plan,
+    upgrades,
+)
 from ..choices import PreemptionSource
 from ..errors import (
     INVALID_DAYS,
@@ -146,8 +157,8 @@ class UpgradeDryRunView(APIView):
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses={200: OpenApiTypes.OBJECT})
     def post(self, request):
-        upgrade = Upgrade(**upgrades.parse_upgrade(request.data))
-        return Response(upgrades.dry_run(upgrade))
+        upgrade = Upgrade(**upgrade_plan.parse_upgrade(request.data))
+        return Response(upgrade_plan.dry_run(upgrade))
 
 
 class UpgradePlanView(APIView):
@@ -160,7 +171,7 @@ class UpgradePlanView(APIView):
         upgrade = Upgrade.objects.filter(pk=pk).select_related("pool").first()
         if upgrade is None:
             raise NotFound("No such upgrade.", UPGRADE_NOT_FOUND)
-        return Response(upgrades.dry_run(upgrade))
+        return Response(upgrade_plan.dry_run(upgrade))
 
 
 class PoolOperationsView(ETagMixin, APIView):
@@ -171,7 +182,7 @@ class PoolOperationsView(ETagMixin, APIView):
     @extend_schema(responses=s.PoolOperationsSerializer)
     def get(self, request, name):
         pool = get_object_or_404(Pool, name=name)
-        return Response(s.PoolOperationsSerializer(upgrades.pool_operations(pool)).data)
+        return Response(s.PoolOperationsSerializer(upgrade_plan.pool_operations(pool)).data)
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses=s.PoolOperationsSerializer)
     def patch(self, request, name):
@@ -213,9 +224,9 @@ class PoolDisruptionsView(_PoolStatusView):
 class PoolReplacementsView(_PoolStatusView):
     """``GET /pools/{name}/replacements``: drift and expiry of the pool — its shape hash, drifted
     nodes with their ``Drifted`` condition, expired nodes, and the replacements active and recent
-    (:func:`operations.replacement.pool_status`)."""
+    (:func:`operations.replacement_sweep.pool_status`)."""
 
-    status = staticmethod(replacement.pool_status)
+    status = staticmethod(replacement_sweep.pool_status)
 
 
 class PoolRepairsView(_PoolStatusView):
@@ -332,7 +343,7 @@ class PoolPreemptionNoticeView(APIView):
             # Before the pool lookup: a caller with no role learns nothing, not even which pools exist.
             raise Forbidden("Send a signed provider request, or act as an operator.", FORBIDDEN)
         pool = _pool_named(name)
-        ops = upgrades.pool_operations(pool)
+        ops = upgrade_plan.pool_operations(pool)
         # One transaction: a signed delivery is remembered (replays refused) only with the notice
         # it carried; a body refused below leaves no trace, and its sender may fix it and retry.
         with transaction.atomic():

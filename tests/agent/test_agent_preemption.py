@@ -13,7 +13,7 @@ from agent import cli as agent_cli
 from agent.preemption import GCE_NOTICE_SECONDS, metadata_probe, parse_notice
 from agent.runner import rfc3339
 from operations.models import Preemption
-from operations.upgrades import pool_operations
+from operations.upgrade_plan import pool_operations
 from tests.control_plane import ControlPlane
 
 pytestmark = pytest.mark.django_db

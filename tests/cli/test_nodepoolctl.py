@@ -284,14 +284,14 @@ def test_describe_pool_shows_back_off_fallback_pools_and_consolidation(ctl, flee
 
 def test_describe_pool_shows_drift_expiry_and_replacements(ctl, fleet):
     from fleet.models import Pool
-    from operations import replacement
+    from operations import replacement_sweep
     from operations.models import NodeReplacement, PoolOperations
 
     pool = fleet["cpu-1"].pool
     PoolOperations.objects.create(pool=pool, expire_after=86400, termination_grace=3600)
-    replacement.sweep_pool(pool=pool)
+    replacement_sweep.sweep_pool(pool=pool)
     Pool.objects.filter(pk=pool.pk).update(labels={"rack": "r7"})  # every node drifts
-    replacement.sweep_pool(pool=Pool.objects.get(pk=pool.pk))
+    replacement_sweep.sweep_pool(pool=Pool.objects.get(pk=pool.pk))
     assert NodeReplacement.objects.filter(pool=pool, reason="drift").exists()
 
     code, text, _ = ctl("describe", "pool", "general")

@@ -9,7 +9,7 @@ import pytest
 from fleet.models import Pool
 from operations.models import PoolOperations
 from operations.services import SPOT_TAINT
-from operations.upgrades import pool_operations
+from operations.upgrade_plan import pool_operations
 from tests.fleet_support import make_pool
 from tests.support import staff_client
 
@@ -134,7 +134,7 @@ def test_the_pool_page_shows_budgets_windows_and_blocked_disruptions_and_checks_
 
 def test_the_pool_page_sets_expiry_shows_drift_and_refuses_a_bad_expire_after(console):
     from fleet.models import Pool
-    from operations import replacement
+    from operations import replacement_sweep
     from tests.factories import make_schedulable_node
 
     pool = make_pool(name="general")
@@ -147,9 +147,9 @@ def test_the_pool_page_sets_expiry_shows_drift_and_refuses_a_bad_expire_after(co
         PoolOperations.objects.get(pk=ops.pk).expire_after,
         PoolOperations.objects.get(pk=ops.pk).termination_grace,
     ) == (86400, 3600)
-    replacement.sweep_pool(pool=pool)
+    replacement_sweep.sweep_pool(pool=pool)
     Pool.objects.filter(pk=pool.pk).update(taints=[{"key": "gpu", "value": "", "effect": "NoSchedule"}])
-    replacement.sweep_pool(pool=Pool.objects.get(pk=pool.pk))
+    replacement_sweep.sweep_pool(pool=Pool.objects.get(pk=pool.pk))
 
     page = console.get(url).content.decode()
     assert "Drift and expiry" in page and "cpu-1: PoolShapeChanged" in page

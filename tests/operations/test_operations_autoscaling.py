@@ -19,7 +19,7 @@ from fleet.events import Actor
 from fleet.models import BootstrapToken, NodeEvent
 from leases.models import LeaseRequest
 from maintenance.models import DisruptionBudget
-from operations import autoscaler, providers
+from operations import autoscaler, demand, launches, machines, providers
 from operations.models import PoolOperations, Preemption, ProviderMachine, ScaleDecision
 from tests.egress_support import allow_loopback
 from tests.factories import PoolFactory, make_schedulable_node, set_lifecycle
@@ -115,7 +115,7 @@ def test_pending_demand_scales_up_through_a_signed_webhook_with_fresh_single_use
     queue(client_api, "job-1")
     queue(client_api, "job-2")
 
-    assert autoscaler.scale_up(pool_id=pool.pk, actor=ACTOR, now=timezone.now()) == 2
+    assert demand.scale_up(pool_id=pool.pk, actor=ACTOR, now=timezone.now()) == 2
 
     assert receiver.refusals == []
     (request,) = receiver.requests
@@ -181,7 +181,7 @@ def test_a_replacement_is_not_asked_of_pools_without_autoscaling_and_says_why(
     assert not ProviderMachine.objects.exists()
     assert not PoolOperations.objects.filter(pool=fallback).exists()  # not created as a side effect
     # Once per preemption: asked again (a retried task), nothing more is recorded.
-    assert autoscaler.request_replacement(pool_id=pool.pk, preemption_id=preemption_id, node_id=str(node.pk),
+    assert launches.request_replacement(pool_id=pool.pk, preemption_id=preemption_id, node_id=str(node.pk),
                                           actor=ACTOR) == 0  # fmt: skip
     assert ScaleDecision.objects.filter(data__preemption_id=preemption_id).count() == 1
 
@@ -216,9 +216,9 @@ def test_scale_up_is_bounded_by_max_nodes_and_the_cool_down_and_says_why(operato
     for n in range(3):
         queue(client_api, f"job-{n}")
 
-    assert autoscaler.scale_up(pool_id=pool.pk, actor=ACTOR, now=timezone.now()) == 1  # max_nodes 2 - 1 node
-    assert autoscaler.scale_up(pool_id=pool.pk, actor=ACTOR, now=timezone.now()) == 0
-    assert autoscaler.scale_up(pool_id=pool.pk, actor=ACTOR, now=timezone.now()) == 0
+    assert demand.scale_up(pool_id=pool.pk, actor=ACTOR, now=timezone.now()) == 1  # max_nodes 2 - 1 node
+    assert demand.scale_up(pool_id=pool.pk, actor=ACTOR, now=timezone.now()) == 0
+    assert demand.scale_up(pool_id=pool.pk, actor=ACTOR, now=timezone.now()) == 0
     held = ScaleDecision.objects.filter(outcome="blocked")
     assert held.count() == 1, "a repeated held-back decision is recorded once"
     assert "at max_nodes 2" in held.get().reason
@@ -232,7 +232,7 @@ def test_a_request_no_template_node_could_hold_does_not_scale_up(operator_api, c
     client_api.post("/api/v1/node-leases", {"workload_id": "busy", "pool": "general", "resources": {"cpu": "16"}},
                     format="json")  # fmt: skip
     queue(client_api, "huge", cpu="8")  # the template has 4 CPUs
-    assert autoscaler.scale_up(pool_id=pool.pk, actor=ACTOR, now=timezone.now()) == 0
+    assert demand.scale_up(pool_id=pool.pk, actor=ACTOR, now=timezone.now()) == 0
     assert not ProviderMachine.objects.exists()
 
 
@@ -248,7 +248,7 @@ def test_a_failing_provider_is_retried_a_bounded_number_of_times_and_leaves_noth
         client_api.post("/api/v1/node-leases", {"workload_id": "busy", "pool": "general", "resources": {"cpu": "3"}},
                         format="json")  # fmt: skip
         queue(client_api, "job-1")
-        autoscaler.scale_up(pool_id=pool.pk, actor=ACTOR, now=timezone.now())
+        demand.scale_up(pool_id=pool.pk, actor=ACTOR, now=timezone.now())
     finally:
         failing.close()
     creates = [r for r in failing.requests if r["action"] == "create"]
@@ -281,7 +281,7 @@ def test_an_idle_machine_is_drained_and_deleted_but_never_below_min_nodes(operat
     assert autoscaler.scale_down(pool_id=pool.pk, actor=ACTOR, now=now) == 0  # underused from now on
     assert autoscaler.scale_down(pool_id=pool.pk, actor=ACTOR, now=now + timedelta(seconds=30)) == 0
     assert autoscaler.scale_down(pool_id=pool.pk, actor=ACTOR, now=now + timedelta(seconds=61)) == 1
-    autoscaler.follow_machines(pool_id=pool.pk, actor=ACTOR, now=now + timedelta(seconds=62))
+    machines.follow_machines(pool_id=pool.pk, actor=ACTOR, now=now + timedelta(seconds=62))
     assert ProviderMachine.objects.filter(state="deleted").count() == 1
     assert [r["action"] for r in receiver.requests] == ["delete"]
     assert autoscaler.scale_down(pool_id=pool.pk, actor=ACTOR, now=now + timedelta(seconds=200)) == 0
@@ -379,7 +379,7 @@ def test_an_upgrade_with_surge_asks_the_provider_first_once_and_ready_surge_node
     machine = ProviderMachine.objects.get(decision=surge)
     node, _ = make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})
     ProviderMachine.objects.filter(pk=machine.pk).update(node=node, state="ready", ready_at=timezone.now())
-    assert autoscaler.surge_ready(pool_id=pool.pk, upgrade_id=upgrade.pk) == 1
+    assert launches.surge_ready(pool_id=pool.pk, upgrade_id=upgrade.pk) == 1
 
 
 def test_no_machine_is_scaled_down_while_lease_requests_wait_that_a_template_node_would_hold(
@@ -461,9 +461,9 @@ def test_two_passes_following_the_same_machine_move_it_and_say_so_once(operator_
     ProviderMachine.objects.create(pool=pool, provider="webhook", name="m-0", node=node, state="enrolled",
                                    requested_at=timezone.now() - timedelta(seconds=20))  # fmt: skip
     first, late = ProviderMachine.objects.get(name="m-0"), ProviderMachine.objects.get(name="m-0")
-    autoscaler._follow(first, ops, ACTOR, timezone.now())
+    machines._follow(first, ops, ACTOR, timezone.now())
     ready_at = ProviderMachine.objects.get(name="m-0").ready_at
-    autoscaler._follow(late, ops, ACTOR, timezone.now() + timedelta(seconds=5))
+    machines._follow(late, ops, ACTOR, timezone.now() + timedelta(seconds=5))
     assert ProviderMachine.objects.get(name="m-0").ready_at == ready_at
     events = NodeEvent.objects.filter(subject_type="machine", subject_id=str(first.pk))
     assert list(events.values_list("to_state", flat=True)) == ["ready"]
@@ -473,8 +473,8 @@ def test_two_passes_following_the_same_machine_move_it_and_say_so_once(operator_
         node_id=node.pk, expected_version=node.reload().version, reason="gone", actor=ACTOR, force=True
     )
     first, late = ProviderMachine.objects.get(name="m-0"), ProviderMachine.objects.get(name="m-0")
-    autoscaler._follow(first, ops, ACTOR, timezone.now())
-    autoscaler._follow(late, ops, ACTOR, timezone.now())
+    machines._follow(first, ops, ACTOR, timezone.now())
+    machines._follow(late, ops, ACTOR, timezone.now())
     assert ProviderMachine.objects.get(name="m-0").state == "deleted"
     assert list(events.order_by("id").values_list("to_state", flat=True)) == ["ready", "deleted"]
 
@@ -496,8 +496,8 @@ def test_one_machine_the_provider_fails_to_delete_does_not_stop_the_pass(operato
                 raise ProviderError("the provider answered 503")
             deleted.append(name)
 
-    monkeypatch.setattr(autoscaler, "provider_for", lambda ops: Provider())
-    autoscaler.follow_machines(pool_id=pool.pk, actor=ACTOR, now=timezone.now())
+    monkeypatch.setattr(providers, "provider_for", lambda ops: Provider())
+    machines.follow_machines(pool_id=pool.pk, actor=ACTOR, now=timezone.now())
     assert deleted == ["m-1"]
     assert ProviderMachine.objects.get(name="m-0").state == "deleting"  # claimed; the next pass asks again
     assert ProviderMachine.objects.get(name="m-1").state == "deleted"
@@ -520,8 +520,8 @@ def test_a_pass_that_read_a_machine_before_another_deleted_it_does_not_delete_it
     pool, node = _drained_machine(operator_api, receiver)
     ops = PoolOperations.objects.get(pool=pool)
     first, late = ProviderMachine.objects.get(name="m-0"), ProviderMachine.objects.get(name="m-0")
-    autoscaler._follow(first, ops, ACTOR, timezone.now())
-    autoscaler._follow(late, ops, ACTOR, timezone.now())
+    machines._follow(first, ops, ACTOR, timezone.now())
+    machines._follow(late, ops, ACTOR, timezone.now())
     assert [r["action"] for r in receiver.requests] == ["delete"]
     assert ProviderMachine.objects.get(name="m-0").state == "deleted"
     assert node.reload().lifecycle == "retired"
@@ -541,12 +541,12 @@ def test_a_machine_the_provider_fails_to_delete_is_left_to_the_next_pass(operato
             if len(calls) == 1:
                 raise ProviderError("the provider answered 503")
 
-    monkeypatch.setattr(autoscaler, "provider_for", lambda ops: Provider())
-    autoscaler.follow_machines(pool_id=pool.pk, actor=ACTOR, now=timezone.now())
+    monkeypatch.setattr(providers, "provider_for", lambda ops: Provider())
+    machines.follow_machines(pool_id=pool.pk, actor=ACTOR, now=timezone.now())
     machine = ProviderMachine.objects.get(name="m-0")
     assert machine.state == "deleting"
     assert node.reload().lifecycle == "maintenance"
-    autoscaler.follow_machines(pool_id=pool.pk, actor=ACTOR, now=timezone.now())
+    machines.follow_machines(pool_id=pool.pk, actor=ACTOR, now=timezone.now())
     assert calls == ["m-0", "m-0"]
     assert ProviderMachine.objects.get(name="m-0").state == "deleted"
     assert node.reload().lifecycle == "retired"
@@ -569,16 +569,16 @@ def test_a_boot_timeout_racing_the_machine_becoming_ready_does_not_delete_the_re
     ProviderMachine.objects.create(pool=pool, provider="webhook", name="m-0", node=node, state="enrolled",
                                    requested_at=requested)  # fmt: skip
     late = ProviderMachine.objects.get(name="m-0")
-    real = autoscaler._fail_machine
+    real = machines._fail_machine
 
     def the_node_became_ready_and_another_pass_saw_it(machine, *args, **kwargs):
         set_lifecycle(node, "ready")
-        autoscaler._follow(ProviderMachine.objects.get(name="m-0"), ops, ACTOR, timezone.now())
+        machines._follow(ProviderMachine.objects.get(name="m-0"), ops, ACTOR, timezone.now())
         assert ProviderMachine.objects.get(name="m-0").state == "ready"
         return real(machine, *args, **kwargs)
 
-    monkeypatch.setattr(autoscaler, "_fail_machine", the_node_became_ready_and_another_pass_saw_it)
-    autoscaler._follow(late, ops, ACTOR, timezone.now())
+    monkeypatch.setattr(machines, "_fail_machine", the_node_became_ready_and_another_pass_saw_it)
+    machines._follow(late, ops, ACTOR, timezone.now())
     assert receiver.requests == []
     assert ProviderMachine.objects.get(name="m-0").state == "ready"
     assert node.reload().lifecycle == "ready"
@@ -599,8 +599,8 @@ def test_two_passes_following_a_drained_machine_at_once_delete_it_once(operator_
             with contextlib.suppress(threading.BrokenBarrierError):
                 arrived.wait(2.0)
 
-    monkeypatch.setattr(autoscaler, "provider_for", lambda ops: Provider())
-    real_follow = autoscaler._follow
+    monkeypatch.setattr(providers, "provider_for", lambda ops: Provider())
+    real_follow = machines._follow
     read = threading.Barrier(2)
 
     def follow_once_both_read(machine, *args):
@@ -608,8 +608,8 @@ def test_two_passes_following_a_drained_machine_at_once_delete_it_once(operator_
             read.wait(5.0)  # both passes hold the machine as read (draining) before either moves it
         return real_follow(machine, *args)
 
-    monkeypatch.setattr(autoscaler, "_follow", follow_once_both_read)
-    outcome = race(lambda i: autoscaler.follow_machines(pool_id=pool.pk, actor=ACTOR, now=timezone.now()), 2)
+    monkeypatch.setattr(machines, "_follow", follow_once_both_read)
+    outcome = race(lambda i: machines.follow_machines(pool_id=pool.pk, actor=ACTOR, now=timezone.now()), 2)
     assert not outcome.errors, outcome.errors
     assert calls == ["m-0"]
     assert ProviderMachine.objects.get(name="m-0").state == "deleted"
@@ -656,11 +656,11 @@ def test_a_pool_that_keeps_failing_backs_off_exponentially_up_to_a_cap_and_a_rea
                         format="json")  # fmt: skip
         queue(client_api, "job-1")
         now = timezone.now()
-        autoscaler.scale_up(pool_id=pool.pk, actor=ACTOR, now=now)  # the provider answers 503
+        demand.scale_up(pool_id=pool.pk, actor=ACTOR, now=now)  # the provider answers 503
         ops = PoolOperations.objects.get(pool=pool)
         assert ops.consecutive_failures == 1
         assert abs((ops.backoff_until - now).total_seconds() - 60) < 5
-        assert autoscaler.scale_up(pool_id=pool.pk, actor=ACTOR, now=now + timedelta(seconds=30)) == 0
+        assert demand.scale_up(pool_id=pool.pk, actor=ACTOR, now=now + timedelta(seconds=30)) == 0
         held = ScaleDecision.objects.filter(outcome="blocked").first()
         assert "backing off after 1 consecutive failure(s)" in held.reason
     finally:
@@ -668,7 +668,7 @@ def test_a_pool_that_keeps_failing_backs_off_exponentially_up_to_a_cap_and_a_rea
     # 60, 120, 240, then the cap: 300.
     waits = []
     for _ in range(4):
-        autoscaler.back_off(pool.pk, now=now)
+        machines.back_off(pool.pk, now=now)
         waits.append(round((PoolOperations.objects.get(pool=pool).backoff_until - now).total_seconds()))
     assert waits == [120, 240, 300, 300]
 
@@ -682,8 +682,8 @@ def test_launches_in_flight_stay_under_the_cap(operator_api, client_api, receive
                     format="json")  # fmt: skip
     for n in range(5):
         queue(client_api, f"job-{n}")
-    assert autoscaler.scale_up(pool_id=pool.pk, actor=ACTOR, now=timezone.now()) == 2
-    assert autoscaler.scale_up(pool_id=pool.pk, actor=ACTOR, now=timezone.now()) == 0
+    assert demand.scale_up(pool_id=pool.pk, actor=ACTOR, now=timezone.now()) == 2
+    assert demand.scale_up(pool_id=pool.pk, actor=ACTOR, now=timezone.now()) == 0
     assert (
         "2 launch(es) in flight (max_launches_in_flight 2)"
         in ScaleDecision.objects.filter(outcome="blocked").first().reason
@@ -709,15 +709,15 @@ def test_no_transaction_is_open_during_the_providers_delete_and_a_failed_delete_
             if fail[0]:
                 raise providers.ProviderError("HTTP 503")
 
-    monkeypatch.setattr(autoscaler, "provider_for", lambda ops: Provider())
-    autoscaler.follow_machines(pool_id=pool.pk, actor=ACTOR, now=timezone.now())
+    monkeypatch.setattr(providers, "provider_for", lambda ops: Provider())
+    machines.follow_machines(pool_id=pool.pk, actor=ACTOR, now=timezone.now())
     assert seen == [("deleting", 0)]
     assert ProviderMachine.objects.get(name="m-0").state == "deleting"
     assert node.reload().lifecycle == "maintenance"
 
     fail[0] = False
-    autoscaler.follow_machines(pool_id=pool.pk, actor=ACTOR, now=timezone.now())
-    autoscaler.follow_machines(pool_id=pool.pk, actor=ACTOR, now=timezone.now())
+    machines.follow_machines(pool_id=pool.pk, actor=ACTOR, now=timezone.now())
+    machines.follow_machines(pool_id=pool.pk, actor=ACTOR, now=timezone.now())
     assert len(seen) == 2
     assert ProviderMachine.objects.get(name="m-0").state == "deleted"
     assert node.reload().lifecycle == "retired"

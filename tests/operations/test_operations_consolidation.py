@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from fleet.models import NodeEvent, NodeHold
 from leases.models import Lease
-from operations import autoscaler, consolidation
+from operations import autoscaler, consolidation, machines
 from operations.models import DisruptionBlock, PoolOperations, ProviderMachine, ScaleDecision
 from tests.egress_support import allow_loopback
 from tests.factories import PoolFactory, make_schedulable_node
@@ -85,7 +85,7 @@ def test_an_empty_machine_is_removed_after_consolidate_after_and_not_before(oper
     from operations.metrics import samples
 
     assert samples()["nodepool_consolidations_total"] == {("general", "delete"): 1}
-    autoscaler.follow_machines(pool_id=pool.pk, actor=ACTOR, now=t0 + timedelta(seconds=302))
+    machines.follow_machines(pool_id=pool.pk, actor=ACTOR, now=t0 + timedelta(seconds=302))
     assert ProviderMachine.objects.get(name="m-0").state == "deleted"
     assert [r["action"] for r in receiver.requests] == ["delete"]
     assert ProviderMachine.objects.get(name="m-1").state == "ready"  # its lease fits nowhere else

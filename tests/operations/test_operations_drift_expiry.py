@@ -13,7 +13,7 @@ import time_machine
 
 from fleet.choices import Lifecycle
 from fleet.models import LivenessSweepState, Node, NodeEvent, NodeHold, Pool
-from operations import drift, expiry, outofservice, replacement
+from operations import drift, expiry, outofservice, replacement, replacement_sweep
 from operations import event_types as operations_events
 from operations.choices import ReplacementState
 from operations.models import DisruptionBlock, NodeReplacement, NodeShape, PoolOperations, ProviderMachine
@@ -40,7 +40,7 @@ def held(pool, owner) -> set:
 
 def sweep(capture, pool, now) -> dict:
     with time_machine.travel(now, tick=False), capture(execute=True):
-        return replacement.sweep_pool(pool=Pool.objects.get(pk=pool.pk), now=now)
+        return replacement_sweep.sweep_pool(pool=Pool.objects.get(pk=pool.pk), now=now)
 
 
 def out_of_service(pool) -> int:
@@ -152,7 +152,7 @@ def test_where_the_pool_autoscales_the_replacement_is_ready_before_the_old_node_
     monkeypatch, django_capture_on_commit_callbacks
 ):
     provider = FakeProvider()
-    monkeypatch.setattr("operations.autoscaler.provider_for", lambda ops: provider)
+    monkeypatch.setattr("operations.providers.provider_for", lambda ops: provider)
     with time_machine.travel(T0, tick=False):
         pool, nodes = ready_pool("general", 2)
     PoolOperations.objects.create(pool=pool, provider="simulated", max_nodes=3, node_template={"resources": {}})
@@ -394,10 +394,10 @@ def test_expiry_settings_are_written_and_cleared(operator_api):
 def test_two_sweeps_that_find_the_same_drifted_node_start_one_replacement():
     pool, nodes = ready_pool("general", 4)
     PoolOperations.objects.create(pool=pool, disruption_budgets=[{"nodes": "4"}])
-    replacement.sweep_pool(pool=pool)
+    replacement_sweep.sweep_pool(pool=pool)
     Node.objects.filter(pk=nodes[0][0].pk).update(labels={"stale": "yes"})
     NodeShape.objects.filter(node=nodes[0][0]).update(pool_hash="0" * 64)  # admitted with another shape
-    outcome = race(lambda i: replacement.sweep_pool(pool=Pool.objects.get(pk=pool.pk)), 2)
+    outcome = race(lambda i: replacement_sweep.sweep_pool(pool=Pool.objects.get(pk=pool.pk)), 2)
     assert not outcome.errors, outcome.errors
     assert sorted(r["started"] for r in outcome.results) == [0, 1]
     assert NodeReplacement.objects.filter(node=nodes[0][0]).count() == 1

@@ -11,7 +11,7 @@ import pytest
 from django.utils import timezone
 
 from fleet.events import Actor
-from operations import autoscaler
+from operations import demand
 from operations.models import PoolOperations, ScaleDecision
 from tests.egress_support import stub_dns
 from tests.factories import PoolFactory, make_schedulable_node
@@ -66,7 +66,7 @@ def test_a_stored_webhook_that_resolves_to_the_metadata_service_is_not_called(cl
         format="json",
     )  # fmt: skip
     assert queued.status_code == 202, queued.content
-    autoscaler.scale_up(pool_id=pool.pk, actor=Actor.system("system:autoscaler"), now=timezone.now())
+    demand.scale_up(pool_id=pool.pk, actor=Actor.system("system:autoscaler"), now=timezone.now())
     decision = ScaleDecision.objects.get(direction="up")
     assert decision.outcome == "failed"
     assert "destination not allowed" in decision.error and "link-local" in decision.error

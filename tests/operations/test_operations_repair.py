@@ -82,7 +82,7 @@ class FakeProvider:
 @pytest.fixture
 def provider(monkeypatch):
     fake = FakeProvider()
-    monkeypatch.setattr("operations.autoscaler.provider_for", lambda ops: fake)
+    monkeypatch.setattr("operations.providers.provider_for", lambda ops: fake)
     return fake
 
 

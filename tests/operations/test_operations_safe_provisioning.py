@@ -15,7 +15,7 @@ from django.utils import timezone
 from fleet.events import Actor
 from fleet.models import NodeEvent
 from leases.models import LeaseRequest
-from operations import autoscaler
+from operations import demand, machines
 from operations.models import PoolOperations, ProviderMachine, ScaleDecision
 from tests.egress_support import allow_loopback
 from tests.factories import PoolFactory, make_schedulable_node
@@ -74,19 +74,19 @@ def test_a_pool_whose_machines_never_register_backs_off_keeps_launches_under_the
         queue(client_api, f"job-{n}")  # 3 CPUs each: one template node (4 CPUs) apiece
     t0 = timezone.now()
 
-    assert autoscaler.scale_up(pool_id=general.pk, actor=ACTOR, now=t0) == 2  # the cap, not the 4 wanted
-    assert autoscaler.scale_up(pool_id=general.pk, actor=ACTOR, now=t0 + timedelta(seconds=10)) == 0
+    assert demand.scale_up(pool_id=general.pk, actor=ACTOR, now=t0) == 2  # the cap, not the 4 wanted
+    assert demand.scale_up(pool_id=general.pk, actor=ACTOR, now=t0 + timedelta(seconds=10)) == 0
     assert "2 launch(es) in flight (max_launches_in_flight 2)" in ScaleDecision.objects.first().reason
 
     # Neither machine registers: both fail at the boot timeout, and the pool backs off 30 × 2^1 s.
-    autoscaler.follow_machines(pool_id=general.pk, actor=ACTOR, now=t0 + timedelta(seconds=61))
+    machines.follow_machines(pool_id=general.pk, actor=ACTOR, now=t0 + timedelta(seconds=61))
     assert ProviderMachine.objects.filter(pool=general, state="failed").count() == 2
     ops = PoolOperations.objects.get(pool=general)
     assert ops.consecutive_failures == 2
     assert round((ops.backoff_until - (t0 + timedelta(seconds=61))).total_seconds()) == 60
 
     # Backing off: the waiting requests go to the fallback pool, which launches for them.
-    assert autoscaler.scale_up(pool_id=general.pk, actor=ACTOR, now=t0 + timedelta(seconds=70)) == 4
+    assert demand.scale_up(pool_id=general.pk, actor=ACTOR, now=t0 + timedelta(seconds=70)) == 4
     assert ProviderMachine.objects.filter(pool=general).count() == 2  # nothing more here
     assert ProviderMachine.objects.filter(pool=spare, state="requested").count() == 4
     moved = LeaseRequest.objects.filter(state="pending", pool=spare)
@@ -101,7 +101,7 @@ def test_a_pool_whose_machines_never_register_backs_off_keeps_launches_under_the
     # The next failures double the wait, up to the cap.
     waits = []
     for _ in range(2):
-        autoscaler.back_off(general.pk, now=t0)
+        machines.back_off(general.pk, now=t0)
         waits.append(round((PoolOperations.objects.get(pool=general).backoff_until - t0).total_seconds()))
     assert waits == [100, 100]  # 30 × 2^2 = 120 and 30 × 2^3 = 240, capped at 100
 
@@ -113,7 +113,7 @@ def test_without_a_fallback_that_can_launch_the_pool_says_why_and_moves_nothing(
     fill(client_api, general)
     queue(client_api, "job-0")
     PoolOperations.objects.filter(pool=general).update(backoff_until=timezone.now() + timedelta(minutes=5))
-    assert autoscaler.scale_up(pool_id=general.pk, actor=ACTOR, now=timezone.now()) == 0
+    assert demand.scale_up(pool_id=general.pk, actor=ACTOR, now=timezone.now()) == 0
     assert not ProviderMachine.objects.exists()
     assert LeaseRequest.objects.get(workload_id="job-0").pool == general
     assert "held back: backing off" in ScaleDecision.objects.get(pool=general).reason
@@ -130,7 +130,7 @@ def test_work_waiting_on_its_workloads_draining_lease_launches_nothing(operator_
                                 "resources": {"cpu": "3"}, "queue": True})  # fmt: skip
     for minutes in (0, 5, 10):
         later = timezone.now() + timedelta(minutes=minutes)
-        assert autoscaler.scale_up(pool_id=general.pk, actor=ACTOR, now=later) == 0
+        assert demand.scale_up(pool_id=general.pk, actor=ACTOR, now=later) == 0
     assert not ProviderMachine.objects.exists()
 
 
@@ -146,7 +146,7 @@ def test_an_anti_affinity_request_whose_group_holds_the_templates_zone_launches_
     response = client_api.post("/api/v1/node-leases", {**body, "workload_id": "r-1", "resources": {"cpu": "1"},
                                "queue": True}, format="json")  # fmt: skip
     assert response.status_code == 202, response.content
-    assert autoscaler.scale_up(pool_id=general.pk, actor=ACTOR, now=timezone.now()) == 0
+    assert demand.scale_up(pool_id=general.pk, actor=ACTOR, now=timezone.now()) == 0
     assert not ProviderMachine.objects.exists()
 
 
@@ -160,7 +160,7 @@ def test_an_empty_autoscaled_pool_scales_up_from_zero_for_a_request_its_template
     too_big = {"workload_id": "huge", "pool": "general", "resources": {"cpu": "8"}, "queue": True}
     refused = client_api.post("/api/v1/node-leases", too_big, format="json")
     assert (refused.status_code, refused.json()["code"]) == (422, "impossible_request")
-    assert autoscaler.scale_up(pool_id=general.pk, actor=ACTOR, now=timezone.now()) == 1
+    assert demand.scale_up(pool_id=general.pk, actor=ACTOR, now=timezone.now()) == 1
     assert [m["template"]["resources"]["cpu"] for m in receiver.requests[0]["machines"]] == ["4"]
 
 
@@ -172,8 +172,8 @@ def test_two_autoscaler_passes_at_once_launch_no_more_than_the_cap(operator_api,
     for n in range(4):
         queue(client_api, f"job-{n}")
     now = timezone.now()
-    with Hold("operations.autoscaler._in_flight", parties=2, timeout=2.0) as hold:
-        outcome = race(lambda i: autoscaler.scale_up(pool_id=general.pk, actor=ACTOR, now=now), 2)
+    with Hold("operations.demand._in_flight", parties=2, timeout=2.0) as hold:
+        outcome = race(lambda i: demand.scale_up(pool_id=general.pk, actor=ACTOR, now=now), 2)
     assert not outcome.errors, outcome.errors
     assert sorted(outcome.results) == [0, 2]
     assert ProviderMachine.objects.filter(pool=general).count() == 2

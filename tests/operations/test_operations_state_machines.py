@@ -11,7 +11,7 @@ from django.utils import timezone
 from django_fsm import TransitionNotAllowed
 
 from nodepool import fsm
-from operations import autoscaler
+from operations import machines
 from operations.choices import (
     LIVE_MACHINE_STATES,
     NODE_IN_PROGRESS,
@@ -27,7 +27,7 @@ from tests.factories import NodeFactory, PoolFactory
 
 
 def test_the_statements_states_are_the_declarations():
-    # The claims the services build (operations.autoscaler._moved, operations.upgrades, preemption).
+    # The claims the services build (operations.machines._moved, operations.upgrades, preemption).
     assert fsm.sources(ProviderMachine, "claim_removal") == (*LIVE_MACHINE_STATES, MachineState.DRAINING)
     assert fsm.target(ProviderMachine, "claim_removal") == MachineState.DELETING
     assert fsm.sources(ProviderMachine, "drain") == (MachineState.READY,)
@@ -61,15 +61,15 @@ def test_a_machine_moves_only_along_the_declaration_and_the_instance_follows():
     ready = _machine(pool, MachineState.READY, "ready")
     requested = _machine(pool, MachineState.REQUESTED, "requested")
     # requested → draining is not declared: the compare-and-swap moves nothing.
-    assert not autoscaler._moved(requested, "drain")
+    assert not machines._moved(requested, "drain")
     assert ProviderMachine.objects.get(pk=requested.pk).state == MachineState.REQUESTED
-    assert autoscaler._moved(ready, "drain")
+    assert machines._moved(ready, "drain")
     assert ready.state == MachineState.DRAINING
     assert ProviderMachine.objects.get(pk=ready.pk).state == MachineState.DRAINING
     # Read before another pass moved it: the stale compare-and-swap moves nothing.
     stale = ProviderMachine.objects.get(pk=requested.pk)
-    assert autoscaler._moved(requested, "claim_removal", removal_reason="gone")
-    assert not autoscaler._moved(stale, "enroll")
+    assert machines._moved(requested, "claim_removal", removal_reason="gone")
+    assert not machines._moved(stale, "enroll")
     row = ProviderMachine.objects.get(pk=requested.pk)
     assert (row.state, row.removal_reason) == (MachineState.DELETING, "gone")
 

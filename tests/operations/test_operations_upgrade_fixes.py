@@ -169,7 +169,7 @@ def test_a_machine_failed_by_its_boot_timeout_counts_as_a_failed_scale_attempt(m
     from django.utils import timezone
 
     from fleet.events import Actor
-    from operations import autoscaler, metrics
+    from operations import machines, metrics, providers
     from operations.models import ProviderMachine, ScaleDecision
 
     pool, _ = ready_pool("general", 1)
@@ -182,8 +182,8 @@ def test_a_machine_failed_by_its_boot_timeout_counts_as_a_failed_scale_attempt(m
         def delete(self, name, data):
             pass
 
-    monkeypatch.setattr(autoscaler, "provider_for", lambda ops: Provider())
-    autoscaler.follow_machines(pool_id=pool.pk, actor=Actor.system("system:autoscaler"), now=timezone.now())
+    monkeypatch.setattr(providers, "provider_for", lambda ops: Provider())
+    machines.follow_machines(pool_id=pool.pk, actor=Actor.system("system:autoscaler"), now=timezone.now())
     assert ProviderMachine.objects.get(name="m-1").state == "failed"
     assert metrics.samples()["nodepool_scale_attempts_failed_total"] == {("general",): 1}
 

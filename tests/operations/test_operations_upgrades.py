@@ -214,7 +214,7 @@ def test_the_dry_run_lists_the_order_and_predicts_the_minimum_capacity(operator_
 
 def test_a_percentage_max_unavailable_rounds_down_but_allows_one():
     upgrade = Upgrade(max_unavailable_nodes="10%")
-    from operations.upgrades import unavailable_limit
+    from operations.upgrade_plan import unavailable_limit
 
     assert (unavailable_limit(upgrade, 20), unavailable_limit(upgrade, 5), unavailable_limit(upgrade, 35)) == (2, 1, 3)
 

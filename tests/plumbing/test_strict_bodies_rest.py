@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from leases.models import Lease, LeaseCheckpoint, Shape
 from operations.models import Preemption, ProviderMachine, Upgrade
-from operations.upgrades import pool_operations
+from operations.upgrade_plan import pool_operations
 from tests.factories import PoolFactory, make_schedulable_node
 from tests.problems import assert_problem
 from tests.support import lease_body, node_api

@@ -146,7 +146,7 @@ def test_a_pool_price_effective_from_without_an_offset_is_refused_with_the_same_
 
 def test_a_preemption_deadline_without_an_offset_is_refused_with_the_same_code(operator_api):
     from operations.models import Preemption
-    from operations.upgrades import pool_operations
+    from operations.upgrade_plan import pool_operations
 
     node, secret = make_schedulable_node()
     ops = pool_operations(node.pool)
