@@ -28,6 +28,7 @@ from datetime import datetime, timedelta
 
 from fleet.clock import extend_past_gaps
 from fleet.models import ControlPlaneClock, LivenessSweepState
+from fleet.silence import belongs_to_pool
 
 from . import conf
 
@@ -48,18 +49,31 @@ def expires_at(*, node_id, admitted_at: datetime, expire_after: int, gaps=()) ->
     return extend_past_gaps(admitted_at, due, list(gaps))
 
 
-def guard_engaged(now: datetime) -> str:
-    """Why automated timers (expiry; repair may share it) must stand still now, or ``""``:
-    within ``AUTONOMY_GUARD_SECONDS`` (300) of a detected control-plane gap or outage (the clock's
-    ``last_gap_ended_at``, the liveness sweep's ``recovered_at``), or while the mass-silence guard
-    holds any pool or zone (``LivenessSweepState.guarded_groups``)."""
-    settle = timedelta(seconds=float(conf.get("AUTONOMY_GUARD_SECONDS")))
-    state = LivenessSweepState.objects.filter(pk=1).values("recovered_at", "guarded_groups").first() or {}
-    if state.get("guarded_groups"):
-        return f"mass-silence guard engaged ({', '.join(sorted(state['guarded_groups']))})"
-    if state.get("recovered_at") and now - state["recovered_at"] < settle:
-        return f"the control plane recovered from an outage at {state['recovered_at'].isoformat()}"
+def recovered_at() -> datetime | None:
+    """The end of the latest detected gap of the control plane (the clock's ``last_gap_ended_at``,
+    the liveness sweep's ``recovered_at``), or None."""
     gap_end = ControlPlaneClock.objects.filter(pk=1).values_list("last_gap_ended_at", flat=True).first()
-    if gap_end and now - gap_end < settle:
-        return f"the control plane's clock gap ended at {gap_end.isoformat()}"
+    liveness = LivenessSweepState.objects.filter(pk=1).values_list("recovered_at", flat=True).first()
+    return max((t for t in (gap_end, liveness) if t is not None), default=None)
+
+
+_READ = object()
+
+
+def guard_engaged(now: datetime, *, pool=None, settle: float | None = None, recovered=_READ) -> str:
+    """Why automated timers must stand still now, or ``""``: the one outage guard of expiry and
+    repair (:func:`operations.repair_rules.guard`). Engaged while the mass-silence guard holds a
+    group (``LivenessSweepState.guarded_groups``; of ``pool`` when given, any pool or zone when
+    not), and within ``settle`` seconds (default ``AUTONOMY_GUARD_SECONDS``, 300; repair passes
+    ``REPAIR_SETTLE``) of a detected control-plane gap or outage (``recovered``: the end of the
+    latest, :func:`recovered_at` unless the caller read it already)."""
+    groups = sorted(LivenessSweepState.objects.filter(pk=1).values_list("guarded_groups", flat=True).first() or {})
+    if pool is not None:
+        groups = [key for key in groups if belongs_to_pool(key, pool.name)]
+    if groups:
+        return f"mass-silence guard engaged ({', '.join(groups)})"
+    settle = float(conf.get("AUTONOMY_GUARD_SECONDS")) if settle is None else settle
+    recovered = recovered_at() if recovered is _READ else recovered
+    if recovered is not None and now - recovered < timedelta(seconds=settle):
+        return f"the control plane recovered from an outage or a clock gap at {recovered.isoformat()}"
     return ""

@@ -76,8 +76,9 @@ from nodepool.api.problems import Problem
 
 from . import conf, disruption, event_types, launches, machines, outofservice
 from .choices import ACTIVE_REPAIR_STATES, DisruptionReason, ProviderKind, RepairAction, RepairState
+from .expiry import recovered_at
 from .models import PoolOperations, Repair
-from .repair_rules import DEVICES_HEALTHY, _bad_devices, _label, condition_since, due_at, guard, recovered_at
+from .repair_rules import DEVICES_HEALTHY, _bad_devices, _label, condition_since, due_at, guard
 
 logger = logging.getLogger(__name__)
 

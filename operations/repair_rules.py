@@ -1,7 +1,7 @@
 """Repair rules and what they read (operations.repair's lower half): the rules' grammar, validated
 when written (:func:`parse_rules`, :func:`check_actions`); since when a rule's condition holds on
 a node (:func:`condition_since`, device health included); and the outage guard with the
-control-plane timers it shifts (:func:`guard`, :func:`recovered_at`, :func:`due_at`).
+control-plane timers it shifts (:func:`guard`, the one in :mod:`operations.expiry`; :func:`due_at`).
 """
 
 from __future__ import annotations
@@ -13,21 +13,18 @@ from typing import Any
 from django.utils.dateparse import parse_datetime
 
 from fleet import clock
-from fleet import silence as fleet_silence
 from fleet.choices import DeviceHealth, Lifecycle
 from fleet.health import CLOCK_SKEW, CONDITION_STATUSES, FALSE, READY, STATUS_REPORT_OVERDUE
 from fleet.models import (
     DEFAULT_DEGRADED_CONDITIONS,
     DEFAULT_UNHEALTHY_CONDITIONS,
-    ControlPlaneClock,
     Device,
-    LivenessSweepState,
     Node,
     Pool,
 )
 from nodepool.api.problems import Problem
 
-from . import conf
+from . import conf, expiry
 from .choices import ProviderKind, RepairAction
 from .errors import INVALID_REPAIR_RULE
 
@@ -152,25 +149,13 @@ def _label(rule: dict) -> str:
 
 
 # --- the outage guard -----------------------------------------------------------------------------
-def recovered_at() -> datetime | None:
-    """The end of the latest detected gap of the control plane (clock jump or outage), or None."""
-    gap_end = ControlPlaneClock.objects.filter(pk=1).values_list("last_gap_ended_at", flat=True).first()
-    liveness = LivenessSweepState.objects.filter(pk=1).values_list("recovered_at", flat=True).first()
-    return max((t for t in (gap_end, liveness) if t is not None), default=None)
-
-
 def guard(pool: Pool, *, now: datetime, recovered: datetime | None) -> str:
-    """Why repairs of ``pool`` must wait for the control plane (``""`` when they need not)."""
+    """Why repairs of ``pool`` must wait for the control plane (``""`` when they need not): the one
+    outage guard (:func:`operations.expiry.guard_engaged`) with this pool's mass-silence groups
+    and ``REPAIR_SETTLE`` seconds after a recovery."""
     settle = float(conf.get("REPAIR_SETTLE"))
-    if recovered is not None and (now - recovered).total_seconds() < settle:
-        return (
-            f"outage guard: the control plane recovered from a gap at {recovered.isoformat()}; repairs wait "
-            f"{settle:g}s after it"
-        )
-    groups = LivenessSweepState.objects.filter(pk=1).values_list("guarded_groups", flat=True).first() or {}
-    if any(fleet_silence.belongs_to_pool(key, pool.name) for key in groups):
-        return "outage guard: the mass-silence guard holds this pool"
-    return ""
+    reason = expiry.guard_engaged(now, pool=pool, settle=settle, recovered=recovered)
+    return f"outage guard: {reason}; repairs wait {settle:g}s after a recovery" if reason else ""
 
 
 def due_at(since: datetime, seconds: int, *, recovered: datetime | None, gaps) -> datetime:
