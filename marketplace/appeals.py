@@ -18,6 +18,7 @@ from fleet.events import Actor, record_event
 from fleet.models import Node
 from maintenance import services as maintenance_services
 from maintenance.models import Quarantine
+from nodepool import fsm
 from nodepool.api.problems import Conflict, NotFound, Problem
 from nodepool.api.versioning import check_version
 
@@ -34,6 +35,8 @@ from .errors import (
 from .models import Appeal
 
 MAX_TEXT = 4000
+# The declared transition (Appeal) of each operator outcome.
+RESOLVE = {AppealState.UPHELD: "uphold", AppealState.OVERTURNED: "overturn"}
 
 
 def _text(value, field: str) -> str:
@@ -95,8 +98,14 @@ def appeal_resolve(*, appeal_id, outcome: str, resolution, expected_version: int
         check_version(appeal.version, expected_version)
         if appeal.state != AppealState.OPEN:
             raise Conflict(f"The appeal is {appeal.state} already.", APPEAL_NOT_OPEN)
-        Appeal.objects.filter(pk=appeal.pk, version=appeal.version).update(
-            state=outcome, resolution=text, resolved_by=actor.name[:150], resolved_at=now, version=F("version") + 1
+        # WHERE state IN (…) and the new state from the declared transition (Appeal.uphold, overturn).
+        fsm.move(
+            Appeal.objects.filter(pk=appeal.pk, version=appeal.version),
+            RESOLVE[outcome],
+            resolution=text,
+            resolved_by=actor.name[:150],
+            resolved_at=now,
+            version=F("version") + 1,
         )
         if outcome == AppealState.OVERTURNED and appeal.quarantine.released_at is None:
             # The node's row, then its quarantine read again: every release of a quarantine holds
@@ -123,8 +132,12 @@ def appeal_withdraw(*, appeal_id, owner, actor: Actor, now=None) -> Appeal:
         appeal = Appeal.objects.select_for_update().filter(pk=appeal_id, owner=owner).first()
         if appeal is None:
             raise NotFound("No such appeal.", APPEAL_NOT_FOUND)
-        if not Appeal.objects.filter(pk=appeal.pk, state=AppealState.OPEN).update(
-            state=AppealState.WITHDRAWN, resolved_at=now, resolved_by=actor.name[:150], version=F("version") + 1
+        if not fsm.move(  # the claim: WHERE state IN the sources of Appeal.withdraw
+            Appeal.objects.filter(pk=appeal.pk),
+            "withdraw",
+            resolved_at=now,
+            resolved_by=actor.name[:150],
+            version=F("version") + 1,
         ):
             raise Conflict(f"The appeal is {appeal.state} already.", APPEAL_NOT_OPEN)
         appeal.refresh_from_db()

@@ -46,6 +46,7 @@ from leases.device_faults import DEVICE_FAULT_EVIDENCE
 from leases.models import EvidenceInterval, Lease
 from maintenance.models import Quarantine
 from maintenance.rules import impossible_usage
+from nodepool import fsm
 from nodepool.api.errors import VERSION_MISMATCH
 from nodepool.api.problems import Conflict, NotFound, PreconditionFailed
 from nodepool.celery import app as celery_app
@@ -299,6 +300,21 @@ def evaluate(record: UsageRecord) -> dict:
     }
 
 
+# The declared transition that moves an open record to each outcome of evaluate() (UsageRecord).
+SETTLE = {
+    UsageState.RECONCILED: "reconcile",
+    UsageState.ADJUSTED: "adjust",
+    UsageState.DISPUTED: "dispute",
+    UsageState.HELD: "hold",
+}
+# The declared transition of each operator decision on a disputed or held record.
+DECIDE = {
+    DisputeDecision.ACCEPT: "accept_dispute",
+    DisputeDecision.ADJUST: "adjust_dispute",
+    DisputeDecision.REJECT: "reject_dispute",
+}
+
+
 def reconcile_usage(record_id, *, actor: Actor, now: datetime | None = None, force: bool = False) -> UsageRecord | None:
     """Reconcile one usage record once its settlement window has passed (``force`` skips the wait).
 
@@ -328,8 +344,11 @@ def reconcile_usage(record_id, *, actor: Actor, now: datetime | None = None, for
                 UsageRecord.objects.filter(pk=record.pk).update(held_by=result["held_by"])
                 record.held_by = result["held_by"]
             return record  # still held: nothing new to say
-        changed = UsageRecord.objects.filter(pk=record.pk, version=record.version, state=record.state).update(
-            state=result["state"],
+        # The claim (STYLE.md habit 6), its WHERE state IN (…) and new state read from the declared
+        # transition (UsageRecord.reconcile, adjust, dispute or hold).
+        changed = fsm.move(
+            UsageRecord.objects.filter(pk=record.pk, version=record.version, state=record.state),
+            SETTLE[result["state"]],
             evidenced_seconds=result["evidenced_seconds"],
             billable_seconds=result["billable_seconds"],
             billable_intervals=result["billable_intervals"],
@@ -422,7 +441,8 @@ def resolve_usage(
             raise PreconditionFailed(
                 f"The usage record is at version {record.version}.", VERSION_MISMATCH, current_version=record.version
             )
-        if record.state not in (UsageState.DISPUTED, UsageState.HELD):
+        verb = DECIDE.get(decision, "adjust_dispute")
+        if record.state not in fsm.sources(UsageRecord, verb):
             raise Conflict(
                 f"The usage record is {record.state}; only disputed or held records are resolved.", USAGE_NOT_DISPUTED
             )
@@ -438,7 +458,6 @@ def resolve_usage(
             billable = Decimal(billable_seconds or 0).quantize(MILLI)
             state, intervals = UsageState.ADJUSTED, _truncate(record.billable_intervals, billable)
         changes = {
-            "state": state,
             "billable_seconds": billable,
             "billable_intervals": intervals,
             "reconciled_at": now,
@@ -451,7 +470,8 @@ def resolve_usage(
                 "evidenced_seconds": str(evidenced),
                 "why": f"operator decision ({decision}): {reason}",
             }
-        UsageRecord.objects.filter(pk=record.pk, version=record.version).update(**changes)
+        # Moved by the declared decision (UsageRecord.accept_dispute, adjust_dispute, reject_dispute).
+        fsm.move(UsageRecord.objects.filter(pk=record.pk, version=record.version), verb, **changes)
         record.refresh_from_db()
         _record_outcome(record, actor, from_state=before, reason=f"operator decision ({decision}): {reason}")
         refresh_line(record)

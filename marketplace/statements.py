@@ -21,6 +21,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from fleet.events import Actor, record_event
+from nodepool import fsm
 from nodepool.api.problems import Conflict, NotFound
 from nodepool.api.versioning import check_version
 
@@ -220,8 +221,10 @@ def finalize_statement(*, statement_id, expected_version: int, actor: Actor, now
             StatementLine.objects.filter(usage_record=record).update(**_line_values(record))
         statement.refresh_from_db()
         frozen = totals(statement)
-        Statement.objects.filter(pk=statement.pk, state=StatementState.OPEN).update(
-            state=StatementState.FINAL,
+        # WHERE state IN (…) and the new state from the declared transition Statement.finalize.
+        fsm.move(
+            Statement.objects.filter(pk=statement.pk),
+            "finalize",
             totals=frozen,
             carried_out=carried_out,
             finalized_at=now,

@@ -13,9 +13,11 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models import Q
+from django_fsm import FSMField, transition
 
 from leases.models import Lease
 from maintenance.models import Quarantine
+from nodepool.fsm import SerializedFSMRefresh
 
 from ..choices import AppealState, LineKind, StatementPeriod, StatementState, UsageState
 
@@ -96,7 +98,7 @@ class OwnerSettings(models.Model):
         return f"{self.owner}: {self.statement_period}"
 
 
-class UsageRecord(models.Model):
+class UsageRecord(SerializedFSMRefresh, models.Model):
     """The usage of one ended lease: where it ran, for whom, what it held, what evidence shows.
 
     ``billable_intervals`` is ``[[start ISO, end ISO], ...]`` (the evidence that survived
@@ -120,7 +122,7 @@ class UsageRecord(models.Model):
     lease_state = models.CharField(max_length=16)
     outcome = models.CharField(max_length=32, blank=True)
     settle_after = models.DateTimeField()
-    state = models.CharField(max_length=16, choices=UsageState.choices, default=UsageState.PENDING)
+    state = FSMField(max_length=16, choices=UsageState.choices, default=UsageState.PENDING, protected=True)
     allocated_seconds = models.DecimalField(max_digits=14, decimal_places=3, default=Decimal(0))
     evidenced_seconds = models.DecimalField(max_digits=14, decimal_places=3, default=Decimal(0))
     billable_seconds = models.DecimalField(max_digits=14, decimal_places=3, default=Decimal(0))
@@ -147,8 +149,40 @@ class UsageRecord(models.Model):
     def __str__(self) -> str:
         return f"usage of {self.workload_id}#{self.fencing_token} ({self.state})"
 
+    # --- transitions: the declared graph. marketplace.reconciliation moves the row with a claim built
+    # from these declarations (nodepool.fsm.move: WHERE state IN the sources, SET state = the target),
+    # in its transaction, and records the event. Reconciliation settles an open record once its
+    # settlement window has passed; an operator decides a disputed (or held) one.
+    @transition(field=state, source=[UsageState.PENDING, UsageState.HELD], target=UsageState.RECONCILED)
+    def reconcile(self):
+        pass
 
-class Statement(models.Model):
+    @transition(field=state, source=[UsageState.PENDING, UsageState.HELD], target=UsageState.ADJUSTED)
+    def adjust(self):
+        pass
+
+    @transition(field=state, source=[UsageState.PENDING, UsageState.HELD], target=UsageState.DISPUTED)
+    def dispute(self):
+        pass
+
+    @transition(field=state, source=UsageState.PENDING, target=UsageState.HELD)
+    def hold(self):
+        pass
+
+    @transition(field=state, source=[UsageState.DISPUTED, UsageState.HELD], target=UsageState.RECONCILED)
+    def accept_dispute(self):
+        pass
+
+    @transition(field=state, source=[UsageState.DISPUTED, UsageState.HELD], target=UsageState.ADJUSTED)
+    def adjust_dispute(self):
+        pass
+
+    @transition(field=state, source=[UsageState.DISPUTED, UsageState.HELD], target=UsageState.ADJUSTED)
+    def reject_dispute(self):
+        pass
+
+
+class Statement(SerializedFSMRefresh, models.Model):
     """One owner's statement for one period ``[period_start, period_end)`` (UTC).
 
     ``open`` while lines may change; ``final`` once every line is reconciled (held and disputed
@@ -161,7 +195,7 @@ class Statement(models.Model):
     period = models.CharField(max_length=8, choices=StatementPeriod.choices, default=StatementPeriod.MONTH)
     period_start = models.DateTimeField()
     period_end = models.DateTimeField()
-    state = models.CharField(max_length=8, choices=StatementState.choices, default=StatementState.OPEN)
+    state = FSMField(max_length=8, choices=StatementState.choices, default=StatementState.OPEN, protected=True)
     totals = models.JSONField(default=dict, blank=True)
     carried_out = models.JSONField(default=list, blank=True)
     finalized_at = models.DateTimeField(null=True, blank=True)
@@ -188,6 +222,11 @@ class Statement(models.Model):
             raise ValidationError("A final statement is immutable.")
         return super().delete(*args, **kwargs)
 
+    # --- transitions: marketplace.statements.finalize_statement moves the row (nodepool.fsm.move) ---
+    @transition(field=state, source=StatementState.OPEN, target=StatementState.FINAL)
+    def finalize(self):
+        pass
+
 
 class StatementLine(models.Model):
     """One usage record on one statement. ``quantities`` is ``{resource: "resource-hours"}`` of
@@ -209,6 +248,8 @@ class StatementLine(models.Model):
     pool_period = models.ForeignKey(
         "marketplace.PoolPeriod", null=True, blank=True, on_delete=models.PROTECT, related_name="idle_lines"
     )
+    # Not a state machine: the line reports its usage record's state (copied with the line's figures
+    # by marketplace.statements, never moved on its own); a correction or idle line is reconciled.
     state = models.CharField(max_length=16, choices=UsageState.choices)
     node_id_text = models.CharField("node", max_length=64)
     pool_name = models.CharField(max_length=63)
@@ -263,14 +304,14 @@ class QuarantineGuidance(models.Model):
         return self.rule
 
 
-class Appeal(models.Model):
+class Appeal(SerializedFSMRefresh, models.Model):
     """An owner contesting a quarantine of their node; operators resolve it from a queue."""
 
     quarantine = models.ForeignKey("maintenance.Quarantine", on_delete=models.PROTECT, related_name="appeals")
     node = models.ForeignKey("fleet.Node", on_delete=models.PROTECT, related_name="appeals")
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="appeals")
     statement = models.TextField(help_text="The owner's case.")
-    state = models.CharField(max_length=16, choices=AppealState.choices, default=AppealState.OPEN)
+    state = FSMField(max_length=16, choices=AppealState.choices, default=AppealState.OPEN, protected=True)
     resolution = models.TextField(blank=True, help_text="The operator's answer, shown to the owner.")
     resolved_by = models.CharField(max_length=150, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -288,6 +329,19 @@ class Appeal(models.Model):
 
     def __str__(self) -> str:
         return f"appeal of quarantine {self.quarantine_id} ({self.state})"
+
+    # --- transitions: marketplace.appeals moves the row (nodepool.fsm.move) and records the event ----
+    @transition(field=state, source=AppealState.OPEN, target=AppealState.UPHELD)
+    def uphold(self):
+        pass
+
+    @transition(field=state, source=AppealState.OPEN, target=AppealState.OVERTURNED)
+    def overturn(self):
+        pass
+
+    @transition(field=state, source=AppealState.OPEN, target=AppealState.WITHDRAWN)
+    def withdraw(self):
+        pass
 
 
 class OwnedLease(Lease):
