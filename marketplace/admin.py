@@ -3,34 +3,27 @@ nodes and appeals) and the operators' (prices, settlement windows, guidance, the
 
 Owners see only their own rows and are offered only what they may do: read, export, appeal. Every
 link on their pages leads to a page they can open. Operators act through the services, with the
-version they read (the maintenance admin's intermediate form).
+version they read (the maintenance admin's intermediate form). Quarantines, appeals and the node
+page's section: :mod:`marketplace.appeals_admin`; the money: :mod:`marketplace.money_admin`.
 """
 
 from __future__ import annotations
 
-import json
-
-from django import forms
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from fleet.admin import OperatorOnlyAdmin, ReadOnlyInline
-from fleet.admin_sections import NodeSection, register_node_section
 from fleet.events import Actor
 from leases.models import EvidenceInterval, LeaseCheckpoint
 from maintenance.admin import ReasonForm, Spec, run_with_form
-from maintenance.models import Quarantine
-from maintenance.selectors import public_evidence
 from nodepool.api.permissions import is_operator, is_owner
-from nodepool.api.problems import Problem
 
-from . import appeals, pricing, reconciliation, selectors, statements
-from .choices import AppealState, LineAppealState, StatementState
+from . import pricing, reconciliation, statements
+from .admin_base import ReadOnlyForOwners, link
+from .choices import LineAppealState, StatementState
 from .models import (
-    Appeal,
     OwnedLease,
-    OwnedQuarantine,
     OwnerSettings,
     PoolPrice,
     PoolSettlement,
@@ -39,64 +32,6 @@ from .models import (
     StatementLine,
     UsageRecord,
 )
-
-
-def _link(viewname: str, pk, label) -> str:
-    return format_html('<a href="{}">{}</a>', reverse(viewname, args=[pk]), label)
-
-
-class ReadOnlyForOwners(admin.ModelAdmin):
-    """Operators and owners read; nobody adds, edits or deletes here (services do).
-
-    ``owner_field`` is the lookup from a row to its owner (``"owner"``, or ``"node__owner"`` for rows
-    an owner sees because they ran on the owner's node). Nodes and pools are shown as text, not
-    links: owners cannot open the fleet's pages.
-    """
-
-    owner_field = "owner"
-
-    def has_module_permission(self, request):
-        return is_operator(request.user) or is_owner(request.user)
-
-    def has_view_permission(self, request, obj=None):
-        if is_operator(request.user):
-            return True
-        return is_owner(request.user) and (obj is None or self.owner_of(obj) == request.user.pk)
-
-    def owner_of(self, obj):
-        *path, owner = self.owner_field.split("__")
-        for name in path:
-            obj = getattr(obj, name)
-        return getattr(obj, f"{owner}_id")
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-    def get_queryset(self, request):
-        qs = super().get_queryset(request)
-        if is_operator(request.user):
-            return qs
-        return qs.filter(**{self.owner_field: request.user}) if is_owner(request.user) else qs.none()
-
-    def get_actions(self, request):
-        return super().get_actions(request) if is_operator(request.user) else {}
-
-    def get_list_filter(self, request):
-        return self.list_filter if is_operator(request.user) else [f for f in self.list_filter if f != "owner"]
-
-    @admin.display(description="node")
-    def node_text(self, obj):
-        return str(obj.node)
-
-    @admin.display(description="pool")
-    def pool_text(self, obj):
-        return obj.pool.name
 
 
 # --- usage records --------------------------------------------------------------------------------
@@ -140,7 +75,7 @@ class UsageRecordAdmin(ReadOnlyForOwners):
 
     @admin.display(description="lease")
     def lease_link(self, record):
-        return _link("admin:marketplace_ownedlease_change", record.lease_id, record.lease_id)
+        return link("admin:marketplace_ownedlease_change", record.lease_id, record.lease_id)
 
     @admin.display(description="gaps (not billable)")
     def gap_table(self, record):
@@ -184,13 +119,13 @@ class StatementLineInline(ReadOnlyInline):
         appeal = self._appeal(line)
         if appeal is None:
             return "—"
-        return _link("admin:marketplace_lineappeal_change", appeal.pk, appeal.state)
+        return link("admin:marketplace_lineappeal_change", appeal.pk, appeal.state)
 
     @admin.display(description="appeal")
     def appeal_for_owner(self, line):
         appeal = self._appeal(line)
         if appeal is not None:
-            shown = _link("admin:marketplace_lineappeal_change", appeal.pk, appeal.state)
+            shown = link("admin:marketplace_lineappeal_change", appeal.pk, appeal.state)
             if appeal.state != LineAppealState.OPEN:
                 return shown
             withdraw = reverse("admin:marketplace_lineappeal_withdraw", args=[appeal.pk])
@@ -302,145 +237,6 @@ class OwnedLeaseAdmin(ReadOnlyForOwners):
     readonly_fields = fields
 
 
-# --- quarantines and appeals ----------------------------------------------------------------------
-@admin.register(OwnedQuarantine)
-class OwnedQuarantineAdmin(ReadOnlyForOwners):
-    owner_field = "node__owner"
-    list_display = ["node", "rule", "reason", "created_at", "released_at"]
-    list_select_related = ["node"]
-    fields = [
-        "node_text",
-        "rule",
-        "reason",
-        "created_at",
-        "released_at",
-        "release_reason",
-        "evidence_shown",
-        "next_steps",
-        "appeal_history",
-        "appeal_link",
-    ]
-    readonly_fields = fields
-
-    @admin.display(description="evidence")
-    def evidence_shown(self, quarantine):
-        # As the owner reads it (operators read the whole evidence on the maintenance quarantine page).
-        shown = public_evidence(quarantine.evidence)
-        return format_html("<pre>{}</pre>", json.dumps(shown, indent=2, sort_keys=True))
-
-    @admin.display(description="what you can do next")
-    def next_steps(self, quarantine):
-        return selectors.next_steps(quarantine.rule)
-
-    @admin.display(description="appeals")
-    def appeal_history(self, quarantine):
-        rows = [
-            (a.created_at.strftime("%Y-%m-%d %H:%M"), a.state, a.statement, a.resolution or "—")
-            for a in quarantine.appeals.order_by("created_at")
-        ]
-        if not rows:
-            return "—"
-        return format_html_join("", "<div>{}: <strong>{}</strong> — {} — answer: {}</div>", rows)
-
-    @admin.display(description="appeal")
-    def appeal_link(self, quarantine):
-        if quarantine.released_at is not None or quarantine.appeals.filter(state=AppealState.OPEN).exists():
-            return "—"
-        url = reverse("admin:marketplace_appeal_add") + f"?quarantine={quarantine.pk}"
-        return format_html('<a href="{}">Appeal this quarantine</a>', url)
-
-
-class AppealForm(forms.ModelForm):
-    class Meta:
-        model = Appeal
-        fields = ["quarantine", "statement"]
-
-
-def _resolve(outcome):
-    def run(appeal, version, actor, data):
-        appeals.appeal_resolve(
-            appeal_id=appeal.pk, outcome=outcome, resolution=data["reason"], expected_version=version, actor=actor
-        )
-
-    return run
-
-
-@admin.action(description="Uphold selected appeals (the quarantine stands)…")
-def uphold_appeals(modeladmin, request, queryset):
-    spec = Spec("Uphold appeal", "marketplace.change_appeal", ReasonForm, _resolve(AppealState.UPHELD))
-    return run_with_form(modeladmin, request, queryset, spec, lambda appeal: appeal.version)
-
-
-@admin.action(description="Overturn selected appeals (release the node)…")
-def overturn_appeals(modeladmin, request, queryset):
-    spec = Spec("Overturn appeal", "marketplace.change_appeal", ReasonForm, _resolve(AppealState.OVERTURNED))
-    return run_with_form(modeladmin, request, queryset, spec, lambda appeal: appeal.version)
-
-
-@admin.register(Appeal)
-class AppealAdmin(ReadOnlyForOwners):
-    """Owners file appeals here (their open quarantines only); operators work the queue."""
-
-    form = AppealForm
-    list_display = ["__str__", "node", "owner", "case", "state", "created_at", "resolved_at"]
-    list_filter = ["state", "owner"]
-    list_select_related = ["node", "owner"]
-    actions = [uphold_appeals, overturn_appeals]
-
-    @admin.display(description="the owner's case")
-    def case(self, appeal):
-        return appeal.statement if len(appeal.statement) <= 120 else appeal.statement[:119] + "…"
-
-    ordering = ["state", "created_at"]
-
-    def has_add_permission(self, request):
-        return is_owner(request.user) and not is_operator(request.user)
-
-    def get_fields(self, request, obj=None):
-        if obj is None:
-            return ["quarantine", "statement"]
-        return [
-            "node_text",
-            "quarantine_link",
-            "statement",
-            "state",
-            "resolution",
-            "resolved_by",
-            "created_at",
-            "resolved_at",
-            "version",
-        ]
-
-    def get_readonly_fields(self, request, obj=None):
-        return [] if obj is None else self.get_fields(request, obj)
-
-    def formfield_for_foreignkey(self, db_field, request, **kwargs):
-        if db_field.name == "quarantine":
-            kwargs["queryset"] = Quarantine.objects.filter(node__owner=request.user, released_at__isnull=True)
-        return super().formfield_for_foreignkey(db_field, request, **kwargs)
-
-    def get_changeform_initial_data(self, request):
-        return {"quarantine": request.GET.get("quarantine")}
-
-    def save_model(self, request, obj, form, change):
-        try:
-            appeal = appeals.appeal_create(
-                owner=request.user,
-                node_id=form.cleaned_data["quarantine"].node_id,
-                statement=form.cleaned_data["statement"],
-                actor=Actor.from_request(request),
-            )
-        except Problem as exc:
-            messages.error(request, str(exc.detail))
-            raise
-        obj.pk = appeal.pk
-        obj._state.adding = False
-
-    @admin.display(description="quarantine")
-    def quarantine_link(self, appeal):
-        return _link("admin:marketplace_ownedquarantine_change", appeal.quarantine_id, appeal.quarantine.reason)
-
-
 # --- operators' settings -------------------------------------------------------------------------
 
 
@@ -496,37 +292,6 @@ class QuarantineGuidanceAdmin(OperatorOnlyAdmin):
         super().save_model(request, obj, form, change)
 
 
-# --- the node page's marketplace section (fleet.admin_sections: fleet never imports marketplace) -----
-def _node_marketplace(request, node) -> dict | None:
-    """For the node's owner (and operators): the latest quarantine as the owner sees it — reason,
-    public evidence, next steps, appeals, the appeal link — and links to the node's usage and leases."""
-    if not (is_operator(request.user) or node.owner_id == request.user.pk):
-        return None
-    view = selectors.quarantine_view(node, request.user)
-    quarantine_url = reverse("admin:marketplace_ownedquarantine_change", args=[view["id"]]) if view is not None else ""
-    appeal_url = ""
-    if view is not None and view["can_appeal"]:
-        appeal_url = reverse("admin:marketplace_appeal_add") + f"?quarantine={view['id']}"
-    return {
-        "quarantine": view,
-        "evidence": sorted(public_evidence(view["evidence"]).items()) if view else [],
-        "quarantine_url": quarantine_url,
-        "appeal_url": appeal_url,
-        "usage_url": reverse("admin:marketplace_usagerecord_changelist") + f"?node__id__exact={node.pk}",
-        "leases_url": reverse("admin:marketplace_ownedlease_changelist") + f"?node__id__exact={node.pk}",
-        "usage_count": UsageRecord.objects.filter(node=node).count(),
-    }
-
-
-register_node_section(
-    NodeSection(
-        "marketplace",
-        "Marketplace: quarantine, usage, appeals",
-        58,
-        "admin/marketplace/node_marketplace.html",
-        _node_marketplace,
-    )
-)
-
-# The money's pages (pool periods, mismatch items, payouts, holds, line appeals) live in their own module.
-from . import money_admin  # noqa: E402, F401
+# Quarantines and appeals, and the money's pages (pool periods, mismatch items, payouts, holds, line
+# appeals), live in their own modules; importing them registers their pages.
+from . import appeals_admin, money_admin  # noqa: E402, F401

@@ -17,17 +17,8 @@ from fleet.models import Pool
 from nodepool.api.problems import Conflict, NotFound
 from nodepool.api.versioning import check_version
 
-from .choices import (
-    PAYABLE_STATES,
-    HoldReason,
-    LineKind,
-    StatementState,
-)
-from .errors import (
-    HOLD_RELEASED,
-    PAYOUT_HOLD_NOT_FOUND,
-    STATEMENT_ON_HOLD,
-)
+from .choices import PAYABLE_STATES, HoldReason, LineKind, StatementState
+from .errors import HOLD_RELEASED, PAYOUT_HOLD_NOT_FOUND, STATEMENT_ON_HOLD
 from .models import PayoutHold, PoolSettlement, Statement, StatementLine
 from .money_common import money_event, required_text
 

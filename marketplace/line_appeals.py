@@ -19,11 +19,7 @@ from nodepool.api.problems import Conflict, NotFound, Problem
 from nodepool.api.versioning import check_version
 
 from . import statements
-from .choices import (
-    LineAppealState,
-    PayoutState,
-    StatementState,
-)
+from .choices import LineAppealState, PayoutState, StatementState
 from .errors import (
     INVALID_DECIMAL,
     INVALID_OUTCOME,

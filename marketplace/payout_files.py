@@ -17,15 +17,8 @@ from nodepool.api.errors import TRANSITION_NOT_ALLOWED
 from nodepool.api.problems import Conflict, Problem
 
 from . import payouts
-from .choices import (
-    PayoutState,
-)
-from .errors import (
-    PAYOUT_IMPORT_CONFLICT,
-    PAYOUT_IMPORT_INVALID,
-    PAYOUT_NOT_FOUND,
-    STATEMENT_ON_HOLD,
-)
+from .choices import PayoutState
+from .errors import PAYOUT_IMPORT_CONFLICT, PAYOUT_IMPORT_INVALID, PAYOUT_NOT_FOUND, STATEMENT_ON_HOLD
 from .models import Payout, PayoutHold
 from .money_common import MAX_TEXT
 

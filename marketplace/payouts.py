@@ -37,12 +37,7 @@ from nodepool.api.problems import Conflict, Forbidden, NotFound, Problem
 from nodepool.api.versioning import check_version
 
 from . import statements, webhooks
-from .choices import (
-    PAYABLE_STATES,
-    LineAppealState,
-    PoolPeriodState,
-    StatementState,
-)
+from .choices import PAYABLE_STATES, LineAppealState, PoolPeriodState, StatementState
 from .errors import (
     APPROVAL_BY_REQUESTER,
     INVALID_CURRENCY,

@@ -36,7 +36,7 @@ from ..errors import (
     UNKNOWN_EXPORT_FORMAT,
 )
 from ..models import LineAppeal, MismatchItem, Payout, PayoutHold, PoolPeriod
-from .views import IsOperator, IsOperatorOrOwner, _body, _text
+from .common import IsOperator, IsOperatorOrOwner, read_body, read_text
 
 MAX_ROWS = 500
 
@@ -246,8 +246,8 @@ class MismatchItemResolve(ETagMixin, APIView):
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
     def post(self, request, pk):
-        data = _body(request, {"reason", "expected_version"})
-        reason = _text(data, "reason")
+        data = read_body(request, {"reason", "expected_version"})
+        reason = read_text(data, "reason")
         item = periods.resolve_mismatch(
             item_id=pk, reason=reason, expected_version=expected_version(request), actor=Actor.from_request(request)
         )
@@ -277,7 +277,7 @@ class PayoutList(APIView):
     def post(self, request):
         if not is_operator(request.user):
             self.permission_denied(request, message="Only operators request payouts.")
-        data = _body(request, {"statement", "currency"})
+        data = read_body(request, {"statement", "currency"})
         statement = data.get("statement")
         if not isinstance(statement, int) or isinstance(statement, bool):
             raise Problem("statement: a statement id (integer).", INVALID_FIELD, field="statement")
@@ -309,22 +309,22 @@ class PayoutAction(ETagMixin, APIView):
     def post(self, request, pk):
         actor, version = Actor.from_request(request), None
         if self.action == "approve":
-            _body(request, {"expected_version"}) if request.data else None
+            read_body(request, {"expected_version"}) if request.data else None
             version = expected_version(request)
             payout = payouts.payout_approve(payout_id=pk, expected_version=version, actor=actor)
         elif self.action == "paid":
-            data = _body(request, {"external_reference", "expected_version"})
+            data = read_body(request, {"external_reference", "expected_version"})
             payout = payouts.payout_mark_paid(
                 payout_id=pk, external_reference=data.get("external_reference"),
                 expected_version=expected_version(request), actor=actor,
             )  # fmt: skip
         elif self.action == "failed":
-            data = _body(request, {"reason", "expected_version"})
+            data = read_body(request, {"reason", "expected_version"})
             payout = payouts.payout_mark_failed(
                 payout_id=pk, reason=data.get("reason"), expected_version=expected_version(request), actor=actor
             )
         else:
-            data = _body(request, {"reason", "expected_version"})
+            data = read_body(request, {"reason", "expected_version"})
             payout = payouts.payout_reverse(
                 payout_id=pk, reason=data.get("reason"), expected_version=expected_version(request), actor=actor
             )
@@ -382,7 +382,7 @@ class PayoutImport(APIView):
                 if None in row:
                     row["(extra cells)"] = row.pop(None)
         else:
-            records = _body(request, {"payouts"}).get("payouts")
+            records = read_body(request, {"payouts"}).get("payouts")
         results = payout_files.payout_import(payout_files.parse_import(records), actor=Actor.from_request(request))
         unchanged = sum(1 for r in results if r["outcome"] == "unchanged")
         return Response({"applied": len(results) - unchanged, "unchanged": unchanged, "results": results})
@@ -410,7 +410,7 @@ class PayoutHoldRelease(ETagMixin, APIView):
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
     def post(self, request, pk):
-        data = _body(request, {"reason", "expected_version"})
+        data = read_body(request, {"reason", "expected_version"})
         hold = holds.hold_release(
             hold_id=pk, reason=data.get("reason"), expected_version=expected_version(request),
             actor=Actor.from_request(request),
@@ -435,7 +435,7 @@ class LineAppealList(APIView):
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
     def post(self, request):
-        data = _body(request, {"line", "message"})
+        data = read_body(request, {"line", "message"})
         line = data.get("line")
         if not isinstance(line, int) or isinstance(line, bool):
             raise Problem("line: a statement line id (integer).", INVALID_FIELD, field="line")
@@ -453,7 +453,7 @@ class LineAppealResolve(ETagMixin, APIView):
 
     @extend_schema(request=OpenApiTypes.OBJECT, responses=OpenApiTypes.OBJECT)
     def post(self, request, pk):
-        data = _body(request, {"outcome", "resolution", "amount", "expected_version"})
+        data = read_body(request, {"outcome", "resolution", "amount", "expected_version"})
         amount = _money(data, "amount")
         appeal = line_appeals.line_appeal_resolve(
             appeal_id=pk, outcome=data.get("outcome"), resolution=data.get("resolution"), amount=amount,

@@ -3,7 +3,7 @@
 from django.urls import path
 
 from . import money_views as money
-from . import views
+from . import settings_views, views
 
 urlpatterns = [
     path("usage-records", views.UsageRecordList.as_view(), name="usagerecord-list"),
@@ -14,11 +14,15 @@ urlpatterns = [
     path("statements/<int:pk>", views.StatementDetail.as_view(), name="statement-detail"),
     path("statements/<int:pk>/finalize", views.StatementFinalize.as_view(), name="statement-finalize"),
     path("statements/<int:pk>/export.<str:kind>", views.StatementExport.as_view(), name="statement-export"),
-    path("pool-prices", views.PoolPriceList.as_view(), name="poolprice-list"),
-    path("pools/<slug:name>/settlement", views.PoolSettlementView.as_view(), name="pool-settlement"),
-    path("owner-settings/<str:username>", views.OwnerSettingsView.as_view(), name="owner-settings"),
-    path("quarantine-guidance", views.QuarantineGuidanceList.as_view(), name="quarantine-guidance"),
-    path("quarantine-guidance/<str:rule>", views.QuarantineGuidanceView.as_view(), name="quarantine-guidance-rule"),
+    path("pool-prices", settings_views.PoolPriceList.as_view(), name="poolprice-list"),
+    path("pools/<slug:name>/settlement", settings_views.PoolSettlementView.as_view(), name="pool-settlement"),
+    path("owner-settings/<str:username>", settings_views.OwnerSettingsView.as_view(), name="owner-settings"),
+    path("quarantine-guidance", settings_views.QuarantineGuidanceList.as_view(), name="quarantine-guidance"),
+    path(
+        "quarantine-guidance/<str:rule>",
+        settings_views.QuarantineGuidanceView.as_view(),
+        name="quarantine-guidance-rule",
+    ),
     path("nodes/<uuid:pk>/quarantine-status", views.NodeQuarantineStatus.as_view(), name="node-quarantine-status"),
     path("appeals", views.AppealList.as_view(), name="appeal-list"),
     path("appeals/<int:pk>", views.AppealDetail.as_view(), name="appeal-detail"),
