@@ -21,6 +21,7 @@ from pathlib import Path
 from . import __version__
 
 log = logging.getLogger(__name__)
+agent_log = logging.getLogger("agent")  # the Upgrades mixin logs as the agent's loop did
 UPGRADE_TIMEOUT = 900.0
 
 
@@ -73,3 +74,24 @@ def run_upgrade(instruction: dict, *, actions: dict[str, list[str]], version: st
     if done.returncode != 0:
         return UpgradeResult(True, False, f"upgrade command exited {done.returncode}: {done.stderr.strip()[-500:]}")
     return UpgradeResult(True, True, f"upgraded to {target}")
+
+
+class Upgrades:
+    """The ``upgrade`` instruction (part of :class:`agent.runner.Agent`; split from agent/runner.py)."""
+
+    def upgrade(self, instruction: dict) -> None:
+        """Run the configured command for the instruction's action; on success, restart.
+
+        A refused or failed upgrade is not retried for the same (upgrade, version): the control
+        plane's node timeout fails the node, and the operator sees why in the agent's agent_log.
+        """
+        key = (str(instruction.get("upgrade_id", "")), str(instruction.get("version", "")))
+        if key in self.upgrades_refused or self.restart_requested:
+            return
+        result = run_upgrade(instruction, actions=self.config.upgrade_actions, version=self.version)
+        if result.ok and result.ran:
+            agent_log.info("%s; restarting", result.detail)
+            self.restart_requested = True
+        elif not result.ok:
+            agent_log.error("upgrade to %s not done: %s", key[1], result.detail)
+            self.upgrades_refused.add(key)

@@ -158,3 +158,34 @@ def _lock_budget(budget_id) -> DisruptionBudget:
         return DisruptionBudget.objects.select_for_update().get(pk=budget_id)
     except (DisruptionBudget.DoesNotExist, ValueError) as exc:
         raise NotFound(f"No disruption budget {budget_id}.", BUDGET_NOT_FOUND) from exc
+
+
+def overridden_budgets(leases: list[Lease], *, now) -> list[dict]:
+    """The workload disruption budgets that revoking all of ``leases`` now overrides (a forced
+    drain at its deadline says which): ``[{"group", "allowed", "evicted"}]``, by group."""
+    groups: dict[str, int] = {}
+    for lease in leases:
+        if lease.group:
+            groups[lease.group] = groups.get(lease.group, 0) + 1
+    return [
+        {"group": status["group"], "allowed": status["allowed_disruptions"], "evicted": groups[status["group"]]}
+        for status in statuses_for_groups(groups, now=now)
+        if status["allowed_disruptions"] < groups[status["group"]]
+    ]
+
+
+def record_evictions(drain, leases: list[Lease], kind: str, now) -> None:
+    """One :class:`Eviction` per lease a drain disrupted (``kind``: an :class:`EvictionKind`):
+    the rows the budgets count."""
+    Eviction.objects.bulk_create(
+        Eviction(
+            drain=drain,
+            lease=lease,
+            workload_id=lease.workload_id,
+            group=lease.group,
+            fencing_token=lease.fencing_token,
+            kind=kind,
+            created_at=now,
+        )
+        for lease in leases
+    )

@@ -44,7 +44,7 @@ from fleet.events import Actor, record_event
 from fleet.instructions import Instruction, post_instructions
 from fleet.models import Node
 from leases import services as lease_services
-from leases.choices import LIVE_LEASE_STATES, WorkloadState
+from leases.choices import LIVE_LEASE_STATES
 from leases.models import Lease
 from nodepool import fsm, metrics
 from nodepool.api.problems import Conflict, NotFound
@@ -52,12 +52,20 @@ from nodepool.api.versioning import check_version
 from nodepool.celery import app as celery_app
 
 from . import event_types
-from .budgets import ration, statuses_for_groups
+from .budgets import overridden_budgets, ration, record_evictions, statuses_for_groups
 from .choices import DrainState, EvictionKind, EvictionPolicy
 from .errors import DRAIN_ACTIVE, DRAIN_NOT_ACTIVE, DRAIN_NOT_FOUND
 from .holds import drain_owner, owner_for, place_hold, remove_holds_where
 from .models import Drain, Eviction
-from .progress import PROGRESS_LIST_LIMIT, build_progress, live_leases, unconfirmed_leases, validate_deadline
+from .progress import (
+    PROGRESS_LIST_LIMIT,
+    answered_checkpoint,
+    build_progress,
+    checkpoint_requests,
+    live_leases,
+    unconfirmed_leases,
+    validate_deadline,
+)
 from .services import apply_transition, lock_node, record_transition, save_transition
 
 logger = logging.getLogger(__name__)
@@ -177,46 +185,6 @@ def sweep_drains(*, actor: Actor, now=None, limit: int = 500) -> dict[str, int]:
     return counts
 
 
-def _record_evictions(drain: Drain, leases: list[Lease], kind: str, now) -> None:
-    Eviction.objects.bulk_create(
-        Eviction(
-            drain=drain,
-            lease=lease,
-            workload_id=lease.workload_id,
-            group=lease.group,
-            fencing_token=lease.fencing_token,
-            kind=kind,
-            created_at=now,
-        )
-        for lease in leases
-    )
-
-
-def checkpoint_requests(drain: Drain) -> set:
-    """Ids of the leases this drain asked to checkpoint (requests not withdrawn).
-
-    Kept on the drain's eviction rows, not read back from ``Lease.checkpoint_requested_at``: the
-    leases app clears that field when the workload reports ``checkpointed`` (the instruction has
-    been answered), and the drain must still know the lease is its to end.
-    """
-    return set(
-        Eviction.objects.filter(drain=drain, kind=EvictionKind.CHECKPOINT, withdrawn_at__isnull=True).values_list(
-            "lease_id", flat=True
-        )
-    )
-
-
-def answered_checkpoint(lease: Lease) -> bool:
-    """Has the workload answered the checkpoint request a drain set on ``lease`` (read locked)?
-
-    The answer clears ``checkpoint_requested_at`` in the same UPDATE that records ``checkpointed``,
-    so the request's own field tells, with no clock compared: a ``checkpointed`` left from before
-    the drain asked (a client's earlier request, one taken unasked) is no answer while the
-    drain's request is still set, and ending the lease on it would lose the work done since.
-    """
-    return lease.checkpoint_requested_at is None and lease.workload_state == WorkloadState.CHECKPOINTED
-
-
 def _evaluate(drain: Drain, node: Node, *, actor: Actor, now) -> None:
     """One evaluation before the deadline (node and drain locked, drain active)."""
     live = live_leases(node, lock=True)
@@ -237,7 +205,7 @@ def _evaluate(drain: Drain, node: Node, *, actor: Actor, now) -> None:
             for lease in allowed
             if lease_services.revoke_lease(lease, actor=actor, reason=f"drain (terminate): {drain.reason}", now=now)
         ]
-        _record_evictions(drain, revoked, EvictionKind.TERMINATE, now)
+        record_evictions(drain, revoked, EvictionKind.TERMINATE, now)
     elif drain.policy == EvictionPolicy.CHECKPOINT:
         allowed, held, budgets = ration([lease for lease in live if lease.pk not in asked], now=now, lock=True)
         if allowed:
@@ -247,7 +215,7 @@ def _evaluate(drain: Drain, node: Node, *, actor: Actor, now) -> None:
             )
             lease_services.record_checkpoint_requests(allowed, actor=actor, now=now)
             post_instructions([node.pk], Instruction.CHECKPOINT)
-            _record_evictions(drain, allowed, EvictionKind.CHECKPOINT, now)
+            record_evictions(drain, allowed, EvictionKind.CHECKPOINT, now)
             record_event(
                 node,
                 event_types.DRAIN,
@@ -310,7 +278,7 @@ def _enforce(drain: Drain, node: Node, *, actor: Actor, now) -> bool:
         for lease in live
         if lease_services.revoke_lease(lease, actor=actor, reason=f"drain deadline reached: {drain.reason}", now=now)
     ]
-    _record_evictions(drain, revoked, EvictionKind.DEADLINE, now)
+    record_evictions(drain, revoked, EvictionKind.DEADLINE, now)
     progress = {
         **(drain.progress or {}),
         "evaluated_at": now.isoformat(),
@@ -342,20 +310,6 @@ def _enforce(drain: Drain, node: Node, *, actor: Actor, now) -> bool:
     _park_node(node, actor=actor, now=now, reason=f"drain forced at its deadline: {drain.reason}")
     _observe_duration(drain, node, now)
     return True
-
-
-def overridden_budgets(leases: list[Lease], *, now) -> list[dict]:
-    """The workload disruption budgets that revoking all of ``leases`` now overrides (a forced
-    drain at its deadline says which): ``[{"group", "allowed", "evicted"}]``, by group."""
-    groups: dict[str, int] = {}
-    for lease in leases:
-        if lease.group:
-            groups[lease.group] = groups.get(lease.group, 0) + 1
-    return [
-        {"group": status["group"], "allowed": status["allowed_disruptions"], "evicted": groups[status["group"]]}
-        for status in statuses_for_groups(groups, now=now)
-        if status["allowed_disruptions"] < groups[status["group"]]
-    ]
 
 
 def _complete(drain: Drain, node: Node, *, actor: Actor, now, progress: dict) -> bool:

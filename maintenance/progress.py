@@ -15,16 +15,16 @@ from django_fsm import can_proceed
 from fleet.errors import NODE_NOT_FOUND
 from fleet.models import Node
 from leases import services as lease_services
-from leases.choices import LIVE_LEASE_STATES
+from leases.choices import LIVE_LEASE_STATES, WorkloadState
 from leases.models import Lease
 from nodepool.api.problems import NotFound, Unprocessable
 from nodepool.api.versioning import check_version
 
 from . import conf
 from .budgets import ration
-from .choices import EvictionPolicy, WaitingOn
+from .choices import EvictionKind, EvictionPolicy, WaitingOn
 from .errors import DEADLINE_IN_PAST, DEADLINE_TOO_FAR
-from .models import Drain
+from .models import Drain, Eviction
 from .services import transition_refused
 
 PROGRESS_LIST_LIMIT = 100
@@ -220,3 +220,28 @@ def plan_drain(*, node_id, policy: str, deadline: datetime, expected_version: in
             "would_complete_at_once": not entries and not unconfirmed_leases(node),
         },
     }
+
+
+def checkpoint_requests(drain: Drain) -> set:
+    """Ids of the leases this drain asked to checkpoint (requests not withdrawn).
+
+    Kept on the drain's eviction rows, not read back from ``Lease.checkpoint_requested_at``: the
+    leases app clears that field when the workload reports ``checkpointed`` (the instruction has
+    been answered), and the drain must still know the lease is its to end.
+    """
+    return set(
+        Eviction.objects.filter(drain=drain, kind=EvictionKind.CHECKPOINT, withdrawn_at__isnull=True).values_list(
+            "lease_id", flat=True
+        )
+    )
+
+
+def answered_checkpoint(lease: Lease) -> bool:
+    """Has the workload answered the checkpoint request a drain set on ``lease`` (read locked)?
+
+    The answer clears ``checkpoint_requested_at`` in the same UPDATE that records ``checkpointed``,
+    so the request's own field tells, with no clock compared: a ``checkpointed`` left from before
+    the drain asked (a client's earlier request, one taken unasked) is no answer while the
+    drain's request is still set, and ending the lease on it would lose the work done since.
+    """
+    return lease.checkpoint_requested_at is None and lease.workload_state == WorkloadState.CHECKPOINTED

@@ -459,17 +459,8 @@ NODEPOOL: dict = {}
 
 # Structured logs (nodepool.structured_logs): LOG_FORMAT=json (production default) or text (make run/demo).
 LOG_FORMAT = env.str("LOG_FORMAT", default="json")
+# Routine periodic-task lines, applied renewals and 429s at DEBUG (nodepool.logs' filters, wired there).
 LOGGING = logging_config(LOG_FORMAT, env.str("LOG_LEVEL", default="INFO"))
-# Periodic tasks' routine lines at DEBUG unless the task changed something (nodepool.logs).
-LOGGING["filters"] = {
-    "periodic": {"()": "nodepool.logs.PeriodicTaskChatter"},
-    "machine_traffic": {"()": "nodepool.logs.RoutineMachineTraffic"},
-}
-LOGGING["loggers"].update(
-    {name: {"filters": ["periodic"]} for name in ("celery.beat", "celery.worker.strategy", "celery.app.trace")}
-)
-# Applied renewals and 429s at DEBUG (nodepool.logs): their counts are a metric.
-LOGGING["loggers"]["django_structlog.middlewares.request"] = {"filters": ["machine_traffic"]}
 configure_structlog()
 DJANGO_STRUCTLOG_CELERY_ENABLED = True  # tasks carry the originating request's log context
 DJANGO_STRUCTLOG_STATUS_START_LOG_LEVEL = logging.DEBUG  # one line per request (request_finished)

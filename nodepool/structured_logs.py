@@ -28,6 +28,10 @@ SHARED_PROCESSORS = [
 ]
 
 
+# Celery's loggers of routine periodic-task lines (sent, received, succeeded).
+PERIODIC_TASK_LOGGERS = ("celery.beat", "celery.worker.strategy", "celery.app.trace")
+
+
 def logging_config(fmt: str, level: str = "INFO") -> dict[str, Any]:
     """The ``LOGGING`` dict: stdlib and structlog records through one renderer.
 
@@ -56,7 +60,17 @@ def logging_config(fmt: str, level: str = "INFO") -> dict[str, Any]:
         },
         "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "structured"}},
         "root": {"handlers": ["console"], "level": level},
-        "loggers": {"django.db.backends": {"level": "WARNING"}},
+        # Periodic tasks' routine lines at DEBUG unless the task changed something; applied
+        # renewals and 429s at DEBUG: their counts are a metric (nodepool.logs' filters).
+        "filters": {
+            "periodic": {"()": "nodepool.logs.PeriodicTaskChatter"},
+            "machine_traffic": {"()": "nodepool.logs.RoutineMachineTraffic"},
+        },
+        "loggers": {
+            "django.db.backends": {"level": "WARNING"},
+            **{name: {"filters": ["periodic"]} for name in PERIODIC_TASK_LOGGERS},
+            "django_structlog.middlewares.request": {"filters": ["machine_traffic"]},
+        },
     }
 
 

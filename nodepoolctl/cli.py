@@ -12,18 +12,17 @@ from __future__ import annotations
 
 import json
 import os
-import re
-from datetime import datetime
 from pathlib import Path
 
 import click
-from rich.console import Console
 
 from . import describe as describe_mod
 from . import render
 from .choices import DRAIN_POLICIES
 from .client import Api, ApiError
 from .config import ConfigError, load_config
+from .render import console
+from .times import deadline_option, time_option
 
 KIND_ALIASES = {
     "node": "node", "nodes": "node", "no": "node",
@@ -38,14 +37,7 @@ PATHS = {"node": "/nodes", "pool": "/pools", "lease": "/node-leases", "drain": "
          "device": "/nodes/{node}/devices", "event": "/events"}  # fmt: skip
 NODE_REFS = {"lease": "node_id", "quarantine": "node", "event": "node_id"}  # tables that name a node by its id
 EVENTS_SHOWN = 50  # get events: the newest this many (--limit)
-DURATION = re.compile(r"^(\d+)([smhd])$")
-UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 OUTPUTS = click.Choice(["wide", "json", "yaml", "name"])
-
-
-def console() -> Console:
-    # Made per call, not at import: Rich reads the terminal width (or COLUMNS) when constructed.
-    return Console(highlight=False, soft_wrap=True)
 
 
 NAME_LOOKUPS = 20  # up to this many distinct nodes are read one by one; more: the node list once
@@ -271,38 +263,6 @@ def describe_pool(obj: Context, pool):
     render.print_whole(console(), described)
 
 
-def rfc3339(value: str) -> str:
-    """``value`` if it is an RFC 3339 time with a UTC offset or ``Z`` (the API refuses a time
-    without one: 400 timezone_required), else a usage error (exit 2) saying what is expected."""
-    try:
-        moment = datetime.fromisoformat(value.strip().replace("Z", "+00:00").replace("z", "+00:00"))
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not an RFC 3339 time such as 2026-12-01T06:00:00Z") from None
-    if moment.tzinfo is None:
-        raise click.BadParameter(f"{value!r} has no UTC offset: add Z or +HH:MM (2026-12-01T06:00:00Z)")
-    return value.strip()
-
-
-def _time_option(ctx, param, value: str | None) -> str | None:
-    return None if value is None else rfc3339(value)
-
-
-def parse_deadline(value: str) -> dict:
-    """``2h`` / ``90m`` / ``45s`` / ``1d`` → ``{"deadline_in": seconds}``; RFC 3339 → ``{"deadline": value}``."""
-    if match := DURATION.match(value.strip()):
-        return {"deadline_in": int(match.group(1)) * UNITS[match.group(2)]}
-    try:
-        return {"deadline": rfc3339(value)}
-    except click.BadParameter as exc:
-        raise click.BadParameter(
-            f"a duration (30m, 2h, 1d) or an RFC 3339 time with an offset: {exc.message}"
-        ) from None
-
-
-def _deadline_option(ctx, param, value: str) -> dict:
-    return parse_deadline(value)
-
-
 def _act(api: Api, node_ref: str, action: str, body: dict, *, expected: int | None, force: bool, params=None):
     """POST a node action with the node's version as If-Match; one retry on 412 with ``force``."""
     node = api.node(node_ref)
@@ -327,7 +287,7 @@ def _name(node: dict) -> str:
 @click.option(
     "--expires-at",
     default=None,
-    callback=_time_option,
+    callback=time_option,
     help="RFC 3339 time with an offset (2026-12-01T06:00:00Z) at which your hold ends by itself.",
 )
 @EXPECTED
@@ -381,7 +341,7 @@ def uncordon(obj: Context, node, reason, owner, override, expected_version, forc
 @click.option(
     "--deadline",
     required=True,
-    callback=_deadline_option,
+    callback=deadline_option,
     help="When leases must be gone: 30m, 2h, 1d, or an RFC 3339 time with an offset.",
 )
 @click.option(
@@ -490,59 +450,13 @@ def _write_private(path: Path, text: str) -> None:
     os.chmod(path, 0o600)  # an existing file keeps its old mode through O_CREAT
 
 
-@cli.group()
-def top():
-    """Capacity in use (kubectl top)."""
-
-
-@top.command("pool")
-@click.option("-o", "--output", type=click.Choice(["json", "yaml"]), default=None)
-@click.pass_obj
-def top_pool(obj: Context, output):
-    """Per pool: nodes, schedulable nodes, cpu and memory allocated of allocatable, free GPUs.
-
-    Reads each pool's capacity endpoint (``GET /pools/{name}/capacity``); a server without it
-    (404 on the first pool) gets the same sums computed from the node list."""
-    api = obj.api
-    pools = [pool["name"] for pool in api.list("/pools")]
-    try:
-        rows = [describe_mod.pool_capacity_from_api(name, api.get(f"/pools/{name}/capacity")) for name in pools]
-    except ApiError as exc:
-        if exc.status != 404:
-            raise
-        rows = describe_mod.pool_capacity(api.list("/nodes"))
-    if output:
-        click.echo(render.dump(rows, output))
-    else:
-        render.print_whole(console(), describe_mod.top_table(rows))
-
-
-@top.command("node")
-@click.argument("name", required=False)
-@click.option("-l", "--selector", default=None, help="Label selector, as `get nodes -l`.")
-@click.option("--pool", default=None, help="Only this pool.")
-@click.option("-o", "--output", type=click.Choice(["json", "yaml"]), default=None)
-@click.pass_obj
-def top_node(obj: Context, name, selector, pool, output):
-    """Per node: cpu and memory in use as its agent last reported them (and % of allocatable),
-    allocated to leases (and %), free GPUs. ``<unknown>`` for a node that has not reported usage."""
-    api = obj.api
-    nodes = [api.node(name)] if name else api.list("/nodes", pool=pool, label=selector)
-    if pool and not nodes:
-        api.get(f"/pools/{pool}")  # an unknown pool is an error (404), not "No resources"
-    rows = [describe_mod.node_usage(node) for node in nodes]
-    if output:
-        click.echo(render.dump(rows, output))
-    elif not rows:
-        click.echo("No resources found.", err=True)
-    else:
-        render.print_whole(console(), describe_mod.top_node_table(rows, width=render.fit_width()))
-
-
+# The command groups in their own modules (they import this one's helpers: imported last).
 from .leases import lease  # noqa: E402  (the lease command group)
+from .top import top  # noqa: E402  (kubectl top)
 from .watch import watch  # noqa: E402
 
 cli.add_command(lease)
+cli.add_command(top)
 cli.add_command(watch)
 
 
@@ -550,6 +464,7 @@ cli.add_command(watch)
 @click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
 def completion(shell):
     """Print the tab-completion script: eval "$(nodepoolctl completion bash)"."""
+    # Lazy: a CLI starts fast, and only this command needs click's completion machinery.
     from click.shell_completion import get_completion_class
 
     complete = get_completion_class(shell)(cli, {}, "nodepoolctl", "_NODEPOOLCTL_COMPLETE")

@@ -23,6 +23,11 @@ age = humanunits.age  # kubectl's AGE since an RFC 3339 time: "45s", "5m30s", "3
 timestamp = humanunits.timestamp  # the one absolute format: "2026-12-02 09:48:53 UTC"
 
 
+def console() -> Console:
+    # Made per call, not at import: Rich reads the terminal width (or COLUMNS) when constructed.
+    return Console(highlight=False, soft_wrap=True)
+
+
 def free(node: dict, resource: str) -> str:
     entry = (node.get("capacity") or {}).get(resource)
     return amount(resource, entry.get("free")) if entry else "-"

@@ -16,8 +16,9 @@ from tqdm import tqdm
 
 from agent.client import USER_AGENT, api_base
 
-from .node import Unavailable, VirtualNode
+from .node import VirtualNode
 from .shapes import PoolSpec, generate
+from .wire import Unavailable
 
 DEFAULT_ZONES = ["zone-a", "zone-b", "zone-c"]
 

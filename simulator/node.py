@@ -47,53 +47,21 @@ import random
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass
-from datetime import UTC, datetime
 
 import httpx
 
 from agent import __version__
 from agent.backoff import Backoff, jittered
-from agent.devices import MAX_XID_EVENTS, lease_environment
 
+from .faults import Faults
 from .shapes import NodeSpec
+from .wire import FLAG_ROTATE_CREDENTIAL, Unavailable, VirtualLease, error_code, healthy, parse_time, rfc3339
+from .work import Work
 
 log = logging.getLogger("simulator")
-# Renewal flags (fleet.instructions): any bit but ROTATE_CREDENTIAL asks for a status report.
-FLAG_ROTATE_CREDENTIAL = 16
-# Lease event refusals that mean "this lease is not yours any more" (docs/api-contract.md).
-NOT_OURS = {"stale_fencing_token", "lease_superseded", "stale_incarnation", "lease_ended", "not_found"}
 
 
-def rfc3339(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
-
-
-def parse_time(value) -> float | None:
-    try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp() if value else None
-    except ValueError:
-        return None
-
-
-@dataclass
-class VirtualLease:
-    lease_id: str
-    fencing_token: int
-    command: list
-    ends_at: float | None  # loop time when a ``sleep N`` command completes; None runs until stopped
-    devices: tuple = ()  # the device ids the lease was given, in its order
-    env: dict | None = None  # what the agent would set: CUDA_VISIBLE_DEVICES, NODEPOOL_DEVICES...
-
-
-class Unavailable(Exception):
-    pass
-
-
-LEASE_EVENT_ATTEMPTS = 4  # a lease event is sent again after 0.5, 1 and 2 s (capped by max_backoff)
-
-
-class VirtualNode:
+class VirtualNode(Faults, Work):
     """A simulated machine. ``spec`` is what it declares; the rest is its session and faults."""
 
     def __init__(
@@ -149,7 +117,7 @@ class VirtualNode:
         # Devices: what the node has, their health, XID events not yet in an answered report.
         self.reboots = 0
         self.devices = spec.devices()
-        self.device_health = {d["id"]: _healthy() for d in self.devices}
+        self.device_health = {d["id"]: healthy() for d in self.devices}
         self.pending_xids: dict[str, list[dict]] = {}
         self.reported_health: tuple = ()
 
@@ -200,7 +168,7 @@ class VirtualNode:
         }
         response = await self._post(client, "/node-enrollments", body, auth=False)
         if response.status_code != 201:
-            self.enroll_error = f"{response.status_code} {_code(response)}"
+            self.enroll_error = f"{response.status_code} {error_code(response)}"
             self.counters["enroll_refused"] += 1
             return False
         answer = response.json()
@@ -216,105 +184,6 @@ class VirtualNode:
         self.lifecycle = answer.get("lifecycle", "")
         self.enroll_error = ""
         return True
-
-    # -- faults --------------------------------------------------------------------------------
-    def restart(self) -> None:
-        """The agent restarted: a new incarnation, sequence from 0, its running work died with it."""
-        self.incarnation += 1
-        self.sequence = 0
-        self.report_wanted = True
-        self.leases.clear()
-        for task in list(self._tasks):
-            task.cancel()
-        self.counters["restarts"] += 1
-
-    def reboot(self) -> None:
-        """The host rebooted: a new boot id, the agent restarts, devices come back healthy."""
-        self.reboots += 1
-        self.pending_xids.clear()
-        self.device_health = {d["id"]: _healthy() for d in self.devices}
-        self.restart()
-
-    def device_id(self, device: int | str) -> str:
-        """The id of ``device`` (an index on this node, or an id). Raises KeyError if unknown."""
-        for d in self.devices:
-            if device in (d["index"], d["id"]) or str(device) == str(d["index"]):
-                return d["id"]
-        raise KeyError(f"{self.name} has no device {device!r}")
-
-    def inject_xid(self, device: int | str, xid: int, message: str = "") -> str:
-        """``device`` reports Xid ``xid``; the next beat is a status report carrying it. Returns its id."""
-        device_id = self.device_id(device)
-        queue = self.pending_xids.setdefault(device_id, [])
-        queue.append({"xid": int(xid), "at": rfc3339(time.time() + self.clock_skew), "message": message or "simulated"})
-        del queue[:-MAX_XID_EVENTS]
-        self.counters["xids_injected"] += 1
-        return device_id
-
-    def set_device_health(self, device: int | str, **flags) -> str:
-        """Change ``device``'s health (``ecc_uncorrectable``, ``retired_pages_pending``,
-        ``remapped_rows_failure``, ``thermal_throttle``, ``power_throttle``). Returns its id."""
-        device_id = self.device_id(device)
-        unknown = set(flags) - set(_healthy())
-        if unknown:
-            raise ValueError(f"unknown health fields: {sorted(unknown)}")
-        self.device_health[device_id].update(flags)
-        return device_id
-
-    def devices_body(self) -> list[dict]:
-        """The devices of a status report: each with its health and its unreported XID events."""
-        return [
-            {
-                **d,
-                "health": {**self.device_health[d["id"]], "xid_events": list(self.pending_xids.get(d["id"], []))},
-            }
-            for d in self.devices
-        ]
-
-    def enrollment_devices(self) -> list[dict]:
-        """The device inventory of the enrollment body (health without XID events)."""
-        return [{**d, "health": dict(self.device_health[d["id"]])} for d in self.devices]
-
-    def _health_fingerprint(self) -> tuple:
-        return tuple(sorted((i, tuple(sorted(h.items()))) for i, h in self.device_health.items()))
-
-    def upgrade(self, instruction: dict) -> bool:
-        """Carry out an ``upgrade`` instruction: restart running ``version`` (unless already there).
-
-        With ``broken_upgrade`` the restart happens but the version stays (a failed upgrade).
-        Returns True when the node restarted.
-        """
-        version = str(instruction.get("version") or "")
-        key = (str(instruction.get("upgrade_id") or ""), version)
-        if not version or version == self.agent_version or key in self.upgrades_done:
-            return False
-        self.upgrades_done.add(key)  # once per instruction, as the agent does (a failed one is not retried)
-        if not self.broken_upgrade:
-            self.agent_version = version
-        self.counters["upgrades"] += 1
-        self.restart()
-        return True
-
-    def repair(self, instruction: dict) -> bool:
-        """Carry out a ``repair`` instruction (``{"repair_id", "action": "reboot"}``): the host
-        reboots, once per repair; the reboot cures ``not_ready`` unless ``reboot_cures`` is off.
-        Returns True when the node rebooted."""
-        repair_id = str(instruction.get("repair_id") or "")
-        if instruction.get("action") != "reboot" or not repair_id or repair_id in self.repairs_done:
-            return False
-        self.repairs_done.add(repair_id)
-        self.counters["repair_reboots"] += 1
-        if self.reboot_cures:
-            self.not_ready = False
-        self.reboot()
-        return True
-
-    async def preemption_notice(self, client: httpx.AsyncClient, seconds: float) -> int:
-        """Tell the control plane this (spot) machine goes away in ``seconds``; returns the HTTP status."""
-        body = {"deadline": rfc3339(time.time() + self.clock_offset + seconds)}
-        response = await self._post(client, f"/nodes/{self.node_id}/preemption-notice", body)
-        self.counters[f"preemption_notice_{response.status_code}"] += 1
-        return response.status_code
 
     # -- heartbeats ----------------------------------------------------------------------------
     def heartbeat_body(self) -> dict:
@@ -444,7 +313,7 @@ class VirtualNode:
             self.sequence -= 1  # not applied: the status report takes the number
             return None
         if response.status_code != 200:
-            code = _code(response)
+            code = error_code(response)
             self.counters[f"refused_{code}"] += 1
             if code == "node_retired":
                 self.lifecycle = "retired"
@@ -464,7 +333,7 @@ class VirtualNode:
 
     async def _handle(self, client: httpx.AsyncClient, response: httpx.Response) -> None:
         if response.status_code != 200:
-            code = _code(response)
+            code = error_code(response)
             self.counters[f"refused_{code}"] += 1
             if code == "node_retired":
                 self.lifecycle = "retired"
@@ -499,126 +368,6 @@ class VirtualNode:
             return  # rebooted: a new process
         if "leases" in answer:
             await self._reconcile(client, answer.get("leases") or [])
-
-    # -- leases --------------------------------------------------------------------------------
-    async def _reconcile(self, client: httpx.AsyncClient, assigned: list[dict]) -> None:
-        loop = asyncio.get_running_loop()
-        ids = {str(entry.get("lease_id")) for entry in assigned}
-        for lease_id in list(self.leases):
-            if lease_id not in ids:
-                self.leases.pop(lease_id)  # not ours any more: stop, nothing to report
-                self.counters["leases_dropped"] += 1
-        for entry in assigned:
-            lease_id = str(entry.get("lease_id"))
-            command = entry.get("command")
-            if not command or lease_id in self.leases or lease_id in self.finished:
-                continue
-            seconds = _sleep_seconds(command)
-            given = [d for d in entry.get("devices") or [] if isinstance(d, dict)]
-            lease = VirtualLease(
-                lease_id,
-                int(entry.get("fencing_token") or 0),
-                list(command),
-                loop.time() + seconds if seconds is not None else None,
-                devices=tuple(str(d.get("id")) for d in given),
-                env=lease_environment(given),
-            )
-            self._check_devices(lease)
-            self.leases[lease_id] = lease
-            await self._event(client, lease, "running", "simulated")
-            if lease.ends_at is not None:
-                self._spawn(self._finish_later(client, lease))
-
-    def _check_devices(self, lease: VirtualLease) -> None:
-        """Count what must never happen: a device given to two running leases, or not ours."""
-        mine = {d["id"] for d in self.devices}
-        held = {device for other in self.leases.values() if other is not lease for device in other.devices}
-        for device in lease.devices:
-            if device in held:
-                self.counters["device_double_assigned"] += 1
-                log.error("%s: device %s given to lease %s while another lease holds it", self.name, device, lease)
-            if device not in mine:
-                self.counters["device_unknown"] += 1
-
-    async def _finish_later(self, client: httpx.AsyncClient, lease: VirtualLease) -> None:
-        await asyncio.sleep(max(0.0, lease.ends_at - asyncio.get_running_loop().time()))
-        if self.leases.get(lease.lease_id) is lease and not self.partitioned:
-            await self._end_lease(client, lease.lease_id, "succeeded", "exit 0")
-
-    async def _end_lease(self, client: httpx.AsyncClient, lease_id: str, state: str, message: str) -> None:
-        lease = self.leases.pop(lease_id, None)
-        if lease is None:
-            return
-        self.finished.add(lease_id)
-        await self._event(client, lease, state, message)
-
-    async def _event(self, client: httpx.AsyncClient, lease: VirtualLease, state: str, message: str) -> None:
-        body = {
-            "fencing_token": lease.fencing_token,
-            "node_incarnation": self.incarnation,
-            "state": state,
-            "message": message,
-        }
-        # A lease's end or checkpoint is reported until the server takes it (a few tries, backing
-        # off): a 503 (a deadlock retried by the client, a restart) must not lose it, or the work
-        # waits for the drain deadline instead of moving at once.
-        for attempt in range(LEASE_EVENT_ATTEMPTS):
-            try:
-                response = await self._post(client, f"/node-leases/{lease.lease_id}/events", body)
-                break
-            except Unavailable:
-                if attempt == LEASE_EVENT_ATTEMPTS - 1:
-                    return
-                await asyncio.sleep(min(self.backoff.cap, 0.5 * 2**attempt))
-        self.counters[f"lease_{state}_{response.status_code}"] += 1
-        if response.status_code in (404, 410) or (response.status_code == 409 and _code(response) in NOT_OURS):
-            self.leases.pop(lease.lease_id, None)
-
-    # -- benchmark and credential --------------------------------------------------------------
-    async def _benchmark(self, client: httpx.AsyncClient, request: dict) -> None:
-        nonce = str(request.get("nonce", ""))
-        if not nonce or nonce in self.benchmarks:
-            return
-        duration = self.rng.uniform(0.2, 1.0)
-        noise = self.rng.uniform(0.95, 1.0)
-        # A re-verification of a busy node sends ``limits`` (its free capacity): the benchmark
-        # measures at most that much, as the real agent does, and never what leases are using.
-        limits = request.get("limits") or {}
-        cpu = min(self.spec.cpu * 1000, limits.get("cpu", self.spec.cpu * 1000))
-        memory = min(self.spec.memory, limits.get("memory", self.spec.memory))
-        result = {
-            "cpu_millicores": int(cpu * noise * self.benchmark_factor),
-            "memory_bytes": int(memory * noise * self.benchmark_factor),
-            "duration_seconds": round(duration, 3),
-            "details": {"simulated": True, "factor": self.benchmark_factor},
-        }
-        self.benchmarks[nonce] = result
-        await asyncio.sleep(duration)
-        try:
-            response = await self._post(client, f"/nodes/{self.node_id}/benchmarks/{nonce}", result)
-            self.counters[f"benchmark_{response.status_code}"] += 1
-        except Unavailable:
-            self.counters["benchmark_undelivered"] += 1
-
-    def _rotation_due(self) -> bool:
-        if self.rotate_requested:
-            return True
-        issued, expires = self.credential_issued_at, self.credential_expires_at
-        if issued is None or expires is None or expires <= issued:
-            return False
-        return time.time() + self.clock_offset >= issued + (expires - issued) * 2 / 3
-
-    async def rotate(self, client: httpx.AsyncClient) -> None:
-        response = await self._post(client, f"/nodes/{self.node_id}/credentials/rotate", {})
-        if response.status_code == 201:
-            answer = response.json()
-            self.credential = answer["credential"]
-            self.credential_issued_at = time.time() + self.clock_offset
-            self.credential_expires_at = parse_time(answer.get("expires_at"))
-            self.counters["rotations"] += 1
-        else:
-            self.counters[f"rotation_{response.status_code}"] += 1
-        self.rotate_requested = False
 
     def _spawn(self, coro) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -659,30 +408,3 @@ class VirtualNode:
             "devices": [d["id"] for d in self.devices],
             "lease_devices": {lease.lease_id: list(lease.devices) for lease in self.leases.values() if lease.devices},
         }
-
-
-def _healthy() -> dict:
-    return {
-        "ecc_uncorrectable": 0,
-        "retired_pages_pending": False,
-        "remapped_rows_failure": False,
-        "thermal_throttle": False,
-        "power_throttle": False,
-    }
-
-
-def _code(response: httpx.Response) -> str:
-    try:
-        return str(response.json().get("code") or f"http_{response.status_code}")
-    except ValueError:
-        return f"http_{response.status_code}"
-
-
-def _sleep_seconds(command: list) -> float | None:
-    """A ``["sleep", "N"]`` command completes after N seconds; anything else runs until stopped."""
-    if len(command) == 2 and str(command[0]).rsplit("/", 1)[-1] == "sleep":
-        try:
-            return max(0.0, float(command[1]))
-        except ValueError:
-            return None
-    return None

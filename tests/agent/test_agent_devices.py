@@ -16,8 +16,9 @@ import pytest
 
 from agent import nvidia
 from agent.devices import DeviceTracker, boot_id, count_resources, lease_environment, pci_key
-from agent.nvidia import KernelLogXids, NvidiaProvider, NvmlXidListener, parse_topology, parse_xid_line
+from agent.nvidia import NvidiaProvider, parse_topology
 from agent.workloads import Supervisor
+from agent.xid import KernelLogXids, NvmlXidListener, XidSource, open_xid_source, parse_xid_line
 from tests.gpu_support import write_fake_nvidia_smi
 
 
@@ -29,7 +30,7 @@ def fake_smi(tmp_path, monkeypatch):
     return fake
 
 
-class FakeXids(nvidia.XidSource):
+class FakeXids(XidSource):
     name = "fake"
 
     def __init__(self):
@@ -243,8 +244,8 @@ def test_nvml_xid_events_name_the_gpu_by_uuid():
 
 def test_an_unavailable_xid_source_degrades_to_none(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails
-    source = nvidia.open_xid_source("nvml")
-    assert type(source) is nvidia.XidSource and source.drain() == []
+    source = open_xid_source("nvml")
+    assert type(source) is XidSource and source.drain() == []
 
 
 # -- the tracker --------------------------------------------------------------------------------

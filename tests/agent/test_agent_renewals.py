@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.test import TestCase
 
-from agent.runner import FLAG_ROTATE_CREDENTIAL
+from agent.reporting import FLAG_ROTATE_CREDENTIAL
 from fleet.models import Node, NodeCredential
 from tests.control_plane import ControlPlane
 
