@@ -5,8 +5,11 @@ class MaintenanceConfig(AppConfig):
     name = "maintenance"
 
     def ready(self):
+        # Here, not at the head: an AppConfig module is imported before the app registry is ready,
+        # and these modules import models.
         from nodepool.metrics import register_collector
 
+        # The app's modules that register something when imported (see each line).
         from . import (
             collectors,
             errors,  # noqa: F401  (declares the app's problem codes: the registry is complete)
@@ -17,8 +20,9 @@ class MaintenanceConfig(AppConfig):
 
         register_collector("maintenance", collectors.collect)
 
+        # fleet's registries (imported in ready(): they import fleet's models).
         from fleet import signals as fleet_signals
-        from fleet.instructions import register_status_report_handler
+        from fleet.instructions import register_status_report_handler  # (same reason)
 
         # After leases reconciled the report (fleet.instructions' table of orders).
         register_status_report_handler("maintenance.rules", evaluate_status_report, order=200)
@@ -37,7 +41,7 @@ def evaluate_status_report(sender, node, usage, agent_version, actor, **kwargs):
 
 def quarantine_device_claimant(sender, node, conflicts, actor, **kwargs):
     """fleet.signals.device_identity_conflict: quarantine the later claimant (maintenance.rules)."""
-    from . import rules
+    from . import rules  # looked up on each call, like evaluate_status_report's (and rules imports models)
 
     rules.device_identity_conflict(node, conflicts=conflicts, actor=actor)
 
@@ -45,7 +49,7 @@ def quarantine_device_claimant(sender, node, conflicts, actor, **kwargs):
 def quarantine_devices_above_verified(sender, node, over, actor, **kwargs):
     """fleet.signals.devices_above_verified: more devices than verified fall under the
     ``capacity_above_verified`` rule (declared above verified × the factor; maintenance.rules)."""
-    from . import rules
+    from . import rules  # looked up on each call, like evaluate_status_report's (and rules imports models)
 
     rules.evaluate_declared_capacity(
         node,

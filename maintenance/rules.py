@@ -25,13 +25,12 @@ from humanunits import quantity
 
 from . import conf
 from .choices import QuarantineRule
+from .services import quarantine_node
 
 _EXEMPT = (Lifecycle.QUARANTINED, Lifecycle.RETIRED)
 
 
 def _quarantine(node: Node, rule: str, reason: str, evidence: dict[str, Any], actor: Actor) -> str:
-    from .services import quarantine_node
-
     quarantine_node(node_id=node.pk, reason=reason, evidence={"rule": rule, **evidence}, actor=actor, rule=rule)
     # The caller holds this instance (e.g. inside its heartbeat transaction): bring it up to date so
     # its own later save sees the new lifecycle and version instead of failing as a concurrent change.

@@ -13,6 +13,8 @@ from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError
 from django.dispatch import receiver
 
+from nodepool.api.throttling import client_address
+
 from . import auth_failures
 
 
@@ -40,8 +42,6 @@ class LoginLockoutBackend(AxesStandaloneBackend):
         if request is None:
             return None
         super().authenticate(request, username=username, password=password, **kwargs)
-        from nodepool.api.throttling import client_address
-
         name = _username(username, kwargs)
         wait = auth_failures.account_wait(name, client_address(request))
         if wait is not None:

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import gc
 import importlib
+import logging.config
 import os
 from typing import Any
 
 from celery import Celery, signals
 from celery.signals import setup_logging
+from django.conf import settings
 from django_structlog.celery.steps import DjangoStructLogInitStep
 
 from . import broker  # noqa: F401  (registers the embedded broker's transport)
@@ -37,10 +39,6 @@ app.steps["worker"].add(DjangoStructLogInitStep)
 @setup_logging.connect
 def _structured_logging(**kwargs) -> None:
     """Worker and beat log through Django's LOGGING (nodepool.logs), not Celery's own format."""
-    import logging.config
-
-    from django.conf import settings
-
     logging.config.dictConfig(settings.LOGGING)
 
 
@@ -105,8 +103,10 @@ def prune_expired_tokens() -> int:
     """Beat, hourly: delete user API tokens past their expiry's retention
     (nodepool.tokens.prune_expired_tokens) and failed-authentication counters of windows over a
     day old (nodepool.auth_failures.prune); returns how many rows."""
+    # Imported when the task runs: this module loads with the nodepool package (nodepool/__init__),
+    # before Django's app registry is ready, and these import models.
     from .auth_failures import prune as prune_counters
-    from .tokens import prune_expired_tokens as prune
+    from .tokens import prune_expired_tokens as prune  # (same reason)
 
     return prune() + prune_counters()
 

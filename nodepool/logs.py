@@ -34,6 +34,8 @@ NOT_CHANGES = frozenset({"pending", "held", "evaluated", "gap_seconds", "nodes_c
 
 @cache
 def periodic_task_names() -> frozenset[str]:
+    # On first use: settings.LOGGING names this module's filters, and nodepool.celery reads the
+    # settings at import (Celery's config_from_object), so a head import would be a cycle.
     from nodepool.celery import collect_beat_schedule
 
     return frozenset(entry["task"] for entry in collect_beat_schedule().values())

@@ -36,8 +36,11 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
+from celery import current_app
 from django.conf import settings
 from django.http import HttpResponse
+from django.utils import timezone
+from kombu import Connection
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     REGISTRY,
@@ -53,6 +56,8 @@ from nodepool.api.errors import METHOD_NOT_ALLOWED, METRICS_TOKEN_REQUIRED
 
 from . import conf
 from .api.problems import problem_response
+from .models import MetricBaseline
+from .quantity import BYTE_RESOURCES, CPU
 
 logger = logging.getLogger(__name__)
 
@@ -133,8 +138,6 @@ def gauge(name: str, documentation: str, labels: list[str], rows: Iterable[tuple
 
 def resource_unit(resource: str) -> tuple[str, float]:
     """(unit label, factor from canonical units): cpu millicores → cores; bytes stay bytes."""
-    from .quantity import BYTE_RESOURCES, CPU
-
     if resource == CPU:
         return "core", 0.001
     if resource in BYTE_RESOURCES:
@@ -240,10 +243,6 @@ def forget_object(label: str, value: str, *, now=None) -> None:
     """Record the per-process series of object ``label=value`` as it is deleted (call inside the
     deleting transaction): its series vanish from /metrics at once (the object no longer exists),
     and an object created later under the same name starts from zero."""
-    from django.utils import timezone
-
-    from .models import MetricBaseline
-
     samples = {
         _sample_key(sample.name, sample.labels): sample.value
         for family in _per_process_families()
@@ -260,8 +259,6 @@ class _ObjectFilter:
     """Filters families (and offsets per-process ones) against the objects that exist, per scrape."""
 
     def __init__(self):
-        from .models import MetricBaseline
-
         self.objects = {label: (parent, existing()) for label, (parent, existing) in _owners.items()}
         self.offsets: dict[str, float] = {}
         for baseline in MetricBaseline.objects.filter(label__in=list(self.objects)):
@@ -371,9 +368,6 @@ def collect_queue_depth() -> Iterable[Metric]:
     SQL broker alike); a broker that does not answer within 2 s leaves the metric out, and
     ``nodepool_celery_broker_up`` says so.
     """
-    from celery import current_app
-    from kombu import Connection
-
     queue = current_app.conf.task_default_queue
     depth = GaugeMetricFamily("nodepool_celery_queue_depth", "Messages waiting in the Celery queue.", labels=["queue"])
     up = 1.0

@@ -17,7 +17,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.conf import settings
+from django.contrib.auth import SESSION_KEY
+from django.contrib.sessions.models import Session
 from django.db import transaction
+from django.utils import timezone
 from knox.models import AuthToken
 
 
@@ -59,10 +62,6 @@ def log_out_everywhere(user) -> dict[str, int]:
     unknown (401 ``authentication_failed``), not ``token_expired``. Sessions are found by reading
     the unexpired database sessions (the admin's and the browsable API's; few on a control plane).
     """
-    from django.contrib.auth import SESSION_KEY
-    from django.contrib.sessions.models import Session
-    from django.utils import timezone
-
     with transaction.atomic():
         tokens, _ = AuthToken.objects.filter(user=user).delete()
         ended = [
@@ -79,8 +78,6 @@ def prune_expired_tokens(now=None) -> int:
     returns how many (the ``nodepool.prune_expired_tokens`` task, hourly). Until then an expired
     token's digest is kept so that presenting it answers reason ``token_expired``; it is refused
     either way."""
-    from django.utils import timezone
-
     retention = timedelta(days=getattr(settings, "NODEPOOL_EXPIRED_TOKEN_RETENTION_DAYS", 30))
     deleted, _ = AuthToken.objects.filter(expiry__lt=(now or timezone.now()) - retention).delete()
     return deleted

@@ -31,16 +31,17 @@ def configure_tracing(*, endpoint: str | None = None, exporter: Any = None) -> A
     endpoint = settings.OTEL_EXPORTER_OTLP_ENDPOINT if endpoint is None else endpoint
     if not endpoint and exporter is None:
         return None
+    # OpenTelemetry loads only when tracing is configured (heavy, and off unless an endpoint is set).
     from opentelemetry.instrumentation.celery import CeleryInstrumentor
-    from opentelemetry.instrumentation.django import DjangoInstrumentor
-    from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+    from opentelemetry.instrumentation.django import DjangoInstrumentor  # (same reason)
+    from opentelemetry.sdk.resources import Resource  # (same reason)
+    from opentelemetry.sdk.trace import TracerProvider  # (same reason)
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor  # (same reason)
 
     unconfigure_tracing()
     provider = TracerProvider(resource=Resource.create({"service.name": settings.OTEL_SERVICE_NAME}))
     if exporter is None:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # (same reason)
 
         provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
     else:
@@ -56,8 +57,9 @@ def unconfigure_tracing() -> None:
     global _provider
     if _provider is None:
         return
+    # Loaded only if tracing was configured (see configure_tracing).
     from opentelemetry.instrumentation.celery import CeleryInstrumentor
-    from opentelemetry.instrumentation.django import DjangoInstrumentor
+    from opentelemetry.instrumentation.django import DjangoInstrumentor  # (same reason)
 
     DjangoInstrumentor().uninstrument()
     CeleryInstrumentor().uninstrument()

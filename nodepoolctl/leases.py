@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import click
 
 from .choices import RELEASE_OUTCOMES
@@ -41,8 +43,6 @@ def _resources(cpu, memory, gpu, extra) -> dict:
 def lease_request(obj, workload_id, pool, cpu, memory, gpu, extra, shape, ttl_seconds, queue, idempotency_key, argv,
                   output):  # fmt: skip
     """Place a workload: prints the lease (node and fencing token), or why nothing fits."""
-    import json
-
     body = {"workload_id": workload_id, "pool": pool, "ttl_seconds": ttl_seconds, "queue": queue}
     resources = _resources(cpu, memory, gpu, extra)
     if shape:

@@ -31,6 +31,7 @@ from rest_framework import serializers
 
 from .problems import _TITLES, PROBLEM_CONTENT_TYPE
 from .schema import AreaAutoSchema
+from .versioning import ETagMixin
 
 READ_PROBLEMS = (400, 401, 403, 404, 406, 429, 431, 503)
 WRITE_PROBLEMS = (409, 410, 412, 413, 415, 422, 428)
@@ -117,8 +118,6 @@ class NodepoolAutoSchema(AreaAutoSchema):
                     "content": {PROBLEM_CONTENT_TYPE: {"schema": problem.ref}},
                 },
             )
-        from .versioning import ETagMixin
-
         if self.method == "GET" and isinstance(self.view, ETagMixin):
             responses.setdefault("304", {"description": "Not Modified: If-None-Match matched the current ETag"})
         return responses

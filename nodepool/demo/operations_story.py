@@ -10,6 +10,8 @@ from __future__ import annotations
 import time
 
 from humanunits import quantity
+from operations.models import ProviderMachine
+from operations.providers import SimulatedProvider
 from simulator import FleetSimulator, FleetThread, PoolSpec
 
 from .client import poll
@@ -125,8 +127,5 @@ def stop_extra(story) -> None:
     for fleet in story.extra_fleets:
         fleet.close()
     story.extra_fleets.clear()
-    from operations.models import ProviderMachine
-    from operations.providers import SimulatedProvider
-
     for machine in ProviderMachine.objects.exclude(provider_data={}):
         SimulatedProvider(url="").delete(machine.name, machine.provider_data)

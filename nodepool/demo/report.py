@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from django.conf import settings
+
 from fleet.choices import Lifecycle, Liveness
 from leases.choices import LeaseState
 
@@ -71,6 +73,4 @@ def _fmt(found: dict[str, int]) -> str:
 
 def _metrics_token_file() -> str:
     """Where the demo's /metrics token is (var/metrics_token unless NODEPOOL_METRICS_TOKEN is set)."""
-    from django.conf import settings
-
     return str(settings.VAR_DIR / "metrics_token") if (settings.VAR_DIR / "metrics_token").exists() else "<token>"

@@ -19,6 +19,7 @@ from simulator import FleetSimulator, FleetThread, PoolSpec
 
 from . import processes, report, setup
 from .client import Api, TimedOut, poll
+from .operations_story import stop_extra
 from .processes import Supervisor
 from .story import Story
 
@@ -134,8 +135,6 @@ class Demo:
         finally:
             with stop_signals_ignored():
                 if story is not None:
-                    from .operations_story import stop_extra
-
                     stop_extra(story)
                 if fleet is not None:
                     fleet.close()

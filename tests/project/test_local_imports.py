@@ -19,11 +19,8 @@ from tests.project.test_import_cycles import PACKAGES
 ROOT = Path(__file__).resolve().parents[2]
 
 UNEXPLAINED = {
-    "nodepool": 35,
     "fleet": 32,
     "leases": 38,
-    "maintenance": 7,
-    "nodepoolctl": 2,
 }
 
 

@@ -55,6 +55,7 @@ class Command(BaseCommand):
             raise SystemExit(130) from None
 
     def _run(self, var_dir: Path, lock, opts) -> None:
+        # Lazy: listing manage.py's commands must not load the demo's runner (the simulator, processes).
         from nodepool.demo.runner import Demo
 
         nodes = opts["nodes"] if opts["nodes"] is not None else (120 if opts["once"] else 300)
