@@ -23,8 +23,9 @@ from pathlib import Path
 from . import __version__, benchmark, devices, inventory, nvidia, recovery, repair
 from .client import ApiError, NodeClient, ServerUnavailable
 from .conditions import Thresholds, measure
-from .runner import EXIT_CONFIG, EXIT_RESTART, Agent, AgentConfig, parse_time, rfc3339
+from .runner import EXIT_CONFIG, EXIT_RESTART, Agent, AgentConfig
 from .state import StateError, StateFile, default_state_path
+from .times import parse_time, rfc3339
 
 
 def _label(text: str) -> tuple[str, str]:
