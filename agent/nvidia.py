@@ -16,11 +16,11 @@ Sources, each optional except the first (a host without ``nvidia-smi`` on PATH h
 
 XID events are not in any ``nvidia-smi`` query. Two sources, behind :class:`agent.xid.XidSource`:
 
-* :class:`NvmlXidListener` (default where ``pynvml`` from ``nvidia-ml-py`` loads and NVML
+* :class:`agent.xid.NvmlXidListener` (default where ``pynvml`` from ``nvidia-ml-py`` loads and NVML
   initialises): a thread waiting on ``nvmlEventSetWait_v2`` for ``nvmlEventTypeXidCriticalError``
   on every GPU. Privilege: read/write access to ``/dev/nvidiactl`` and ``/dev/nvidia<N>`` -- what
   ``nvidia-smi`` needs; no root on a default driver install (device nodes mode 0666).
-* :class:`KernelLogXids`: the driver's ``NVRM: Xid (PCI:0000:17:00): 79, pid=..., <text>`` lines
+* :class:`agent.xid.KernelLogXids`: the driver's ``NVRM: Xid (PCI:0000:17:00): 79, pid=..., <text>`` lines
   read from ``/dev/kmsg``. Privilege: ``CAP_SYSLOG`` (root) where ``kernel.dmesg_restrict=1``,
   the default on most distributions. Xid 154's text carries the driver's recovery action, which
   NVML's event does not, so where both are readable operators may prefer this one
