@@ -17,8 +17,8 @@ from django_fsm import ConcurrentTransitionMixin, FSMField, transition
 
 from nodepool.fsm import SerializedFSMRefresh
 
-from . import event_types
-from .choices import (
+from .. import event_types
+from ..choices import (
     ActorType,
     AdmissionMode,
     BenchmarkStatus,
