@@ -1,5 +1,41 @@
-"""Fleet models, one submodule per seam; every model is re-exported here, so callers import
-``from fleet.models import Node`` and Django finds each model through this package."""
+"""Fleet models: pools, nodes and their identity, capacity inventory, credentials, admission.
 
-from .nodes import *  # noqa: F403
-from .nodes import DEFAULT_DEGRADED_CONDITIONS, DEFAULT_UNHEALTHY_CONDITIONS  # noqa: F401
+A node's state is several independent dimensions (docs/foundation.md, "The state model"):
+``lifecycle`` (FSM, only transitions change it), ``liveness`` (from the control plane's receipt
+times), ``ready`` (what the node says), ``health`` (the control plane's judgement of conditions)
+and capacity (:class:`NodeResource`). Nothing here stores a single "online" flag;
+``schedulable`` is derived.
+
+One submodule per seam (nodes, devices, events, credentials, verification, records); every model is
+re-exported here, so callers write ``from fleet.models import Node`` and Django finds each model
+through this package.
+"""
+
+from .credentials import BootstrapToken, NodeCredential
+from .devices import Device
+from .events import Event, NodeEvent
+from .nodes import DEFAULT_DEGRADED_CONDITIONS, DEFAULT_UNHEALTHY_CONDITIONS, Node, NodeHold, NodeResource, Pool
+from .records import ControlPlaneClock, FleetState, LivenessSweepState, NodeMetrics, NodeReliabilityDay
+from .verification import AdmissionCheck, Benchmark, Reverification
+
+__all__ = [
+    "DEFAULT_DEGRADED_CONDITIONS",
+    "DEFAULT_UNHEALTHY_CONDITIONS",
+    "AdmissionCheck",
+    "Benchmark",
+    "BootstrapToken",
+    "ControlPlaneClock",
+    "Device",
+    "Event",
+    "FleetState",
+    "LivenessSweepState",
+    "Node",
+    "NodeCredential",
+    "NodeEvent",
+    "NodeHold",
+    "NodeMetrics",
+    "NodeReliabilityDay",
+    "NodeResource",
+    "Pool",
+    "Reverification",
+]
