@@ -3,8 +3,9 @@
 :func:`run_admission` is what the Celery task ``fleet.run_admission`` calls. It is idempotent and
 safe to run twice at once:
 
-* each check's outcome is written with a compare-and-swap (``status='pending'`` → result), so a
-  second run computing the same pure check writes nothing and records no second event;
+* each check's outcome is written with a compare-and-swap built from the model's transition
+  (``nodepool.fsm.move``: ``status IN <sources>`` → its target), so a second run computing the
+  same pure check writes nothing and records no second event;
 * the benchmark is requested by whichever run claims the check (``started_at IS NULL`` → now);
 * the final transition locks the node and re-reads lifecycle and attempt, so only one run moves it.
 
@@ -31,7 +32,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from humanunits import quantity
-from nodepool import failsafe, metrics
+from nodepool import failsafe, fsm, metrics
 from nodepool.api.problems import Conflict, Gone, NotFound
 from nodepool.celery import app as celery_app
 
@@ -43,7 +44,7 @@ from .devices import verify_node_devices
 from .errors import BENCHMARK_ALREADY_COMPLETED, BENCHMARK_EXPIRED, BENCHMARK_NOT_FOUND
 from .events import Actor, record_event
 from .instructions import Instruction, post_instructions
-from .models import AdmissionCheck, Benchmark, Node, Pool
+from .models import OUTCOME_TRANSITIONS, AdmissionCheck, Benchmark, Node, Pool
 from .policy import load_attestation_key
 from .services import node_inventory_set
 
@@ -245,8 +246,9 @@ def check_names(pool: Pool) -> list[str]:
 def _record_outcome(check: AdmissionCheck, outcome: Outcome, actor: Actor, *, started_at, now) -> bool:
     """Write ``outcome`` if the check is still pending (compare-and-swap); one event if it wrote."""
     with transaction.atomic():
-        wrote = AdmissionCheck.objects.filter(pk=check.pk, status=CheckStatus.PENDING).update(
-            status=outcome.status,
+        wrote = fsm.move(
+            AdmissionCheck.objects.filter(pk=check.pk),
+            OUTCOME_TRANSITIONS[outcome.status],
             detail=outcome.detail,
             data={**(check.data or {}), **outcome.data},
             started_at=F("started_at") if check.started_at else started_at,
@@ -347,8 +349,11 @@ def finalize_admission(*, node_id, attempt: int, actor: Actor, now: datetime | N
         failures = [c for c in checks if c.status == CheckStatus.FAILED]
         before, lifted = node.lifecycle, False
         if failures:
-            AdmissionCheck.objects.filter(node=node, attempt=attempt, status=CheckStatus.PENDING).update(
-                status=CheckStatus.SKIPPED, detail="not run: another check failed", finished_at=now
+            fsm.move(
+                AdmissionCheck.objects.filter(node=node, attempt=attempt),
+                "skip",
+                detail="not run: another check failed",
+                finished_at=now,
             )
             node.reject()
             node.lifecycle_reason = "admission failed: " + "; ".join(f"{c.name}: {c.detail}" for c in failures)
@@ -446,9 +451,7 @@ def benchmark_complete(*, node: Node, nonce: str, figures: dict[str, Any], actor
             raise Conflict("This benchmark was already completed.", BENCHMARK_ALREADY_COMPLETED)
         if bench.status == BenchmarkStatus.TIMED_OUT or bench.deadline <= now:
             raise Gone("This benchmark's deadline has passed.", BENCHMARK_EXPIRED)
-        won = Benchmark.objects.filter(pk=bench.pk, status=BenchmarkStatus.REQUESTED).update(
-            status=BenchmarkStatus.COMPLETED, completed_at=now, result=figures
-        )
+        won = fsm.move(Benchmark.objects.filter(pk=bench.pk), "complete", completed_at=now, result=figures)
         if not won:
             raise Conflict("This benchmark was completed or timed out meanwhile.", BENCHMARK_ALREADY_COMPLETED)
         measured = {"cpu": figures["cpu_millicores"], "memory": figures["memory_bytes"]}
@@ -487,7 +490,8 @@ def benchmark_complete(*, node: Node, nonce: str, figures: dict[str, Any], actor
 def benchmarks_expire(*, actor: Actor, now: datetime | None = None, limit: int = 500) -> int:
     """Time out requested benchmarks past their deadline; their admission checks fail.
 
-    Safe to run twice at once: each benchmark is claimed with ``status='requested'`` → ``timed_out``.
+    Safe to run twice at once: each benchmark is claimed with its ``time_out`` transition
+    (``status IN <sources>`` → ``timed_out``, ``nodepool.fsm.move``).
     Returns the number timed out by this run.
     """
     now = now or timezone.now()
@@ -495,9 +499,7 @@ def benchmarks_expire(*, actor: Actor, now: datetime | None = None, limit: int =
     due = Benchmark.objects.filter(status=BenchmarkStatus.REQUESTED, deadline__lte=now).order_by("deadline")
     for bench in due[:limit]:
         with transaction.atomic():
-            won = Benchmark.objects.filter(pk=bench.pk, status=BenchmarkStatus.REQUESTED).update(
-                status=BenchmarkStatus.TIMED_OUT, completed_at=now
-            )
+            won = fsm.move(Benchmark.objects.filter(pk=bench.pk), "time_out", completed_at=now)
             if not won:
                 continue
             count += 1

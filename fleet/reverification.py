@@ -53,6 +53,7 @@ from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from humanunits import quantity
+from nodepool import fsm
 
 from . import event_types, signals, trust
 from .admission import BENCHMARKED_RESOURCES, check_attestation
@@ -152,8 +153,7 @@ def reverifications_cancel(*, actor: Actor, now: datetime) -> int:
     """Cancel open runs of nodes no longer in service or of pools whose schedule is off (set-based:
     one UPDATE per reason, legal sources taken from the model's ``cancel`` transition). A node that
     comes back into service is scheduled afresh. Returns how many were cancelled."""
-    transitions = Reverification._meta.get_field("state").get_all_transitions(Reverification)
-    cancel_from = [t.source for t in transitions if t.name == "cancel"]
+    cancel_from = fsm.sources(Reverification, "cancel")
     cancelled = 0
     for code, condition in (
         (NODE_LEFT_SERVICE, ~Q(node__lifecycle__in=IN_SERVICE)),
@@ -161,8 +161,12 @@ def reverifications_cancel(*, actor: Actor, now: datetime) -> int:
     ):
         ids = list(Reverification.objects.filter(condition, state__in=cancel_from).values_list("pk", flat=True)[:500])
         if ids:
-            cancelled += Reverification.objects.filter(pk__in=ids, state__in=cancel_from).update(
-                state=ReverificationState.CANCELLED, finished_at=now, code=code, reason=code.replace("_", " ")
+            cancelled += fsm.move(
+                Reverification.objects.filter(pk__in=ids),
+                "cancel",
+                finished_at=now,
+                code=code,
+                reason=code.replace("_", " "),
             )
     return cancelled
 
@@ -239,9 +243,7 @@ def reverification_start(*, run_id: int, actor: Actor, now: datetime | None = No
             why = "waiting for the node to be idle" if pool.reverification_busy_policy == "idle" else "nothing free"
             return _postpone(run, now, why)
         run.start()
-        claimed = Reverification.objects.filter(pk=run.pk, state=ReverificationState.SCHEDULED).update(
-            state=ReverificationState.RUNNING, started_at=now
-        )
+        claimed = fsm.move(Reverification.objects.filter(pk=run.pk), "start", started_at=now)
         if not claimed:
             return "not_due"
         run.started_at = now

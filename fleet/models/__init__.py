@@ -16,11 +16,12 @@ from .devices import Device
 from .events import Event, NodeEvent
 from .nodes import DEFAULT_DEGRADED_CONDITIONS, DEFAULT_UNHEALTHY_CONDITIONS, Node, NodeHold, NodeResource, Pool
 from .records import ControlPlaneClock, FleetState, LivenessSweepState, NodeMetrics, NodeReliabilityDay
-from .verification import AdmissionCheck, Benchmark, Reverification
+from .verification import OUTCOME_TRANSITIONS, AdmissionCheck, Benchmark, Reverification
 
 __all__ = [
     "DEFAULT_DEGRADED_CONDITIONS",
     "DEFAULT_UNHEALTHY_CONDITIONS",
+    "OUTCOME_TRANSITIONS",
     "AdmissionCheck",
     "Benchmark",
     "BootstrapToken",

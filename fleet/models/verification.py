@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.db import models
 from django.db.models import Q
-from django_fsm import FSMField, transition
+from django_fsm import ConcurrentTransitionMixin, FSMField, transition
 
 from nodepool.fsm import SerializedFSMRefresh
 
@@ -12,13 +12,20 @@ from ..choices import BenchmarkStatus, CheckStatus, ReverificationState
 from .nodes import Node, Pool
 
 
-class AdmissionCheck(models.Model):
-    """One named admission check of one admission attempt, with its outcome and timings."""
+class AdmissionCheck(SerializedFSMRefresh, ConcurrentTransitionMixin, models.Model):
+    """One named admission check of one admission attempt, with its outcome and timings.
+
+    ``status`` is a state machine (django-fsm-2, protected): ``pending`` → ``passed`` | ``failed`` |
+    ``skipped``, each once. fleet.admission writes an outcome with the set-based claim
+    ``nodepool.fsm.move(<this check>, <verb>)`` (``WHERE status IN <the verb's sources>``), so a
+    second run computing the same check writes nothing; :data:`OUTCOME_TRANSITIONS` names the verb
+    of each outcome.
+    """
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="admission_checks")
     attempt = models.PositiveIntegerField()
     name = models.CharField(max_length=64)
-    status = models.CharField(max_length=16, choices=CheckStatus.choices, default=CheckStatus.PENDING)
+    status = FSMField(max_length=16, choices=CheckStatus.choices, default=CheckStatus.PENDING, protected=True)
     detail = models.TextField(blank=True)
     data = models.JSONField(default=dict, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -31,14 +38,37 @@ class AdmissionCheck(models.Model):
     def __str__(self) -> str:
         return f"{self.name}#{self.attempt}: {self.status}"
 
+    # --- transitions: memory only (fleet.admission claims them set-based and logs) -------------
+    @transition(field=status, source=CheckStatus.PENDING, target=CheckStatus.PASSED)
+    def succeed(self):
+        """pending → passed: the check's pure function (or the benchmark's comparison) passed."""
 
-class Benchmark(models.Model):
+    @transition(field=status, source=CheckStatus.PENDING, target=CheckStatus.FAILED)
+    def fail(self):
+        """pending → failed: the admission attempt will be rejected."""
+
+    @transition(field=status, source=CheckStatus.PENDING, target=CheckStatus.SKIPPED)
+    def skip(self):
+        """pending → skipped: not applicable, or not run because another check failed."""
+
+
+# The transition that records each outcome of a check (fleet.admission's ``Outcome.status``).
+OUTCOME_TRANSITIONS = {CheckStatus.PASSED: "succeed", CheckStatus.FAILED: "fail", CheckStatus.SKIPPED: "skip"}
+
+
+class Benchmark(SerializedFSMRefresh, ConcurrentTransitionMixin, models.Model):
     """A benchmark the control plane asked a node to run, identified by a nonce: for admission
-    (its ``benchmark`` check) or for a scheduled re-verification (``Reverification.benchmark``)."""
+    (its ``benchmark`` check) or for a scheduled re-verification (``Reverification.benchmark``).
+
+    ``status`` is a state machine (django-fsm-2, protected): ``requested`` → ``completed`` (the
+    node's figures arrived before the deadline) | ``timed_out`` (the deadline passed first). The
+    deadline is each transition's condition; it depends on the caller's ``now``, so fleet.admission's
+    claim (``nodepool.fsm.move``) checks it rather than a condition function reading the wall clock.
+    """
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="benchmarks")
     nonce = models.CharField(max_length=64, unique=True)
-    status = models.CharField(max_length=16, choices=BenchmarkStatus.choices, default=BenchmarkStatus.REQUESTED)
+    status = FSMField(max_length=16, choices=BenchmarkStatus.choices, default=BenchmarkStatus.REQUESTED, protected=True)
     requested_at = models.DateTimeField()
     deadline = models.DateTimeField()
     completed_at = models.DateTimeField(null=True, blank=True)
@@ -53,6 +83,15 @@ class Benchmark(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node_id}/{self.nonce}: {self.status}"
+
+    # --- transitions: memory only (fleet.admission claims them set-based and logs) -------------
+    @transition(field=status, source=BenchmarkStatus.REQUESTED, target=BenchmarkStatus.COMPLETED)
+    def complete(self):
+        """requested → completed: the node returned its figures before the deadline."""
+
+    @transition(field=status, source=BenchmarkStatus.REQUESTED, target=BenchmarkStatus.TIMED_OUT)
+    def time_out(self):
+        """requested → timed_out: the deadline passed without an answer."""
 
 
 class Reverification(SerializedFSMRefresh, models.Model):
