@@ -43,7 +43,10 @@ from .admin_display import (
 )
 from .admin_sections import node_sections
 from .capability import CapabilityError, parse_labels, parse_taints
+from .devices import device_release, device_summary, device_verify, free_devices_text
 from .events import Actor
+from .filtersets import _label_filter
+from .labelselector import NODE_DECLARED, PLACEMENT
 from .models import AdmissionCheck, BootstrapToken, Device, Node, NodeCredential, NodeHold, Pool, Reverification
 from .policy import check_pool, parse_required_capabilities, parse_required_labels, parse_reservations, parse_specifier
 from .selectors import unschedulable_reasons, valid_credential_exists
@@ -343,8 +346,6 @@ class DeviceAdmin(OperatorOnlyAdmin):
 
     @admin.action(description="Verify the selected devices (they become allocatable if healthy)")
     def verify_devices(self, request, queryset):
-        from .devices import device_verify
-
         actor = Actor.from_request(request)
         done = 0
         for row in queryset.filter(retired_at__isnull=True):
@@ -354,8 +355,6 @@ class DeviceAdmin(OperatorOnlyAdmin):
 
     @admin.action(description="Release the selected held devices")
     def release_devices(self, request, queryset):
-        from .devices import device_release
-
         actor = Actor.from_request(request)
         done = 0
         for row in queryset.filter(retired_at__isnull=True, held=True):
@@ -369,8 +368,6 @@ class NodeChangeList(ChangeList):
 
     def get_results(self, request):
         super().get_results(request)
-        from .devices import device_summary, free_devices_text
-
         summary = device_summary([node.pk for node in self.result_list])
         for node in self.result_list:
             node.free_devices_text = free_devices_text(summary.get(node.pk, {}))
@@ -521,9 +518,6 @@ class NodeAdmin(admin.ModelAdmin):
             pass
         key, eq, value = term.partition("=")
         if eq and key:
-            from .filtersets import _label_filter
-            from .labelselector import NODE_DECLARED, PLACEMENT
-
             try:
                 platform = _label_filter(queryset, [term], PLACEMENT)
                 declared = _label_filter(queryset, [term], NODE_DECLARED)

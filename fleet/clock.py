@@ -45,7 +45,7 @@ from django.utils import timezone
 from . import conf, event_types
 from .choices import Lifecycle, Liveness
 from .events import Actor, record_event
-from .models import Benchmark, BootstrapToken, ControlPlaneClock, Node, NodeCredential
+from .models import Benchmark, BootstrapToken, ControlPlaneClock, Node, NodeCredential, NodeEvent
 
 logger = logging.getLogger(__name__)
 
@@ -103,8 +103,6 @@ def detected_gaps() -> list[tuple[datetime, timedelta]]:
     deadlines that are computed, not stored, such as a ``NoExecute`` taint's
     ``toleration_seconds`` (:func:`extend_past_gaps`).
     """
-    from .models import NodeEvent
-
     gaps = []
     for data in NodeEvent.objects.filter(type=event_types.CLOCK_JUMP).values_list("data", flat=True):
         try:

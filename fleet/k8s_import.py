@@ -47,6 +47,7 @@ from nodepool.quantity import QuantityError, to_canonical
 from . import event_types
 from . import taints as taint_times
 from .choices import Lifecycle
+from .devices import apply_report, parse_devices
 from .events import Actor, record_event
 from .models import Device, Node, Pool
 
@@ -192,8 +193,6 @@ def synthetic_devices(mapped: MappedNode) -> list[dict]:
 def _import_devices(node: Node, mapped: MappedNode, actor: Actor, *, force: bool) -> int:
     """Store the node's synthetic devices (unverified); returns how many it has. Not when the
     node already has real devices (an agent reported them: they win over the dump)."""
-    from .devices import apply_report, parse_devices
-
     wire = synthetic_devices(mapped)
     live = Device.objects.filter(node=node, retired_at__isnull=True)
     if not wire or live.exclude(device_id__startswith=SYNTHETIC_PREFIX).exists():

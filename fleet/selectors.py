@@ -2,16 +2,34 @@
 
 from __future__ import annotations
 
-from django.db.models import Case, CharField, Exists, OuterRef, Prefetch, Q, QuerySet, TextField, Value, When
-from django.db.models.functions import Cast
+from django.db.models import (
+    BooleanField,
+    Case,
+    CharField,
+    Count,
+    Exists,
+    ExpressionWrapper,
+    F,
+    Max,
+    OuterRef,
+    Prefetch,
+    Q,
+    QuerySet,
+    Sum,
+    TextField,
+    Value,
+    When,
+)
+from django.db.models.functions import Cast, Greatest
 from django.db.models.lookups import Contains
 from django.utils import timezone
 
 from nodepool.api.permissions import is_client, is_operator, is_owner
 
 from . import health
-from .choices import BenchmarkStatus, Health, Lifecycle, Liveness
-from .models import AdmissionCheck, Benchmark, Node, NodeCredential, NodeEvent, NodeHold
+from .choices import BenchmarkStatus, DeviceHealth, Health, Lifecycle, Liveness
+from .devices import normalise_model
+from .models import AdmissionCheck, Benchmark, Device, Node, NodeCredential, NodeEvent, NodeHold, NodeResource
 
 # Stable reason codes for why a node is not schedulable (used by the API and the scheduler).
 NOT_READY_LIFECYCLE = "lifecycle_not_ready"
@@ -215,12 +233,6 @@ def pool_devices(pool, schedulable_ids) -> dict:
     held out), not held by a live lease, on a schedulable node. Each count is a count of rows, so
     none is ever negative: a device that fails while allocated is ``allocated`` and no longer
     ``allocatable``, and free stays what is really free. One grouped query."""
-    from django.db.models import BooleanField, Count, Exists, ExpressionWrapper, OuterRef, Q
-
-    from .choices import DeviceHealth
-    from .devices import normalise_model
-    from .models import Device
-
     claims = Device._meta.get_field("claims").related_model  # leases.LeaseDevice, without importing leases
     usable = Q(verified_at__isnull=False, held=False, hard_tainted=False) & ~Q(
         health__in=(DeviceHealth.UNHEALTHY, DeviceHealth.MISSING)
@@ -265,11 +277,6 @@ def pool_capacity(pool, *, now=None) -> dict:
     model (normalised: :func:`fleet.devices.normalise_model`). Six aggregate queries whatever the
     pool's size.
     """
-    from django.db.models import Count, F, Max, Sum
-    from django.db.models.functions import Greatest
-
-    from .models import NodeResource
-
     nodes = Node.objects.filter(pool=pool).exclude(lifecycle=Lifecycle.RETIRED)
     counts: dict = {"lifecycle": {}, "liveness": {}, "health": {}}
     total = 0

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from celery import shared_task
+from celery import current_task, shared_task
 from django.db import OperationalError
 
 from nodepool import metrics
 
+from . import admission, fleet_state, reliability, retention, reverification
 from .events import Actor
 from .liveness_sweep import sweep_liveness
 
@@ -21,32 +22,25 @@ from .liveness_sweep import sweep_liveness
 )
 def run_admission(self, node_id: str, attempt: int) -> str:
     """Run or resume admission attempt ``attempt`` of node ``node_id`` (idempotent)."""
-    from .admission import run_admission as run
-
-    return run(node_id=node_id, attempt=attempt, actor=Actor.system("fleet.run_admission", self.request.id or ""))
+    actor = Actor.system("fleet.run_admission", self.request.id or "")
+    return admission.run_admission(node_id=node_id, attempt=attempt, actor=actor)
 
 
 @shared_task(name="fleet.expire_benchmarks", bind=True)
 def expire_benchmarks(self) -> int:
     """Beat: time out benchmarks past their deadline and fail their admission checks."""
-    from .admission import benchmarks_expire
-
-    return benchmarks_expire(actor=Actor.system("fleet.expire_benchmarks", self.request.id or ""))
+    return admission.benchmarks_expire(actor=Actor.system("fleet.expire_benchmarks", self.request.id or ""))
 
 
 @shared_task(name="fleet.resume_stalled_admissions")
 def resume_stalled_admissions() -> int:
     """Beat: re-dispatch admission for nodes left ``admitting`` by a lost task or a crash."""
-    from .admission import admissions_resume
-
-    return admissions_resume()
+    return admission.admissions_resume()
 
 
 @shared_task(name="fleet.sweep_liveness", ignore_result=True)
 def sweep_liveness_task() -> dict:
     """Run one liveness sweep (safe to run twice at once; beat entry in fleet/schedule.py)."""
-    from celery import current_task
-
     task_id = getattr(getattr(current_task, "request", None), "id", "") or ""
     with metrics.LIVENESS_SWEEP_SECONDS.time():
         summary = sweep_liveness(actor=Actor.system("fleet.sweep_liveness", task_id=task_id))
@@ -56,9 +50,7 @@ def sweep_liveness_task() -> dict:
 @shared_task(name="fleet.prune_events", ignore_result=True)
 def prune_events_task() -> dict:
     """Beat: delete old events in bounded batches (fleet/retention.py; rules in nodepool/retention.py)."""
-    from .retention import prune_events
-
-    return prune_events()
+    return retention.prune_events()
 
 
 @shared_task(name="fleet.refresh_fleet_state", ignore_result=True)
@@ -66,23 +58,17 @@ def refresh_fleet_state_task() -> float:
     """Beat: recompute the fleet-wide figures /metrics and the fleet overview read (fleet/fleet_state.py).
 
     Returns the computation's duration in seconds (a measurement, so its log line stays routine)."""
-    from .fleet_state import refresh
-
-    return refresh().duration_seconds
+    return fleet_state.refresh().duration_seconds
 
 
 @shared_task(name="fleet.reverify_due_nodes", bind=True, ignore_result=True)
 def reverify_due_nodes(self) -> dict:
     """Beat: schedule, start and cancel scheduled re-verifications (fleet/reverification.py; safe twice at once)."""
-    from .reverification import reverify_due
-
-    return reverify_due(actor=Actor.system("fleet.reverify_due_nodes", self.request.id or ""))
+    return reverification.reverify_due(actor=Actor.system("fleet.reverify_due_nodes", self.request.id or ""))
 
 
 @shared_task(name="fleet.rollup_reliability", ignore_result=True)
 def rollup_reliability_task() -> dict:
     """Beat: rewrite today's and yesterday's reliability rows and every node's score
     (fleet/reliability.py; safe to run twice at once)."""
-    from .reliability import rollup
-
-    return rollup()
+    return reliability.rollup()

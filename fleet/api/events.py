@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 
+from django.apps import apps
 from django.core.exceptions import ValidationError
 from django.db.models import Case, F, IntegerField, Q, Value, When
 from drf_spectacular.utils import extend_schema
@@ -86,8 +87,6 @@ class CanReadEvents(BasePermission):
 def _own_lease_ids(user):
     """A subquery of the pks of ``user``'s own leases. Leases live in a higher app: the model is
     resolved by name (fleet never imports leases)."""
-    from django.apps import apps
-
     return apps.get_model("leases", "Lease").objects.filter(client=user).values("pk")
 
 
@@ -150,8 +149,6 @@ def _lease_ids_in(value, found: set[str]) -> set[str]:
 def _own_among(user, lease_ids: set[str], cache: dict) -> dict[str, str]:
     """``{lease id: spread group}`` of those of ``lease_ids`` that are ``user``'s own (remembered in
     ``cache`` across the events of one response)."""
-    from django.apps import apps
-
     known = cache.setdefault("own_lease_groups", {})  # id -> group ("" for none), None: not the user's
     unknown = [pk for pk in lease_ids if pk not in known]
     if unknown:
