@@ -1,4 +1,5 @@
-"""Admission: named checks, the benchmark round trip, and the final ready/rejected decision.
+"""Admission: named checks, the benchmark request, and the final ready/rejected decision (the
+benchmark's completion and expiry are in :mod:`fleet.benchmarks`).
 
 :func:`run_admission` is what the Celery task ``fleet.run_admission`` calls. It is idempotent and
 safe to run twice at once:
@@ -31,22 +32,19 @@ from django.utils import timezone
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from humanunits import quantity
 from nodepool import failsafe, fsm, metrics
-from nodepool.api.problems import Conflict, Gone, NotFound
 from nodepool.celery import app as celery_app
 
-from . import event_types, signals, trust
+from . import event_types, trust
 from .capability import CapabilityError, implausible_values
-from .choices import BenchmarkStatus, CheckStatus, Lifecycle, PoolKind
+from .choices import BenchmarkStatus, CheckStatus, Lifecycle
 from .devices import sync_counts as sync_device_counts
 from .devices import verify_node_devices
-from .errors import BENCHMARK_ALREADY_COMPLETED, BENCHMARK_EXPIRED, BENCHMARK_NOT_FOUND
 from .events import Actor, record_event
 from .instructions import Instruction, post_instructions
 from .models import OUTCOME_TRANSITIONS, AdmissionCheck, Benchmark, Node, Pool
 from .policy import load_attestation_key
-from .services import node_inventory_set
+from .pools import node_inventory_set
 
 AGENT_VERSION = "agent_version"
 CAPABILITIES = "capabilities"
@@ -243,7 +241,7 @@ def check_names(pool: Pool) -> list[str]:
 # --- running -----------------------------------------------------------------------------------------
 
 
-def _record_outcome(check: AdmissionCheck, outcome: Outcome, actor: Actor, *, started_at, now) -> bool:
+def record_outcome(check: AdmissionCheck, outcome: Outcome, actor: Actor, *, started_at, now) -> bool:
     """Write ``outcome`` if the check is still pending (compare-and-swap); one event if it wrote."""
     with transaction.atomic():
         wrote = fsm.move(
@@ -317,7 +315,7 @@ def run_admission(*, node_id, attempt: int, actor: Actor, now: datetime | None =
             continue
         started = timezone.now()
         outcome = function(node, pool)
-        _record_outcome(check, outcome, actor, started_at=started, now=now or timezone.now())
+        record_outcome(check, outcome, actor, started_at=started, now=now or timezone.now())
     checks = {c.name: c for c in AdmissionCheck.objects.filter(node=node, attempt=attempt)}
     any_failed = any(c.status == CheckStatus.FAILED for c in checks.values())
     bench = checks.get(BENCHMARK)
@@ -391,34 +389,7 @@ def finalize_admission(*, node_id, attempt: int, actor: Actor, now: datetime | N
     return node.lifecycle
 
 
-# --- benchmarks ---------------------------------------------------------------------------------------
-
-
-def compare_benchmark(node: Node, measured: dict[str, int]) -> Outcome:
-    """Measured vs declared cpu and memory; a ratio below ``pool.benchmark_tolerance`` fails.
-
-    For a marketplace pool the failure reads "suspected misreported hardware", since the
-    contributor's own declaration is what the measurement contradicts.
-    """
-    pool = node.pool
-    declared = (node.declared or {}).get("resources") or {}
-    shortfalls, ratios = [], {}
-    for name in BENCHMARKED_RESOURCES:
-        want = declared.get(name) or 0
-        if not want:
-            continue
-        ratio = measured.get(name, 0) / want
-        ratios[name] = round(ratio, 3)
-        if ratio < pool.benchmark_tolerance:
-            shortfalls.append(
-                f"measured {name} {quantity(name, measured.get(name, 0))} is {ratio:.0%} "
-                f"of declared {quantity(name, want)} "
-                f"(tolerance {pool.benchmark_tolerance:.0%})"
-            )
-    if shortfalls:
-        prefix = "suspected misreported hardware" if pool.kind == PoolKind.MARKETPLACE else "benchmark shortfall"
-        return failed(f"{prefix}: " + "; ".join(shortfalls), ratios=ratios)
-    return passed("benchmark confirms the declared capacity", ratios=ratios)
+# --- dispatching -------------------------------------------------------------------------------------
 
 
 def run_admission_task():
@@ -427,96 +398,11 @@ def run_admission_task():
     return celery_app.signature("fleet.run_admission")
 
 
-def _dispatch_admission(node_id, attempt: int) -> None:
+def dispatch_admission(node_id, attempt: int) -> None:
     def dispatch():
         failsafe.publish(run_admission_task(), args=(str(node_id), attempt))  # fails open: the stalled sweep catches up
 
     transaction.on_commit(dispatch)
-
-
-def benchmark_complete(*, node: Node, nonce: str, figures: dict[str, Any], actor: Actor, now=None) -> Benchmark:
-    """Record a node's benchmark figures, complete its admission check, and re-run admission.
-
-    ``figures``: ``{"cpu_millicores": int, "memory_bytes": int, "duration_seconds": float, "details": {}}``.
-
-    Raises: 404 ``benchmark_not_found`` (unknown nonce or another node's), 409
-    ``benchmark_already_completed``, 410 ``benchmark_expired`` (past its deadline or timed out).
-    """
-    now = now or timezone.now()
-    with transaction.atomic():
-        bench = Benchmark.objects.filter(node=node, nonce=nonce).first()
-        if bench is None:
-            raise NotFound("No such benchmark for this node.", BENCHMARK_NOT_FOUND)
-        if bench.status == BenchmarkStatus.COMPLETED:
-            raise Conflict("This benchmark was already completed.", BENCHMARK_ALREADY_COMPLETED)
-        if bench.status == BenchmarkStatus.TIMED_OUT or bench.deadline <= now:
-            raise Gone("This benchmark's deadline has passed.", BENCHMARK_EXPIRED)
-        won = fsm.move(Benchmark.objects.filter(pk=bench.pk), "complete", completed_at=now, result=figures)
-        if not won:
-            raise Conflict("This benchmark was completed or timed out meanwhile.", BENCHMARK_ALREADY_COMPLETED)
-        measured = {"cpu": figures["cpu_millicores"], "memory": figures["memory_bytes"]}
-        # A benchmark limited to the free part of a busy node (a re-verification's) measured only
-        # that part: it is the re-verification's evidence, not the node's measured capability.
-        Node.objects.filter(pk=node.pk).update(
-            **(
-                {}
-                if bench.limits
-                else {
-                    "measured": {
-                        "resources": measured,
-                        "benchmark": {"nonce": nonce, "completed_at": now.isoformat(), **figures},
-                    }
-                }
-            ),
-            version=F("version") + 1,
-        )
-        record_event(
-            node, event_types.BENCHMARK, actor, to_state=BenchmarkStatus.COMPLETED,
-            reason="benchmark figures received", data={"nonce": nonce, "measured": measured},
-        )  # fmt: skip
-        check = AdmissionCheck.objects.filter(
-            node=node, name=BENCHMARK, status=CheckStatus.PENDING, data__nonce=nonce
-        ).first()
-        if check is not None:
-            node.refresh_from_db(fields=["declared", "pool"])
-            _record_outcome(check, compare_benchmark(node, measured), actor, started_at=bench.requested_at, now=now)
-            _dispatch_admission(node.pk, check.attempt)
-        else:
-            signals.benchmark_finished.send(sender=Benchmark, benchmark=bench, measured=measured, actor=actor, now=now)
-    bench.refresh_from_db()
-    return bench
-
-
-def benchmarks_expire(*, actor: Actor, now: datetime | None = None, limit: int = 500) -> int:
-    """Time out requested benchmarks past their deadline; their admission checks fail.
-
-    Safe to run twice at once: each benchmark is claimed with its ``time_out`` transition
-    (``status IN <sources>`` → ``timed_out``, ``nodepool.fsm.move``).
-    Returns the number timed out by this run.
-    """
-    now = now or timezone.now()
-    count = 0
-    due = Benchmark.objects.filter(status=BenchmarkStatus.REQUESTED, deadline__lte=now).order_by("deadline")
-    for bench in due[:limit]:
-        with transaction.atomic():
-            won = fsm.move(Benchmark.objects.filter(pk=bench.pk), "time_out", completed_at=now)
-            if not won:
-                continue
-            count += 1
-            record_event(
-                bench.node_id, event_types.BENCHMARK, actor, to_state=BenchmarkStatus.TIMED_OUT,
-                reason=f"no benchmark result by the deadline {bench.deadline.isoformat()}", data={"nonce": bench.nonce},
-            )  # fmt: skip
-            check = AdmissionCheck.objects.filter(
-                node_id=bench.node_id, name=BENCHMARK, status=CheckStatus.PENDING, data__nonce=bench.nonce
-            ).first()
-            if check is not None:
-                outcome = failed(f"the node did not return the benchmark by its deadline {bench.deadline.isoformat()}")
-                _record_outcome(check, outcome, actor, started_at=bench.requested_at, now=now)
-                _dispatch_admission(bench.node_id, check.attempt)
-            else:
-                signals.benchmark_finished.send(sender=Benchmark, benchmark=bench, measured=None, actor=actor, now=now)
-    return count
 
 
 def admissions_resume(*, now: datetime | None = None, stalled_after: timedelta = STALLED_AFTER) -> int:

@@ -49,7 +49,7 @@ from .trust import metric_rows as unverified_metric_rows
 # node's capacity, is "inconsistent" (agents measure their own overhead; a little above is noise,
 # far above is work the control plane does not know about).
 USAGE_SLACK = 1.10
-DRIFT_RESOURCES = ("cpu", "memory")  # the resources benchmarks measure (fleet.admission.compare_benchmark)
+DRIFT_RESOURCES = ("cpu", "memory")  # the resources benchmarks measure (fleet.benchmarks.compare_benchmark)
 
 EMPTY: dict = {
     "nodes": [],

@@ -29,7 +29,7 @@ and the benchmark it answers is created only when the run starts, so a node cann
 
 A measurement below ``expected × (1 − tolerance_percent / 100)`` for any benchmarked resource is
 ``measured_below_verified``; no answer by the benchmark's deadline is ``no_answer``; late or
-repeated answers get the benchmark flow's refusals (404/409/410, fleet.admission.benchmark_complete).
+repeated answers get the benchmark flow's refusals (404/409/410, fleet.benchmarks.benchmark_complete).
 
 **Deverification** (failed): the node gets the ``nodepool.dev/unverified:NoSchedule`` taint and
 ``Unverified=True`` (fleet.trust), and a ``reverification`` event with the evidence. Running
@@ -465,47 +465,3 @@ def unverified_between(node_id, start: datetime, end: datetime) -> Reverificatio
         node_id=node_id, state=ReverificationState.PASSED, finished_at__gt=failed.finished_at, finished_at__lte=start
     ).exists()
     return None if cleared else failed
-
-
-def verification_view(node: Node) -> dict[str, Any]:
-    """What the node's owner (and operators, clients) read at ``GET /nodes/{id}/verification``.
-
-    ``{"verified": bool, "state": "verified"|"unverified"|"not_verified", "reason", "since", "code",
-    "evidence", "next_steps", "last_check": {...} | None, "history": [...]}`` — never the next
-    due time (docs/fleet.md: the node must not learn it in advance)."""
-    runs = history(node.pk, limit=10)
-    marked = trust.is_unverified(node)
-    condition = next((c for c in node.conditions or [] if c.get("type") == trust.UNVERIFIED), None)
-    failed = next((r for r in runs if r.state == ReverificationState.FAILED), None) if marked else None
-    if marked:
-        state = "unverified"
-    elif node.verified and node.lifecycle not in (Lifecycle.PENDING, Lifecycle.ADMITTING, Lifecycle.REJECTED):
-        state = "verified"
-    else:
-        state = "not_verified"
-    return {
-        "node": str(node.pk),
-        "verified": state == "verified",
-        "state": state,
-        "since": condition.get("last_transition_time") if condition else None,
-        "code": failed.code if failed else None,
-        "reason": failed.reason if failed else (condition or {}).get("message") or None,
-        "evidence": failed.evidence if failed else None,
-        "next_steps": NEXT_STEPS.get(failed.code) if failed else None,
-        "schedule": "on" if node.pool.reverification_period else "off",
-        "history": [_run_view(r) for r in runs],
-    }
-
-
-def _run_view(run: Reverification) -> dict[str, Any]:
-    return {
-        "id": run.pk,
-        "state": run.state,
-        "code": run.code,
-        "reason": run.reason,
-        "mode": run.mode,
-        "started_at": run.started_at.isoformat() if run.started_at else None,
-        "finished_at": run.finished_at.isoformat() if run.finished_at else None,
-        "expected": run.expected,
-        "measured": run.measured,
-    }

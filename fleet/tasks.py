@@ -7,7 +7,7 @@ from django.db import OperationalError
 
 from nodepool import metrics
 
-from . import admission, fleet_state, reliability, retention, reverification
+from . import admission, benchmarks, fleet_state, reliability, retention, reverification
 from .events import Actor
 from .liveness_sweep import sweep_liveness
 
@@ -29,7 +29,7 @@ def run_admission(self, node_id: str, attempt: int) -> str:
 @shared_task(name="fleet.expire_benchmarks", bind=True)
 def expire_benchmarks(self) -> int:
     """Beat: time out benchmarks past their deadline and fail their admission checks."""
-    return admission.benchmarks_expire(actor=Actor.system("fleet.expire_benchmarks", self.request.id or ""))
+    return benchmarks.benchmarks_expire(actor=Actor.system("fleet.expire_benchmarks", self.request.id or ""))
 
 
 @shared_task(name="fleet.resume_stalled_admissions")

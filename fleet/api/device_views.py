@@ -19,7 +19,7 @@ from nodepool.api.permissions import IsOperator, IsOperatorOrReadOnlyOwner
 from nodepool.api.problems import NotFound
 from nodepool.api.versioning import ETagMixin, expected_version
 
-from .. import devices, reverification
+from .. import devices, reverification_view
 from ..errors import NODE_NOT_FOUND
 from ..events import Actor
 from ..models import Device, Node
@@ -117,7 +117,7 @@ class NodeDeviceList(APIView):
 
 class NodeVerificationView(APIView):
     """``GET /nodes/{id}/verification``: whether the node is verified now, and if not why and what to
-    do, with its re-verification history (fleet.reverification.verification_view). Operators and the
+    do, with its re-verification history (fleet.reverification_view.verification_view). Operators and the
     node's owner; never the next check's due time (the node must not learn it in advance)."""
 
     permission_classes = [IsOperatorOrReadOnlyOwner]
@@ -126,7 +126,7 @@ class NodeVerificationView(APIView):
     def get(self, request, pk):
         if not node_queryset_for(request.user).filter(pk=pk).exists():
             raise NotFound("No such node.", NODE_NOT_FOUND)
-        return Response(reverification.verification_view(Node.objects.select_related("pool").get(pk=pk)))
+        return Response(reverification_view.verification_view(Node.objects.select_related("pool").get(pk=pk)))
 
 
 class _DeviceAction(ETagMixin, APIView):

@@ -21,7 +21,7 @@ from nodepool.api.permissions import IsOperator, IsOperatorOrReadOnlyOwner
 from nodepool.api.problems import Gone, NotFound
 from nodepool.api.versioning import ETagMixin, expected_version
 
-from .. import admission, liveness, pacing, services
+from .. import benchmarks, liveness, pacing, services
 from ..authentication import IsNodeSelf, node_from_request
 from ..choices import Lifecycle
 from ..errors import NODE_NOT_FOUND, NODE_RETIRED
@@ -278,7 +278,7 @@ class BenchmarkResultView(APIView):
     def post(self, request, pk, nonce):
         node = _own_node(request)
         figures = _valid(BenchmarkResultSerializer, request)
-        bench = admission.benchmark_complete(
+        bench = benchmarks.benchmark_complete(
             node=node,
             nonce=nonce,
             figures=dict(figures),

@@ -12,7 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 from django_fsm import ConcurrentTransition
 
-from fleet import admission
+from fleet import admission, benchmarks
 from fleet.choices import BenchmarkStatus, CheckStatus, Lifecycle, ReverificationState
 from fleet.events import Actor
 from fleet.models import OUTCOME_TRANSITIONS, AdmissionCheck, Benchmark, Reverification
@@ -53,7 +53,7 @@ def _bench(node, status, nonce, *, deadline):
 def test_the_benchmark_expiry_sweep_moves_exactly_the_declared_sources():
     node, past = NodeFactory(), timezone.now() - timedelta(minutes=1)
     rows = {status: _bench(node, status, f"n-{status}", deadline=past) for status in BenchmarkStatus.values}
-    assert admission.benchmarks_expire(actor=ACTOR) == len(fsm.sources(Benchmark, "time_out"))
+    assert benchmarks.benchmarks_expire(actor=ACTOR) == len(fsm.sources(Benchmark, "time_out"))
     for status, bench in rows.items():
         bench.refresh_from_db()
         moved = status in fsm.sources(Benchmark, "time_out")
@@ -93,7 +93,7 @@ def test_a_stale_instance_saved_after_a_set_based_move_is_refused_until_refreshe
     """ConcurrentTransitionMixin adds ``WHERE status = <as loaded>`` to a save: a copy loaded before
     the sweep's UPDATE cannot write its old status back over the move; refreshed, it saves."""
     bench = _bench(NodeFactory(), BenchmarkStatus.REQUESTED, "n-1", deadline=timezone.now() - timedelta(seconds=1))
-    assert admission.benchmarks_expire(actor=ACTOR) == 1
+    assert benchmarks.benchmarks_expire(actor=ACTOR) == 1
     bench.result = {"late": True}
     with pytest.raises(ConcurrentTransition), transaction.atomic():
         bench.save()

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 import time_machine
 
-from fleet import admission, reverification
+from fleet import benchmarks, reverification
 from fleet.models import Benchmark, Node, Pool, Reverification
 from leases.services import lease_release
 from marketplace.choices import UsageState
@@ -32,7 +32,7 @@ def _recheck(node, seconds: float, *, cpu: int) -> str:
     )
     bench = Benchmark.objects.get(node=node, status="requested")
     figures = {"cpu_millicores": cpu, "memory_bytes": 32 * 2**30, "duration_seconds": 1.0, "details": {}}
-    admission.benchmark_complete(node=node, nonce=bench.nonce, figures=figures, actor=ACTOR, now=at(seconds + 1))
+    benchmarks.benchmark_complete(node=node, nonce=bench.nonce, figures=figures, actor=ACTOR, now=at(seconds + 1))
     return Reverification.objects.filter(node=node).exclude(state="scheduled").order_by("-finished_at")[0].state
 
 
