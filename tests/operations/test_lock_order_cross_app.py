@@ -425,6 +425,7 @@ def test_an_admission_and_a_change_of_its_pools_labels_both_complete(monkeypatch
     its node and, in the same statement (select_related), the node's pool: the other order, a
     deadlock. The node row is now locked alone."""
     _pg()
+    from fleet import pools as fleet_pools
     from fleet import services as fleet_services
     from tests.factories import NodeFactory, PoolFactory
 
@@ -433,11 +434,11 @@ def test_an_admission_and_a_change_of_its_pools_labels_both_complete(monkeypatch
     node = NodeFactory(pool=pool)
     done = threading.Event()
     # Racer 0 holds the pool row (its version checked), its member nodes not locked yet.
-    inside = _racer_0_holds_after(monkeypatch, fleet_services, "check_version", until=done, seconds=2)
+    inside = _racer_0_holds_after(monkeypatch, fleet_pools, "check_version", until=done, seconds=2)
 
     def racer(i):
         if i == 0:
-            return fleet_services.pool_update(
+            return fleet_pools.pool_update(
                 pool_id=pool.pk, expected_version=pool.version, changes={"labels": {"zone": "b"}},
                 actor=Actor.system("t"),
             ).labels  # fmt: skip
