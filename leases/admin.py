@@ -3,6 +3,7 @@
 from django.contrib import admin, messages
 from django.db.models import Max
 from django.urls import reverse
+from django.utils import timezone
 
 import humanunits
 from fleet.admin_display import badge
@@ -10,7 +11,7 @@ from fleet.admin_sections import NodeSection, register_node_section
 from fleet.events import Actor
 from nodepool.admin_mixins import AppendOnlyAdminMixin, ReadOnlyRecordAdminMixin
 
-from . import services
+from . import fencing, lifecycle
 from .choices import LIVE_LEASE_STATES, LeaseState
 from .models import ConsistencyReport, EvidenceInterval, FencingSequence, Lease, LeaseCheckpoint, LeaseRequest, Shape
 
@@ -83,12 +84,10 @@ class LeaseAdmin(ReadOnlyRecordAdminMixin, admin.ModelAdmin):
 
     @admin.action(description="Revoke selected live leases (their capacity returns)")
     def revoke(self, request, queryset):
-        from django.utils import timezone
-
         actor = Actor.from_request(request)
         count = 0
         for lease_id in queryset.filter(state__in=LIVE_LEASE_STATES).values_list("pk", flat=True):
-            if services.end_lease(
+            if lifecycle.end_lease(
                 lease_id,
                 to_state=LeaseState.REVOKED,
                 actor=actor,
@@ -101,7 +100,7 @@ class LeaseAdmin(ReadOnlyRecordAdminMixin, admin.ModelAdmin):
     @admin.action(description="Ask the node to checkpoint selected leases")
     def request_checkpoint(self, request, queryset):
         actor = Actor.from_request(request)
-        count = sum(services.request_checkpoint(lease=lease, actor=actor) for lease in queryset)
+        count = sum(fencing.request_checkpoint(lease=lease, actor=actor) for lease in queryset)
         self.message_user(request, f"{count} checkpoint request(s) sent.", messages.SUCCESS)
 
 

@@ -73,10 +73,10 @@ def evict_device_faults(*, device_pks=None, now=None, actor: Actor | None = None
 
     ``device_pks``: only leases holding these devices (the trigger); None: every lease holding a
     device with an evicting taint (the sweep). Each lease ends by compare-and-swap
-    (:func:`leases.services.end_lease`), so two callers at once end it once.
+    (:func:`leases.lifecycle.end_lease`), so two callers at once end it once.
     """
+    from .lifecycle import end_lease
     from .requeue import requeue_lease
-    from .services import end_lease
 
     now = now or timezone.now()
     actor = actor or Actor.system("leases.device_fault")

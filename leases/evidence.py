@@ -41,7 +41,7 @@ from django.db.models import F, Q
 from fleet import event_types as fleet_events
 from fleet import liveness
 from fleet.choices import Liveness
-from fleet.models import LivenessSweepState, NodeEvent
+from fleet.models import Device, LivenessSweepState, NodeEvent
 
 from .choices import EvidenceClose
 from .models import EvidenceInterval
@@ -185,8 +185,6 @@ def _device_health(node, live: dict) -> dict:
     ids.discard(None)
     if not ids:
         return {}
-    from fleet.models import Device
-
     rows = Device.objects.filter(node_id=node.pk, device_id__in=ids, retired_at__isnull=True).values_list(
         "device_id", "type", "model", "health", "last_fault_at"
     )

@@ -2,8 +2,7 @@
 
 Every write carries the lease's fencing token and node incarnation and is checked by
 :func:`check_fence` before a compare-and-swap that repeats the same conditions, so a stale writer
-is refused (409/410) and changes nothing even when it races a legitimate one. Re-exported by
-:mod:`leases.services`.
+is refused (409/410) and changes nothing even when it races a legitimate one.
 """
 
 from __future__ import annotations
@@ -26,17 +25,20 @@ from nodepool.api.problems import Conflict, Gone, NotFound
 from nodepool.api.strict import refuse_unknown_members
 
 from . import event_types
-from .choices import LIVE_LEASE_STATES, TERMINAL_LEASE_STATES, CheckpointState, LeaseState, WorkloadState
+from .choices import (
+    LIVE_LEASE_STATES,
+    TERMINAL_LEASE_STATES,
+    CheckpointState,
+    LeaseState,
+    ReleaseOutcome,
+    WorkloadState,
+)
 from .errors import LEASE_EXPIRED, LEASE_NOT_FOUND, LEASE_SUPERSEDED, STALE_FENCING_TOKEN, STALE_INCARNATION
+from .lifecycle import end_lease
 from .models import FencingSequence, Lease, LeaseCheckpoint
+from .secrets import verify_lease_secret
+from .selectors import fence_status, visible
 from .spec import bad
-
-
-def _services():
-    # Imported on use: leases.services re-exports this module, so either may be imported first.
-    from . import services
-
-    return services
 
 
 # --- fencing checks ------------------------------------------------------------------------------
@@ -95,7 +97,7 @@ def _lease_for_write(lease_id, *, user=None, node=None) -> Lease:
     if node is not None:
         queryset = queryset.filter(node=node)
     elif user is not None:
-        queryset = _services()._visible(queryset, user)
+        queryset = visible(queryset, user)
     lease = queryset.filter(pk=lease_id).first()
     if lease is None:
         raise NotFound("No such lease.", LEASE_NOT_FOUND)
@@ -157,8 +159,6 @@ def lease_renew(*, lease_id, data: Any, user, actor: Actor, now=None) -> Lease:
 
 def lease_release(*, lease_id, data: Any, user, actor: Actor, now=None) -> Lease:
     """End a live lease as ``released`` with an ``outcome`` (succeeded, failed, cancelled…)."""
-    from .choices import ReleaseOutcome
-
     now = now or timezone.now()
     refuse_unknown_members(data, RELEASE_MEMBERS)
     token, incarnation = _int_field(data, "fencing_token"), _int_field(data, "node_incarnation")
@@ -171,7 +171,7 @@ def lease_release(*, lease_id, data: Any, user, actor: Actor, now=None) -> Lease
     lease = _lease_for_write(lease_id, user=user)
     check_fence(lease, fencing_token=token, node_incarnation=incarnation, now=now)
     fence = {"fencing_token": token, "node_incarnation": incarnation}
-    ended = _services().end_lease(
+    ended = end_lease(
         lease.pk, to_state=LeaseState.RELEASED, actor=actor, reason=reason, now=now, outcome=outcome, fence=fence
     )
     if ended is None:
@@ -203,7 +203,7 @@ def lease_report_event(*, lease_id, data: Any, node: Node, actor: Actor, now=Non
     check_fence(lease, fencing_token=token, node_incarnation=incarnation, now=now)
     fence = {"fencing_token": token, "node_incarnation": incarnation}
     if state in (WorkloadState.SUCCEEDED, WorkloadState.FAILED):
-        ended = _services().end_lease(
+        ended = end_lease(
             lease.pk,
             to_state=LeaseState.RELEASED,
             actor=actor,
@@ -290,8 +290,6 @@ def fencing_validate(*, data: Any, may_see=None) -> dict:
         # Beside a workload id too: a secret that is not a string must not pass for "none sent".
         raise bad("lease_secret", "must be a string: the secret the lease's grant answer gave")
     if "lease_secret" in data and "workload_id" not in data:
-        from .secrets import verify_lease_secret
-
         # The body's shape first (a 400, as for the other form): a secret is a string, and a
         # fencing token, when one is sent beside it, a token (schemathesis sent an object and -2681).
         if not isinstance(data.get("lease_secret"), str) or not data["lease_secret"]:
@@ -303,26 +301,7 @@ def fencing_validate(*, data: Any, may_see=None) -> dict:
     if not isinstance(workload_id, str) or not workload_id:
         raise bad("workload_id", "required: the workload's id")
     token = _int_field(data, "fencing_token")
-    latest = (
-        Lease.objects.filter(workload_id=workload_id).select_related("node").order_by("-fencing_token", "-pk").first()
-    )
-    if latest is None or (may_see is not None and not may_see(latest)):
-        raise NotFound("No lease of this workload is visible to you.")
-    current = FencingSequence.objects.filter(pk=workload_id).values_list("last_token", flat=True).first()
-    live = latest if latest.state in LIVE_LEASE_STATES else None
-    if live is None:
-        live = Lease.objects.filter(workload_id=workload_id, state__in=LIVE_LEASE_STATES).first()
-        if live is not None and may_see is not None and not may_see(live):
-            # Workload ids are one namespace across clients: a live lease the caller may not see is
-            # never named (the same 404 as an unseen latest lease).
-            raise NotFound("No lease of this workload is visible to you.")
-    valid = live is not None and live.fencing_token == token and token == current
-    return {
-        "valid": valid,
-        "current_token": live.fencing_token if live else None,
-        "last_issued_token": current,
-        "lease_id": str(live.pk) if live else None,
-    }
+    return fence_status(workload_id, token, may_see=may_see)
 
 
 def request_checkpoint(*, lease: Lease, actor: Actor, now=None) -> int:

@@ -1,5 +1,5 @@
 """What nodes report against what the control plane holds; the interface heartbeats and
-maintenance call (re-exported by :mod:`leases.services`, keep the signatures)."""
+maintenance call (keep the signatures)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from fleet.models import Node
 
 from . import conf, event_types, evidence, placement
 from .choices import LIVE_LEASE_STATES, LeaseState
+from .lifecycle import end_lease
 from .models import Lease
 from .secrets import lease_secret
 from .spec import parse_spec
@@ -66,8 +67,6 @@ def reconcile_heartbeat(
         "command"}]}``: instructions for the node, and every live lease it holds (how an agent learns
         its work; docs/api-contract.md).
     """
-    from .services import end_lease
-
     now = timezone.now()
     limit = missed_reports_limit()
     live = {
@@ -185,8 +184,6 @@ def _assigned(row: dict) -> dict:
 
 
 def _end_all(leases, *, to_state: str, actor, reason: str) -> int:
-    from .services import end_lease
-
     now = timezone.now()
     ended = 0
     for lease_id in list(leases.values_list("pk", flat=True)):
@@ -256,8 +253,6 @@ def revoke_lease(lease, *, actor, reason: str, now=None) -> bool:
     Its fencing token becomes stale at once and the workload may be placed again immediately.
     Returns True when this call revoked it, False when it was no longer live (nothing changed).
     """
-    from .services import end_lease
-
     return (
         end_lease(lease.pk, to_state=LeaseState.REVOKED, actor=actor, reason=reason, now=now or timezone.now())
         is not None

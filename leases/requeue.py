@@ -21,7 +21,7 @@ from django.db.models import F
 from fleet.events import Actor, record_event
 from fleet.models import Pool
 
-from . import event_types
+from . import event_types, kick
 from .choices import LIVE_LEASE_STATES, LeaseRequestState
 from .models import Lease, LeaseRequest
 
@@ -66,9 +66,7 @@ def requeue_lease(lease: Lease, *, pool: Pool | None, actor: Actor, reason: str,
         reason=f"requeued: {reason}",
         data={"lease_id": str(lease.pk), "lease_request_id": str(request.pk), "pool": target.name},
     )
-    from .services import kick_queue
-
-    transaction.on_commit(kick_queue)
+    transaction.on_commit(kick.kick_queue)
     return request
 
 

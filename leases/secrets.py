@@ -10,7 +10,7 @@ can re-send it at every status report without keeping it in clear::
 A renewal moves the lease's expiry, so the agent receives a fresh secret with the next heartbeat;
 the old one stays valid until its own expiry while the lease is live with that token. A secret is
 rejected once it expires, once its lease ends (released, expired, lost, revoked), and once a newer
-lease of the workload exists (the fencing validation of :func:`leases.fencing.fencing_validate`).
+lease of the workload exists (the fencing validation, :func:`leases.selectors.fence_status`).
 
 The key is ``NODEPOOL["LEASE_SECRET_KEY"]`` (environment ``NODEPOOL_LEASE_SECRET_KEY``); without one
 it is derived from ``SECRET_KEY`` with HMAC under a fixed label, so the Django key itself is never
@@ -30,6 +30,8 @@ from django.conf import settings
 from django.utils import timezone
 
 from . import conf
+from .models import Lease
+from .selectors import fence_status
 
 PREFIX = "npls"
 MAX_LENGTH = 200
@@ -124,9 +126,6 @@ def verify_lease_secret(secret, *, now: datetime | None = None) -> SecretCheck:
     ``stale_lease_secret`` (the lease ended or a newer lease of the workload holds a larger fencing
     token; the fencing validation decided). Details of the lease come back only with a valid MAC.
     """
-    from .fencing import fencing_validate
-    from .models import Lease
-
     now = now or timezone.now()
     parsed = _parse(secret)
     if parsed is None:
@@ -143,7 +142,7 @@ def verify_lease_secret(secret, *, now: datetime | None = None) -> SecretCheck:
     found = {"lease_id": lease_id, "workload_id": row["workload_id"], "fencing_token": token, "expires_at": expires_at}
     if expires_at <= now:
         return SecretCheck(False, EXPIRED, **found)
-    fence = fencing_validate(data={"workload_id": row["workload_id"], "fencing_token": token})
+    fence = fence_status(row["workload_id"], token)
     if not fence["valid"] or fence["lease_id"] != lease_id:
         return SecretCheck(False, STALE, current_token=fence["current_token"], **found)
     return SecretCheck(True, VALID, current_token=fence["current_token"], **found)

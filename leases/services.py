@@ -1,8 +1,11 @@
-"""Lease services: grant (place + reserve), renew, release, job events, fencing, shapes.
+"""Lease services: grant (place + reserve), lease requests, shapes.
 
-The interface other apps call — :func:`reconcile_heartbeat`, :func:`lose_node_leases`,
-:func:`revoke_node_leases`, :func:`simulate_placement` — is re-exported at the bottom from
-:mod:`leases.reconcile`.
+The fenced writes (renew, release, job events, checkpoints, fencing validation) are
+:mod:`leases.fencing`; ending a lease is :mod:`leases.lifecycle`; what heartbeats and maintenance
+call (:func:`~leases.reconcile.reconcile_heartbeat`, :func:`~leases.reconcile.lose_node_leases`,
+:func:`~leases.reconcile.revoke_node_leases`, :func:`~leases.reconcile.revoke_lease`,
+:func:`~leases.reconcile.simulate_placement`) is :mod:`leases.reconcile`; the queue kick is
+:mod:`leases.kick`. Import them from there (nothing is re-exported here: issue 28, step 4).
 
 Every write follows the house pattern: ``atomic()`` → compare-and-swap on the lease row (or a
 conditional UPDATE on capacity) → event row in the same transaction. Capacity moves only in the
@@ -18,10 +21,8 @@ import time
 from datetime import timedelta
 from typing import Any, NamedTuple
 
-from django.core.cache import cache
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Case, F, Max, Value, When
-from django.db.models.functions import Greatest
+from django.db.models import F, Max
 from django.utils import timezone
 
 from fleet.choices import Lifecycle, Liveness
@@ -31,18 +32,16 @@ from fleet.instructions import Instruction, post_instructions
 from fleet.models import Node, NodeResource, Pool
 from fleet.selectors import SCHEDULABLE_HEALTH
 from humanunits import quantity
-from nodepool import failsafe
 from nodepool.api.errors import CONCURRENT_MODIFICATION
 from nodepool.api.permissions import is_operator
-from nodepool.api.problems import Conflict, NotFound, Problem, Unprocessable
-from nodepool.celery import app as celery_app
+from nodepool.api.problems import Conflict, NotFound, Unprocessable
 from nodepool.db import fetch_rows, insert_row, prepared_cursor
 from nodepool.structured_logs import bind
 
-from . import device_requests, event_types, evidence, impossible, placement, requeue
+from . import device_requests, event_types, impossible, placement, requeue
 from . import devices as lease_devices
 from . import metrics as lease_metrics
-from .choices import LIVE_LEASE_STATES, CheckpointState, LeaseRequestState, LeaseState, WorkloadState
+from .choices import LIVE_LEASE_STATES, LeaseRequestState, LeaseState
 from .errors import (
     EMPTY_REQUEST,
     IDEMPOTENCY_KEY_REUSED,
@@ -53,9 +52,10 @@ from .errors import (
     UNSCHEDULABLE,
     WORKLOAD_HAS_LIVE_LEASE,
 )
-from .models import FencingSequence, Lease, LeaseCheckpoint, LeaseRequest, Shape
-from .signals import lease_ended
+from .models import FencingSequence, Lease, LeaseRequest, Shape
+from .selectors import visible
 from .spec import (
+    WORKLOAD_ID,
     PlacementSpec,
     bad,
     device_requests_from_wire,
@@ -103,11 +103,6 @@ def resolve_shape(spec: PlacementSpec) -> tuple[PlacementSpec, Shape | None]:
     resources = with_device_counts(dict(shape.resources), explicit)
     devices = device_requests.combined(explicit, resources)
     return dataclasses.replace(spec, resources=resources, features=features, devices=devices), shape
-
-
-def _visible(queryset, user):
-    """Operators see every lease; clients only their own (others' answer 404, never 403: no leak)."""
-    return queryset if is_operator(user) else queryset.filter(client=user)
 
 
 # --- grant ---------------------------------------------------------------------------------------
@@ -562,107 +557,12 @@ def _refuse_impossible(pool: Pool, explanation: dict) -> None:
     )
 
 
-# --- ending leases -------------------------------------------------------------------------------
-def return_capacity(lease: Lease) -> None:
-    """Subtract ``lease.resources`` from its node (never below zero: drift is reported, not hidden
-    behind a constraint error that would block ending the lease)."""
-    if lease.devices:  # device rows before count rows: the lock order of every device writer
-        lease_devices.release(lease.pk)
-    for name, amount in sorted((lease.resources or {}).items()):
-        NodeResource.objects.filter(node_id=lease.node_id, name=name).update(
-            allocated=Greatest(F("allocated") - amount, 0)
-        )
-
-
-def end_lease(
-    lease_id,
-    *,
-    to_state: str,
-    actor: Actor,
-    reason: str,
-    now,
-    outcome: str = "",
-    workload_state: str = "",
-    fence: dict | None = None,
-    expiring: bool = False,
-) -> Lease | None:
-    """Move a live lease to a terminal state and give its capacity back, exactly once.
-
-    The compare-and-swap (``state IN live`` plus the fence, if given) is the claim: of two sweeps
-    or two releases racing, one updates the row and returns the capacity, the other gets None.
-    """
-    with transaction.atomic():
-        claim = Lease.objects.filter(pk=lease_id, state__in=LIVE_LEASE_STATES, **(fence or {}))
-        if expiring:
-            claim = claim.filter(expires_at__lte=now)
-        changes = {"state": to_state, "ended_at": now, "end_reason": reason[:2000], "version": F("version") + 1}
-        if outcome:
-            changes["outcome"] = outcome
-        if workload_state:
-            changes["workload_state"] = workload_state
-        else:
-            # A workload last reported running cannot still be said to run on an ended lease.
-            changes["workload_state"] = Case(
-                When(workload_state=WorkloadState.RUNNING, then=Value(WorkloadState.UNKNOWN)),
-                default=F("workload_state"),
-            )
-        if not claim.update(**changes):
-            return None
-        lease = Lease.objects.select_related("pool").get(pk=lease_id)
-        return_capacity(lease)
-        lease_metrics.lease_ended(pool=lease.pool.name, to_state=to_state, reason=reason)
-        if lease.command:  # something the agent runs: its next renewal says to stop it
-            post_instructions([lease.node_id], Instruction.STOP)
-        evidence.close_for_lease(lease.pk, now=now)
-        LeaseCheckpoint.objects.filter(lease_id=lease.pk, state=CheckpointState.REQUESTED).update(
-            state=CheckpointState.WITHDRAWN
-        )
-        # Higher apps (the marketplace's usage record) act in this same transaction.
-        lease_ended.send(sender=Lease, lease=lease, actor=actor, now=now)
-        record_event(
-            lease.node_id,
-            event_types.LEASE,
-            actor,
-            to_state=to_state,
-            reason=reason,
-            data={"lease_id": str(lease.pk), "workload_id": lease.workload_id, "fencing_token": lease.fencing_token},
-            lease_id=lease.pk,
-            workload_id=lease.workload_id,
-        )
-        transaction.on_commit(kick_queue)
-    return lease
-
-
-KICK_WINDOW = 1  # seconds
-
-
-def kick_queue() -> None:
-    """Ask a worker to place pending requests: at once, at most once a ``KICK_WINDOW``; a kick
-    inside the window is not dropped but deferred to its end (one trailing kick), so the last
-    trigger of a burst (several nodes turning schedulable in the same second) is always followed
-    by a placement that sees it."""
-    # The cache first: node saves and lease ends are frequent, pending requests rare.
-    if cache.add("leases:queue-kick", 1, timeout=KICK_WINDOW):
-        options = {}
-    elif cache.add("leases:queue-kick-trailing", 1, timeout=KICK_WINDOW):
-        options = {"countdown": KICK_WINDOW}
-    else:
-        return  # a trailing kick is already due after this trigger
-    if not LeaseRequest.objects.filter(state=LeaseRequestState.PENDING).exists():
-        return
-    # One bounded attempt, failing open (nodepool.failsafe): the beat entry places what it misses.
-    # By name: leases.tasks runs the sweeps, which use this module (no import cycle).
-    failsafe.publish(celery_app.signature("leases.place_pending_requests"), **options)
-
-
 # --- shapes --------------------------------------------------------------------------------------
 def shape_create(
     *, name: str, resources: Any, features: Any = None, description: str | None = "", actor: Actor, devices: Any = None
 ) -> Shape:
     """A new version of shape ``name`` (v1 when new). Resources take Kubernetes quantities;
     ``devices`` are device requests (leases.device_requests), whose counts join the resources."""
-    from .spec import WORKLOAD_ID
-
     if not isinstance(name, str) or not WORKLOAD_ID.match(name) or len(name) > 63:
         raise bad("name", "required: a slug of at most 63 characters")
     if description is not None and not isinstance(description, str):
@@ -692,7 +592,7 @@ def shape_create(
 
 
 def lease_request_cancel(*, request_id, user, actor: Actor) -> LeaseRequest:
-    request = _visible(LeaseRequest.objects.all(), user).filter(pk=request_id).first()
+    request = visible(LeaseRequest.objects.all(), user).filter(pk=request_id).first()
     if request is None:
         raise NotFound("No such lease request.", LEASE_REQUEST_NOT_FOUND)
     if not LeaseRequest.objects.filter(pk=request.pk, state=LeaseRequestState.PENDING).update(
@@ -701,46 +601,3 @@ def lease_request_cancel(*, request_id, user, actor: Actor) -> LeaseRequest:
         raise Conflict(f"The lease request is {request.state}, not pending.", LEASE_REQUEST_NOT_PENDING)
     request.refresh_from_db()
     return request
-
-
-__all__ = [
-    "check_fence",
-    "lease_request_cancel",
-    "request_checkpoint",
-    "record_checkpoint_requests",
-    "withdraw_checkpoint_requests",
-    "Problem",
-    "lease_create",
-    "lease_renew",
-    "lease_release",
-    "lease_report_event",
-    "fencing_validate",
-    "lease_secret_matches",
-    "register_lease_secret_verifier",
-    "shape_create",
-    "reconcile_heartbeat",
-    "lose_node_leases",
-    "revoke_node_leases",
-    "revoke_lease",
-    "simulate_placement",
-]
-
-from .fencing import (  # noqa: E402
-    check_fence,
-    fencing_validate,
-    lease_release,
-    lease_renew,
-    lease_report_event,
-    lease_secret_matches,
-    record_checkpoint_requests,
-    register_lease_secret_verifier,
-    request_checkpoint,
-    withdraw_checkpoint_requests,
-)
-from .reconcile import (  # noqa: E402
-    lose_node_leases,
-    reconcile_heartbeat,
-    revoke_lease,
-    revoke_node_leases,
-    simulate_placement,
-)

@@ -1,6 +1,7 @@
 """Signals leases sends (for higher apps), the queue kick when a node may have become
 schedulable (saved as ready + alive), and lease expiry paused across a detected gap of the
-control plane's clock."""
+control plane's clock. The receivers that reconcile or end leases are leases.receivers (they sit
+above leases.lifecycle, which sends ``lease_ended`` from here)."""
 
 from django.db import transaction
 from django.db.models import F
@@ -11,7 +12,11 @@ from fleet.choices import Lifecycle, Liveness
 from fleet.clock import clock_gap_detected
 from fleet.models import Node
 
-# Sent by leases.services.end_lease inside the transaction that ended the lease, exactly once per
+from . import kick
+from .choices import LIVE_LEASE_STATES
+from .models import Lease
+
+# Sent by leases.lifecycle.end_lease inside the transaction that ended the lease, exactly once per
 # lease (the compare-and-swap winner), with ``lease`` (the ended Lease), ``actor`` and ``now``.
 # The marketplace app opens the lease's usage record here (marketplace.apps).
 lease_ended = Signal()
@@ -20,9 +25,7 @@ lease_ended = Signal()
 def _kick() -> None:
     """Place queued requests once the current transaction commits (kick_queue itself checks for
     pending requests and deduplicates kicks)."""
-    from .services import kick_queue
-
-    transaction.on_commit(kick_queue)
+    transaction.on_commit(kick.kick_queue)
 
 
 @receiver(post_save, sender=Node, dispatch_uid="leases.node_saved_kicks_queue")
@@ -57,30 +60,10 @@ def revived_node_kicks_queue(sender, node_id, **kwargs):
     _kick()
 
 
-def reconcile_status_report(sender, node: Node, incarnation: int, leases, restarted: bool, actor, **kwargs):
-    """A status-report handler (fleet.instructions): reconcile the leases the node reported; the returned
-    instructions (stop, checkpoint, assigned) go back in the heartbeat response."""
-    from . import services  # looked up on each call (tests replace services.reconcile_heartbeat)
-
-    return services.reconcile_heartbeat(
-        node, incarnation=incarnation, reported=leases, restarted=restarted, actor=actor
-    )
-
-
-def lose_leases_of_lost_nodes(sender, node_ids, actor, reason: str, **kwargs):
-    """fleet.signals.nodes_lost: every live lease on those nodes is lost (capacity freed)."""
-    from . import services
-
-    services.lose_node_leases(node_ids, actor=actor, reason=reason)
-
-
 @receiver(clock_gap_detected, dispatch_uid="leases.pause_lease_expiry_across_a_clock_gap")
 def pause_lease_expiry(sender, *, started_at, paused, **kwargs) -> dict:
     """A detected forward gap of the control plane's clock (fleet.clock): live leases that had not
     expired when it began expire that much later, as if the clock had stood still."""
-    from .choices import LIVE_LEASE_STATES
-    from .models import Lease
-
     shifted = Lease.objects.filter(state__in=LIVE_LEASE_STATES, expires_at__gt=started_at).update(
         expires_at=F("expires_at") + paused
     )

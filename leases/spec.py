@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleet.errors import INVALID_QUANTITY, UNKNOWN_POOL
+from fleet.models import Device
 from nodepool.api.problems import Problem
 from nodepool.quantity import BYTE_RESOURCES, CPU, QuantityError, parse_resources
 
@@ -372,8 +373,6 @@ def parse_spec(data: Any) -> PlacementSpec:
 
 
 def _known_device_type(kind: str) -> bool:
-    from fleet.models import Device
-
     return Device.objects.filter(type=kind, retired_at__isnull=True).exists()
 
 

@@ -1,7 +1,7 @@
 """Periodic jobs: lease expiry, queued-request placement, capacity consistency.
 
 Each is safe to run twice at once: expiry claims each lease by compare-and-swap
-(:func:`leases.services.end_lease`), placement claims each request in the grant's own
+(:func:`leases.lifecycle.end_lease`), placement claims each request in the grant's own
 transaction, and the consistency check confirms drift under row locks before reporting it.
 """
 
@@ -25,7 +25,10 @@ from nodepool.api.problems import Problem
 
 from . import event_types, placement
 from .choices import LIVE_LEASE_STATES, LeaseRequestState, LeaseState
+from .device_faults import evict_device_faults
+from .lifecycle import end_lease
 from .models import ConsistencyReport, Lease, LeaseRequest
+from .services import place, resolve_pool, resolve_shape
 from .spec import parse_spec
 
 logger = logging.getLogger(__name__)
@@ -38,7 +41,6 @@ EXPLANATION_TTL = 30
 
 def expire_leases(*, now=None, actor: Actor | None = None) -> int:
     """End every live lease past ``expires_at`` as ``expired`` and return its capacity. Returns how many."""
-    from .services import end_lease
 
     now = now or timezone.now()
     actor = actor or Actor.system("leases.expire_leases")
@@ -69,8 +71,6 @@ def place_pending_requests(*, now=None, actor: Actor | None = None) -> dict:
     Returns ``{"placed": n, "pending": m}``. A request that cannot be placed keeps waiting with
     its reasons refreshed; one whose spec no longer validates (a pool deleted…) is cancelled.
     """
-    from .services import place, resolve_pool, resolve_shape
-
     now = now or timezone.now()
     actor = actor or Actor.system("leases.place_pending_requests")
     placed = pending = 0
@@ -233,10 +233,8 @@ def evict_noexecute(*, now=None, actor: Actor | None = None) -> int:
 
     Placement already keeps new leases off such nodes; this is the other half of the effect, for
     taints added while leases run. Safe to run twice at once: each revocation is a compare-and-swap
-    (:func:`leases.services.end_lease`).
+    (:func:`leases.lifecycle.end_lease`).
     """
-    from .services import end_lease
-
     now = now or timezone.now()
     actor = actor or Actor.system("leases.evict_noexecute")
     # A gap since the last sweep is detected (and paused) before any toleration is judged.
@@ -261,6 +259,4 @@ def evict_noexecute(*, now=None, actor: Actor | None = None) -> int:
                 continue
             evicted += ended is not None
     # Device taints (KEP-5055's device taints): the same rules, per device the lease holds.
-    from .device_faults import evict_device_faults
-
     return evicted + evict_device_faults(now=now, actor=actor)

@@ -7,6 +7,8 @@ from celery import shared_task
 from fleet.events import Actor
 
 from . import sweeps
+from .preview import refresh_request_class_fits
+from .retention import prune_ended_leases
 
 
 @shared_task(name="leases.expire_leases", bind=True, ignore_result=True)
@@ -33,14 +35,10 @@ def evict_noexecute(self) -> int:
 @shared_task(name="leases.prune_ended_leases", ignore_result=True)
 def prune_ended_leases_task() -> dict:
     """Beat: delete long-ended leases in bounded batches (leases/retention.py)."""
-    from .retention import prune_ended_leases
-
     return prune_ended_leases()
 
 
 @shared_task(name="leases.refresh_request_class_fits", ignore_result=True)
 def refresh_request_class_fits_task() -> int:
     """Beat: recompute each pool's "can serve N now" per request class (leases/preview.py)."""
-    from .preview import refresh_request_class_fits
-
     return refresh_request_class_fits()

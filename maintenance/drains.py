@@ -43,7 +43,8 @@ from fleet import clock
 from fleet.events import Actor, record_event
 from fleet.instructions import Instruction, post_instructions
 from fleet.models import Node
-from leases import services as lease_services
+from leases import fencing as lease_fencing
+from leases import reconcile as lease_reconcile
 from leases.choices import LIVE_LEASE_STATES
 from leases.models import Lease
 from nodepool import fsm, metrics
@@ -194,7 +195,7 @@ def _evaluate(drain: Drain, node: Node, *, actor: Actor, now) -> None:
         for lease in live
         if lease.pk in asked
         and answered_checkpoint(lease)
-        and lease_services.revoke_lease(lease, actor=actor, reason="workload checkpointed for drain", now=now)
+        and lease_reconcile.revoke_lease(lease, actor=actor, reason="workload checkpointed for drain", now=now)
     }
     live = [lease for lease in live if lease.pk not in ended]
 
@@ -203,7 +204,7 @@ def _evaluate(drain: Drain, node: Node, *, actor: Actor, now) -> None:
         revoked = [
             lease
             for lease in allowed
-            if lease_services.revoke_lease(lease, actor=actor, reason=f"drain (terminate): {drain.reason}", now=now)
+            if lease_reconcile.revoke_lease(lease, actor=actor, reason=f"drain (terminate): {drain.reason}", now=now)
         ]
         record_evictions(drain, revoked, EvictionKind.TERMINATE, now)
     elif drain.policy == EvictionPolicy.CHECKPOINT:
@@ -213,7 +214,7 @@ def _evaluate(drain: Drain, node: Node, *, actor: Actor, now) -> None:
             Lease.objects.filter(pk__in=[lease.pk for lease in allowed], state__in=LIVE_LEASE_STATES).update(
                 checkpoint_requested_at=now, version=F("version") + 1
             )
-            lease_services.record_checkpoint_requests(allowed, actor=actor, now=now)
+            lease_fencing.record_checkpoint_requests(allowed, actor=actor, now=now)
             post_instructions([node.pk], Instruction.CHECKPOINT)
             record_evictions(drain, allowed, EvictionKind.CHECKPOINT, now)
             record_event(
@@ -276,7 +277,7 @@ def _enforce(drain: Drain, node: Node, *, actor: Actor, now) -> bool:
     revoked = [
         lease
         for lease in live
-        if lease_services.revoke_lease(lease, actor=actor, reason=f"drain deadline reached: {drain.reason}", now=now)
+        if lease_reconcile.revoke_lease(lease, actor=actor, reason=f"drain deadline reached: {drain.reason}", now=now)
     ]
     record_evictions(drain, revoked, EvictionKind.DEADLINE, now)
     progress = {
@@ -381,7 +382,7 @@ def cancel_drain(*, drain_id, expected_version: int, reason: str, actor: Actor, 
         withdrawn = Lease.objects.filter(pk__in=requested_ids).update(
             checkpoint_requested_at=None, version=F("version") + 1
         )
-        lease_services.withdraw_checkpoint_requests(requested_ids)
+        lease_fencing.withdraw_checkpoint_requests(requested_ids)
         # Withdrawn requests no longer count against disruption budgets.
         requested.update(withdrawn_at=now)
         remove_holds_where(node, owner=drain_owner(drain.pk), actor=actor, reason=f"drain cancelled: {reason}", now=now)

@@ -14,7 +14,7 @@ from django_fsm import can_proceed
 
 from fleet.errors import NODE_NOT_FOUND
 from fleet.models import Node
-from leases import services as lease_services
+from leases import reconcile as lease_reconcile
 from leases.choices import LIVE_LEASE_STATES, WorkloadState
 from leases.models import Lease
 from nodepool.api.problems import NotFound, Unprocessable
@@ -184,7 +184,7 @@ def plan_drain(*, node_id, policy: str, deadline: datetime, expected_version: in
     action = {EvictionPolicy.WAIT: "wait", EvictionPolicy.CHECKPOINT: "checkpoint"}.get(policy, "revoke")
     entries = []
     for lease in live:
-        placement = lease_services.simulate_placement(lease, exclude_node_ids=[node.pk])
+        placement = lease_reconcile.simulate_placement(lease, exclude_node_ids=[node.pk])
         entry = lease_summary(lease, deadline)
         entry.update(
             resources=lease.resources,

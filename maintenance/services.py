@@ -27,7 +27,7 @@ from fleet.errors import NODE_NOT_FOUND
 from fleet.events import Actor, record_event
 from fleet.instructions import Instruction, post_instructions
 from fleet.models import Node
-from leases import services as lease_services
+from leases import reconcile as lease_reconcile
 from leases.choices import LIVE_LEASE_STATES
 from leases.models import Lease
 from nodepool import fsm
@@ -160,7 +160,7 @@ def revoke_live_leases(node: Node, *, actor: Actor, reason: str, now) -> list[Le
     )
     if not live_before:
         return []
-    lease_services.revoke_node_leases(node, actor=actor, reason=reason)
+    lease_reconcile.revoke_node_leases(node, actor=actor, reason=reason)
     still_live = {
         lease.pk: lease
         for lease in Lease.objects.select_for_update(no_key=True)
@@ -168,7 +168,7 @@ def revoke_live_leases(node: Node, *, actor: Actor, reason: str, now) -> list[Le
         .order_by("pk")
     }
     for lease in still_live.values():
-        lease_services.revoke_lease(lease, actor=actor, reason=reason, now=now)
+        lease_reconcile.revoke_lease(lease, actor=actor, reason=reason, now=now)
     live_after = set(Lease.objects.filter(node=node, state__in=LIVE_LEASE_STATES).values_list("pk", flat=True))
     return [lease for lease in live_before if lease.pk not in live_after]
 

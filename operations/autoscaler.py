@@ -21,7 +21,7 @@ during the call and the provider deletes a machine at least once, recorded exact
    ``max_nodes_per_scale_up`` and ``scale_up_cooldown``; below ``min_nodes`` it tops up.
 3. **scale down** one machine a pass whose node stayed below ``scale_down_utilization`` for
    ``scale_down_after`` seconds, whose live leases can all be placed elsewhere now (the drain dry
-   run: :func:`leases.services.simulate_placement`) and whose lease groups' disruption budgets
+   run: :func:`leases.reconcile.simulate_placement`) and whose lease groups' disruption budgets
    allow it; never below ``min_nodes``, and not within ``scale_down_cooldown`` of the last change.
    It is cordoned by ``system:autoscaler`` and drained with the pool's policy (its work requeued).
 
@@ -45,7 +45,7 @@ from fleet.events import Actor
 from fleet.models import Node, NodeResource
 from leases.choices import LIVE_LEASE_STATES, LeaseRequestState
 from leases.models import Lease, LeaseRequest
-from leases.services import simulate_placement
+from leases.reconcile import simulate_placement
 from nodepool.api.problems import Problem
 
 from . import capacity, disruption, outofservice

@@ -7,7 +7,8 @@ from datetime import datetime
 
 import time_machine
 
-from leases.services import lease_create, lease_release
+from leases.fencing import lease_release
+from leases.services import lease_create
 from marketplace import statements
 from marketplace.models import NodeAvailability, OwnerSettings, PoolSettlement, UsageRecord
 from tests.marketplace_support import ACTOR

@@ -79,7 +79,7 @@ MUTATIONS = (
     ),
     Mutation(
         "expiry_recheck_at_claim",
-        "leases/services.py",
+        "leases/lifecycle.py",
         "            claim = claim.filter(expires_at__lte=now)",
         "            pass",
         ("tests/leases/test_leases_concurrency.py", "-k", "expiry"),
@@ -87,7 +87,7 @@ MUTATIONS = (
     ),
     Mutation(
         "end_lease_claims_live_only",
-        "leases/services.py",
+        "leases/lifecycle.py",
         "claim = Lease.objects.filter(pk=lease_id, state__in=LIVE_LEASE_STATES, **(fence or {}))",
         "claim = Lease.objects.filter(pk=lease_id, **(fence or {}))",
         ("tests/leases/test_leases_concurrency.py", "-k", "expiry"),

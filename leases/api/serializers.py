@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema_serializer
 from rest_framework import serializers
 
@@ -153,8 +154,6 @@ class LeaseRequestSerializer(serializers.ModelSerializer):
 
     def get_pending_seconds(self, obj: LeaseRequest) -> float:
         """Seconds the request waited (until placed, or until now while it waits)."""
-        from django.utils import timezone
-
         end = obj.placed_at or timezone.now()
         return round((end - obj.created_at).total_seconds(), 3)
 

@@ -16,7 +16,7 @@ from nodepool.api.problems import NotFound
 from nodepool.api.strict import refuse_unknown_members
 from nodepool.api.versioning import ETagMixin, expected_version, lock_for_action
 
-from .. import services
+from .. import fencing, services
 from ..errors import LEASE_NOT_FOUND
 from ..filtersets import ConsistencyReportFilterSet, LeaseFilterSet, LeaseRequestFilterSet, ShapeFilterSet
 from ..models import ConsistencyReport, Lease, LeaseRequest, Shape
@@ -62,7 +62,7 @@ def _may_see_for_fencing(request):
             return True
         if getattr(user, "is_authenticated", False) and lease.client_id == user.pk:
             return True
-        return secret is not None and services.lease_secret_matches(lease, secret)
+        return secret is not None and fencing.lease_secret_matches(lease, secret)
 
     return may_see
 
@@ -127,7 +127,7 @@ class LeaseRenew(ETagMixin, APIView):
 
     @extend_schema(request=schema.LeaseRenewRequest, responses=LeaseSerializer)
     def post(self, request, pk):
-        lease = services.lease_renew(
+        lease = fencing.lease_renew(
             lease_id=pk, data=request.data, user=request.user, actor=Actor.from_request(request)
         )
         return _lease_response(lease)
@@ -140,7 +140,7 @@ class LeaseRelease(ETagMixin, APIView):
 
     @extend_schema(request=schema.LeaseReleaseRequest, responses=LeaseSerializer)
     def post(self, request, pk):
-        lease = services.lease_release(
+        lease = fencing.lease_release(
             lease_id=pk, data=request.data, user=request.user, actor=Actor.from_request(request)
         )
         return _lease_response(lease)
@@ -161,7 +161,7 @@ class LeaseCheckpoint(ETagMixin, APIView):
         with transaction.atomic():
             # The version is checked under the row lock: of two operators on one version, one wins.
             lease = lock_for_action(Lease.objects, expected=expected, pk=pk)
-            services.request_checkpoint(lease=lease, actor=Actor.from_request(request))
+            fencing.request_checkpoint(lease=lease, actor=Actor.from_request(request))
         lease.refresh_from_db()
         return _lease_response(lease)
 
@@ -175,7 +175,7 @@ class LeaseEvents(ETagMixin, APIView):
     @extend_schema(request=schema.LeaseEventRequest, responses=LeaseSerializer)
     def post(self, request, lease_id):
         node = node_from_request(request)
-        lease = services.lease_report_event(
+        lease = fencing.lease_report_event(
             lease_id=lease_id, data=request.data, node=node, actor=Actor.for_node(node, request.request_id)
         )
         return _lease_response(lease)
@@ -193,7 +193,7 @@ class FencingValidate(APIView):
 
     @extend_schema(request=schema.FencingValidateRequest, responses=schema.FencingValidateResponse)
     def post(self, request):
-        answer = services.fencing_validate(data=request.data, may_see=_may_see_for_fencing(request))
+        answer = fencing.fencing_validate(data=request.data, may_see=_may_see_for_fencing(request))
         anonymous = node_from_request(request) is None and not request.user.is_authenticated
         if anonymous and answer.get("code") in UNVERIFIED_SECRET_CODES:
             # A caller with no credential is answered only when the secret itself proves who it is

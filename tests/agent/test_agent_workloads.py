@@ -254,7 +254,7 @@ def test_the_lease_secret_reaches_the_workload_follows_a_renewal_is_never_logged
 ):
     from fleet.events import Actor
     from leases import secrets
-    from leases.services import lease_renew
+    from leases.fencing import lease_renew
 
     caplog.set_level("DEBUG")
     lease = cp.grant_lease([PY, "-c", SECRET_READER], ttl_seconds=600)

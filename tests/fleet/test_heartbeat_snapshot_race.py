@@ -157,12 +157,12 @@ def test_a_checkpoint_asked_under_a_report_in_flight_is_in_that_reports_answer()
 def test_a_grant_committed_after_a_report_read_the_leases_keeps_its_bit_for_the_next_renewal(client_user, monkeypatch):
     """Committed after the report listed the node's leases (so not in its answer): the grant raises
     LEASES after the report's UPDATE cleared the marker, and the next renewal says a lease waits."""
-    from leases import services as lease_services
+    from leases import reconcile as lease_reconcile
     from tests.support import grant
 
     pool, [(node, _)] = ready_pool("general", 1)
     seen_by_report = snapshot(node)
-    real, granted = lease_services.reconcile_heartbeat, []
+    real, granted = lease_reconcile.reconcile_heartbeat, []
 
     def then_a_grant_commits(*args, **kwargs):
         answer = real(*args, **kwargs)
@@ -170,7 +170,7 @@ def test_a_grant_committed_after_a_report_read_the_leases_keeps_its_bit_for_the_
             granted.append(grant(client_user, "job-1"))
         return answer
 
-    monkeypatch.setattr(lease_services, "reconcile_heartbeat", then_a_grant_commits)
+    monkeypatch.setattr(lease_reconcile, "reconcile_heartbeat", then_a_grant_commits)
     outcome = apply_heartbeat(
         node=seen_by_report, report=report(seen_by_report, 1), actor=Actor.for_node(seen_by_report)
     )

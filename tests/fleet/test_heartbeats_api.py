@@ -95,7 +95,7 @@ def test_higher_incarnation_is_a_restart_with_an_event_a_counter_and_lease_recon
         calls.append((incarnation, reported, restarted))
         return {"stop": ["11111111-1111-1111-1111-111111111111"], "checkpoint": []}
 
-    monkeypatch.setattr("leases.services.reconcile_heartbeat", reconcile)
+    monkeypatch.setattr("leases.reconcile.reconcile_heartbeat", reconcile)
     api = node_api(secret)
     post_beat(api, node, incarnation=1, sequence=10)
     lease = {"lease_id": "22222222-2222-2222-2222-222222222222", "fencing_token": 3, "state": "running"}

@@ -80,7 +80,7 @@ def test_two_sweeps_at_once_give_one_event_per_node_and_one_loss_per_node(time_m
             lost_calls.extend(str(i) for i in node_ids)
         return len(node_ids)
 
-    monkeypatch.setattr("leases.services.lose_node_leases", lose)
+    monkeypatch.setattr("leases.reconcile.lose_node_leases", lose)
     time_machine.move_to(T0 + seconds(400), tick=False)
     race(lambda i: sweep_liveness(), count=4)
     assert set(Node.objects.values_list("liveness", flat=True)) == {Liveness.LOST}

@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("clock_at_t0")]
 def losses(monkeypatch):
     calls = []
     monkeypatch.setattr(
-        "leases.services.lose_node_leases",
+        "leases.reconcile.lose_node_leases",
         lambda node_ids, *, actor, reason: calls.append(sorted(str(i) for i in node_ids)) or len(node_ids),
     )
     return calls

@@ -179,14 +179,14 @@ def test_a_queue_pass_and_the_clients_own_grant_of_a_requeued_workload_both_comp
     grant cancels the workload's requeued request): one lease, no deadlock."""
     if connection.vendor != "postgresql":
         pytest.skip("row locks are PostgreSQL's; SQLite serialises writers")
-    from leases import requeue, services
+    from leases import kick, requeue, services
     from leases.models import LeaseRequest
     from leases.reconcile import revoke_lease
     from leases.sweeps import place_pending_requests
     from tests.factories import PoolFactory
 
     make_schedulable_node(PoolFactory(name="general"), resources={"cpu": 8000, "memory": 2**34})
-    monkeypatch.setattr(services, "kick_queue", lambda: None)  # this test runs the pass itself
+    monkeypatch.setattr(kick, "kick_queue", lambda: None)  # this test runs the pass itself
     body = {"workload_id": "job-2", "pool": "general", "resources": {"cpu": "1"}}
     old, _ = services.lease_create(data=body, client=client_user, actor=Actor.system("t"))
     revoke_lease(old, actor=Actor.system("t"), reason="preempted")

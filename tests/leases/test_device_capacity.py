@@ -9,8 +9,8 @@ from django.utils import timezone
 from fleet.events import Actor
 from fleet.models import Device, NodeResource
 from fleet.selectors import pool_capacity
+from leases.lifecycle import end_lease
 from leases.preview import placement_preview
-from leases.services import end_lease
 from tests.device_support import A100, gpu, make_gpu_node, report_devices
 from tests.factories import PoolFactory
 from tests.support import grant, grant_status

@@ -160,8 +160,8 @@ def test_the_claimed_mirror_agrees_with_the_live_holds_after_any_grants_and_rele
     from fleet.devices import sync_counts
     from fleet.events import Actor
     from fleet.models import Node
+    from leases.lifecycle import end_lease
     from leases.models import Lease
-    from leases.services import end_lease
     from tests.device_support import claimed_disagreements, gpu, report_devices
     from tests.support import grant_status
 

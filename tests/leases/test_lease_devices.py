@@ -88,7 +88,7 @@ def test_a_gpu_and_its_mig_instances_exclude_each_other(client_user):
     assert grant_status(client_user, "slice", pool="gpu", cpu="1", devices=slice_request) == 409
     from django.utils import timezone
 
-    from leases.services import end_lease
+    from leases.lifecycle import end_lease
 
     end_lease(whole.pk, to_state="released", reason="done", now=timezone.now(), actor=Actor.system("test"))
     sliced, status = grant(

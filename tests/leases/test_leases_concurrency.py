@@ -119,14 +119,14 @@ def test_an_idempotency_key_is_scoped_to_its_client_even_when_two_clients_race_w
 def test_the_expiry_sweep_rechecks_expiry_when_it_claims_a_renewed_lease(client_user, monkeypatch):
     """A renewal that lands between the sweep's read of due leases and its claim of one keeps the
     lease: the claim repeats ``expires_at <= now`` (issue 28: no test renewed between read and claim)."""
-    from leases import services
+    from leases import sweeps
     from leases.fencing import lease_renew
 
     make_schedulable_node(PoolFactory(name="race"), resources={"cpu": 8000, "memory": 2**34})
     lease = support.grant(client_user, "job-renewed", pool="race", ttl_seconds=60)
     renewed_at = lease.expires_at - timedelta(seconds=1)  # the renewal's own clock: still live
     sweep_at = lease.expires_at + timedelta(seconds=1)  # the sweep's: due
-    claim = services.end_lease
+    claim = sweeps.end_lease
 
     def renew_then_claim(lease_id, **kwargs):
         lease_renew(
@@ -138,7 +138,7 @@ def test_the_expiry_sweep_rechecks_expiry_when_it_claims_a_renewed_lease(client_
         )
         return claim(lease_id, **kwargs)
 
-    monkeypatch.setattr(services, "end_lease", renew_then_claim)
+    monkeypatch.setattr(sweeps, "end_lease", renew_then_claim)
     assert expire_leases(now=sweep_at) == 0
     stored = Lease.objects.get(pk=lease.pk)
     assert stored.state == "granted" and stored.expires_at == renewed_at + timedelta(seconds=60)

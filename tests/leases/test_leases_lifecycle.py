@@ -207,7 +207,7 @@ def test_unknown_event_state_is_a_400(node_api, lease):
 
 def test_a_stale_node_cannot_mark_a_replaced_job_as_succeeded(client_api, node_api, lease, pool):
     from fleet.events import Actor
-    from leases.services import lose_node_leases
+    from leases.reconcile import lose_node_leases
 
     lose_node_leases([lease["node_id"]], actor=Actor.system("test"), reason="node went silent")
     replacement = client_api.post(

@@ -164,18 +164,18 @@ def test_toleration_seconds_count_control_plane_time_across_a_clock_jump(client_
 
 
 def test_a_lease_that_cannot_be_evicted_does_not_keep_the_others_running(client_user, node, monkeypatch, caplog):
-    from leases import services
+    from leases import sweeps
 
     first, second = grant(client_user, "first"), grant(client_user, "second")
     taint(node, TAINT)
-    end_lease = services.end_lease
+    end_lease = sweeps.end_lease
 
     def fails_for_the_first(lease_id, **kwargs):
         if lease_id == first.pk:
             raise RuntimeError("a deadlock victim")
         return end_lease(lease_id, **kwargs)
 
-    monkeypatch.setattr(services, "end_lease", fails_for_the_first)
+    monkeypatch.setattr(sweeps, "end_lease", fails_for_the_first)
     assert evict_noexecute() == 1
     assert Lease.objects.get(pk=second.pk).state == LeaseState.REVOKED
     assert Lease.objects.get(pk=first.pk).state != LeaseState.REVOKED

@@ -247,7 +247,8 @@ def test_a_requeued_request_is_created_at_the_instant_of_its_first_attempt(clien
 
     from fleet.events import Actor
     from leases import requeue
-    from leases.services import end_lease, lease_create
+    from leases.lifecycle import end_lease
+    from leases.services import lease_create
 
     lease, _ = lease_create(data={"workload_id": "job-1", "pool": "general", "resources": {"cpu": "4"}},
                             client=client_user, actor=Actor.system("t"))  # fmt: skip

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from django.core.cache import cache
 
-from leases import services
+from leases import kick
 from leases.models import LeaseRequest
 from tests.factories import PoolFactory
 
@@ -30,12 +30,12 @@ def sent(monkeypatch):
 def test_a_burst_of_kicks_places_at_once_and_once_more_after_the_window(sent, client_user):
     LeaseRequest.objects.create(workload_id="job-1", pool=PoolFactory(), client=client_user, spec={})
     for _ in range(5):
-        services.kick_queue()
-    assert sent == [{}, {"countdown": services.KICK_WINDOW}]
+        kick.kick_queue()
+    assert sent == [{}, {"countdown": kick.KICK_WINDOW}]
 
 
 def test_no_pending_request_no_placement(sent):
-    services.kick_queue()
+    kick.kick_queue()
     assert sent == []
 
 

@@ -12,7 +12,7 @@ from django.utils import timezone
 from fleet.events import Actor
 from fleet.models import Node, NodeResource
 from leases.models import ConsistencyReport, Lease
-from leases.services import (
+from leases.reconcile import (
     lose_node_leases,
     reconcile_heartbeat,
     revoke_node_leases,

@@ -7,7 +7,7 @@ import pytest
 import time_machine
 
 from leases import secrets
-from leases.services import lease_release, lease_renew
+from leases.fencing import lease_release, lease_renew
 from tests.heartbeat_support import beat, node_api
 from tests.marketplace_support import ACTOR, at, grant_at, owned_node, priced_pool
 

@@ -10,8 +10,9 @@ from fleet.events import Actor, record_event
 from fleet.models import Node, NodeReliabilityDay
 from fleet.reliability import record, refresh_scores
 from leases.choices import DEVICE_FAULT_REVOKE_PREFIX
+from leases.lifecycle import end_lease
 from leases.models import Lease
-from leases.services import end_lease, lose_node_leases, revoke_node_leases
+from leases.reconcile import lose_node_leases, revoke_node_leases
 from tests.factories import PoolFactory, make_schedulable_node, set_lifecycle
 from tests.races import race
 from tests.support import grant

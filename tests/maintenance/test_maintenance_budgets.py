@@ -9,7 +9,7 @@ import time_machine
 
 from fleet.events import Actor
 from fleet.models import NodeEvent
-from leases import services as lease_services
+from leases import reconcile as lease_reconcile
 from leases.models import Lease
 from maintenance import drains, tasks
 from maintenance.models import DisruptionBudget, Drain
@@ -176,7 +176,7 @@ def test_a_dry_run_changes_nothing_and_answers_leases_placement_and_budgets(oper
         fits = lease.workload_id != "batch-1"
         return {"placeable": fits, "node_id": str(spare.pk) if fits else None, "reasons": {}, "message": ""}
 
-    monkeypatch.setattr(lease_services, "simulate_placement", simulate)
+    monkeypatch.setattr(lease_reconcile, "simulate_placement", simulate)
     events_before = NodeEvent.objects.count()
 
     response = act(

@@ -12,7 +12,7 @@ from fleet.events import Actor
 from fleet.models import NodeEvent
 from leases import event_types as leases_events
 from leases import fencing
-from leases import services as lease_services
+from leases import reconcile as lease_reconcile
 from leases.models import Lease
 from maintenance import drains, tasks
 from maintenance import event_types as maintenance_events
@@ -51,7 +51,7 @@ def evaluate(drain: Drain) -> Drain:
 
 
 def end_lease(lease: Lease) -> None:
-    lease_services.revoke_lease(lease, actor=SYSTEM, reason="finished")
+    lease_reconcile.revoke_lease(lease, actor=SYSTEM, reason="finished")
 
 
 def test_a_drain_of_a_node_without_leases_completes_at_once_into_maintenance(operator_api, node):
@@ -528,7 +528,7 @@ def test_a_renewal_after_a_lease_ended_does_not_confirm_the_node_stopped_it(cloc
         node=node, owner=outofservice.AUTOSCALER, policy="wait", reason="scale-down", timeout=1800
     )
     clock.shift(5)
-    lease_services.revoke_lease(Lease.objects.get(pk=lease.pk), actor=SYSTEM, reason="done")
+    lease_reconcile.revoke_lease(Lease.objects.get(pk=lease.pk), actor=SYSTEM, reason="done")
     _, secret = issue_credential(node=node, issuer="test", ttl_seconds=3600)
     clock.shift(5)
     assert renew(node, secret, incarnation=1, sequence=2).json()["code"] == "applied"

@@ -10,7 +10,7 @@ import pytest
 import time_machine
 
 from fleet.events import Actor
-from leases.services import lease_release
+from leases.fencing import lease_release
 from maintenance import services as maintenance
 from marketplace.models import Appeal, UsageRecord
 from marketplace.reconciliation import reconcile_usage

@@ -9,7 +9,7 @@ import time_machine
 
 from fleet.events import Actor
 from fleet.models import Node
-from leases.services import lease_release
+from leases.fencing import lease_release
 from maintenance import services as maintenance
 from marketplace.choices import UsageState
 from marketplace.models import Appeal, OwnerSettings, PoolPrice, PoolSettlement, QuarantineGuidance, UsageRecord

@@ -10,7 +10,7 @@ import time_machine
 
 from fleet import benchmarks, reverification
 from fleet.models import Benchmark, Node, Pool, Reverification
-from leases.services import lease_release
+from leases.fencing import lease_release
 from marketplace.choices import UsageState
 from marketplace.holds import REVIEW_FINDINGS
 from marketplace.models import UsageRecord

@@ -12,8 +12,9 @@ import time_machine
 from fleet import devices as fleet_devices
 from fleet.events import Actor
 from fleet.models import Node
+from leases.fencing import lease_release
 from leases.models import EvidenceInterval, Lease
-from leases.services import lease_create, lease_release
+from leases.services import lease_create
 from marketplace.choices import HoldReason, UsageState
 from marketplace.models import PayoutHold, Statement, UsageRecord
 from marketplace.reconciliation import reconcile_usage

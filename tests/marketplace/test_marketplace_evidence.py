@@ -6,8 +6,8 @@ import pytest
 import time_machine
 
 from leases.choices import EvidenceClose, LeaseState
+from leases.fencing import lease_release
 from leases.models import EvidenceInterval, Lease
-from leases.services import lease_release
 from tests.marketplace_support import ACTOR, Reporter, at, grant_at, owned_node, priced_pool
 
 pytestmark = pytest.mark.django_db

@@ -9,7 +9,7 @@ import time_machine
 
 from fleet.events import Actor
 from fleet.models import NodeEvent
-from leases.services import lease_release
+from leases.fencing import lease_release
 from maintenance import services as maintenance
 from marketplace import appeals, statements
 from marketplace import event_types as marketplace_events

@@ -10,7 +10,7 @@ import time_machine
 
 from fleet.events import Actor
 from fleet.models import NodeEvent, NodeResource
-from leases.services import lease_release
+from leases.fencing import lease_release
 from maintenance import services as maintenance
 from marketplace import event_types as marketplace_events
 from marketplace.choices import GapReason, UsageState

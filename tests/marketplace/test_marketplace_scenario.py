@@ -26,7 +26,7 @@ import pytest
 import time_machine
 
 from fleet.events import Actor
-from leases.services import lease_release
+from leases.fencing import lease_release
 from maintenance import services as maintenance
 from marketplace import statements
 from marketplace.choices import StatementState, UsageState

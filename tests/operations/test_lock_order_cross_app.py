@@ -146,7 +146,7 @@ def test_a_lease_ending_while_its_owners_statement_is_finalized_is_not_left_on_t
     foreign key's KEY SHARE) until the finalize commits, then lands on the final statement."""
     _pg()
     from leases.choices import LeaseState
-    from leases.services import end_lease
+    from leases.lifecycle import end_lease
     from marketplace.models import Statement, StatementLine, UsageRecord
     from marketplace.reconciliation import reconcile_usage
     from tests.marketplace.test_marketplace_races import ended_lease
@@ -175,7 +175,7 @@ def test_a_drain_does_not_complete_between_a_status_reports_node_update_and_its_
     the lease reconciliation in its own transaction (last_reported_at). A drain evaluated between
     the two sees a heartbeat after the lease ended and no stamp: "no longer reported", completes."""
     _pg()
-    from leases import services as lease_services
+    from leases import reconcile as lease_reconcile
     from tests.heartbeat_support import send
 
     node, _ = make_schedulable_node()
@@ -186,20 +186,20 @@ def test_a_drain_does_not_complete_between_a_status_reports_node_update_and_its_
     drain = outofservice.take_out_of_service(
         node=node, owner=outofservice.AUTOSCALER, policy="wait", reason="scale-down", timeout=1800
     )
-    lease_services.revoke_lease(Lease.objects.get(pk=lease.pk), actor=Actor.system("t"), reason="done")
+    lease_reconcile.revoke_lease(Lease.objects.get(pk=lease.pk), actor=Actor.system("t"), reason="done")
     assert drains.evaluate_drain(drain_id=drain.pk, actor=Actor.system("t")).state == "active"
     from fleet.models import Node
 
     Node.objects.filter(pk=node.pk).update(status_report_not_before=None)  # no flood guard in the way
     between, evaluated = threading.Event(), threading.Event()
-    reconcile = lease_services.reconcile_heartbeat
+    reconcile = lease_reconcile.reconcile_heartbeat
 
     def reconcile_after_the_drain(*args, **kwargs):
         between.set()  # the node row's UPDATE is committed; the lease stamps are not written yet
         evaluated.wait(5)
         return reconcile(*args, **kwargs)
 
-    monkeypatch.setattr(lease_services, "reconcile_heartbeat", reconcile_after_the_drain)
+    monkeypatch.setattr(lease_reconcile, "reconcile_heartbeat", reconcile_after_the_drain)
 
     def racer(i):
         if i == 0:

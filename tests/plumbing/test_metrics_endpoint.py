@@ -20,7 +20,7 @@ from fleet.fleet_state import refresh as refresh_fleet_state
 from fleet.models import LivenessSweepState, Node, NodeResource
 from leases.models import Lease, LeaseRequest
 from leases.preview import refresh_request_class_fits
-from leases.services import revoke_lease
+from leases.reconcile import revoke_lease
 from maintenance.choices import QuarantineRule
 from maintenance.models import Drain, Quarantine
 from nodepool.metrics import FLEET_STATE

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 UNEXPLAINED = {
     "fleet": 4,
-    "leases": 38,
+    "leases": 7,
 }
 
 
