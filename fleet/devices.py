@@ -44,7 +44,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, F, OuterRef
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -546,6 +546,26 @@ def _above_verified(node: Node) -> dict:
     return over
 
 
+def held_for_itself() -> Exists:
+    """True for a device a live lease holds for itself (a row of the lease's count of its type);
+    not for the implied rows of a whole GPU's MIG instances."""
+    claims = Device._meta.get_field("claims").related_model  # leases.LeaseDevice, without importing leases
+    return Exists(claims.objects.filter(device_id=OuterRef("pk"), live=True, implied=False))
+
+
+def counted() -> Q:
+    """A device row in its type's allocatable count: allocatable (verified, healthy, untainted, not
+    held out) and not taken by a relative — a GPU and its MIG instances exclude each other, so a
+    device ``claimed`` (fleet.models.Device) but not held for itself (:func:`held_for_itself`)
+    counts nowhere while that lease lives. What :func:`sync_counts` writes, pool capacity and
+    ``/metrics`` read (a device that failed while held is the one difference: sync_counts keeps it
+    until its lease ends, see there)."""
+    usable = Q(verified_at__isnull=False, retired_at__isnull=True, held=False, hard_tainted=False) & ~Q(
+        health__in=(DeviceHealth.UNHEALTHY, DeviceHealth.MISSING)
+    )
+    return usable & (Q(claimed=False) | Q(held_for_itself()))
+
+
 def sync_counts(node: Node) -> dict[str, int]:
     """Set the node's count resource of each device type it has rows of; returns ``{type: count}``.
 
@@ -563,14 +583,12 @@ def sync_counts(node: Node) -> dict[str, int]:
     """
     if node.lifecycle in (Lifecycle.PENDING, Lifecycle.ADMITTING, Lifecycle.REJECTED):
         return {}
-    claims = Device._meta.get_field("claims").related_model  # leases.LeaseDevice, without importing leases
     counts: dict[str, int] = {}
-    for row in Device.objects.filter(node=node, retired_at__isnull=True).annotate(
-        # Implied rows (a whole GPU's MIG instances) are not in the lease's count of their type.
-        held_by_lease=Exists(claims.objects.filter(device_id=OuterRef("pk"), live=True, implied=False))
-    ):
+    for row in Device.objects.filter(node=node, retired_at__isnull=True).annotate(held_by_lease=held_for_itself()):
         counts.setdefault(row.type, 0)
-        counts[row.type] += row.allocatable or row.held_by_lease
+        # A device claimed but not held for itself is taken by a relative (the MIG instances of a
+        # GPU leased whole, the GPU of a leased MIG instance): in no count while that lease lives.
+        counts[row.type] += row.held_by_lease or (row.allocatable and not row.claimed)
     if not counts:
         return counts
     reserved = node.pool.reserved_totals()
@@ -774,23 +792,23 @@ def normalise_model(model: str) -> str:
 
 def device_metric_rows():
     """``[(pool pk, type, model, health, allocatable, count)]`` with bounded labels (types
-    outside the known device types and unknown models become ``other``). One grouped query over
-    every device: run by the fleet-state beat task (:mod:`fleet.fleet_state`), never by a scrape."""
-    from django.db.models import BooleanField, Count, ExpressionWrapper, Q
+    outside the known device types and unknown models become ``other``). ``allocatable`` as
+    :func:`counted` says (a slice of a GPU leased whole is not). One grouped query over every
+    device: run by the fleet-state beat task (:mod:`fleet.fleet_state`), never by a scrape."""
+    from django.db.models import BooleanField, Count, ExpressionWrapper
 
     known_types = {"nvidia.com/gpu", "nvidia.com/mig", "amd.com/gpu", "intel.com/gpu", "habana.ai/gaudi"}
     rows: dict = {}
     grouped = (
         Device.objects.filter(retired_at__isnull=True)
         .exclude(node__lifecycle=Lifecycle.RETIRED)
-        .annotate(unverified=ExpressionWrapper(Q(verified_at__isnull=True), output_field=BooleanField()))
-        .values_list("node__pool", "type", "model", "health", "unverified", "held", "hard_tainted")
+        .annotate(allocatable=ExpressionWrapper(counted(), output_field=BooleanField()))
+        .values_list("node__pool", "type", "model", "health", "allocatable")
         .annotate(n=Count("pk"))
         .order_by()
     )
-    for pool, kind, model, health, unverified, held, hard, n in grouped:
-        allocatable = not unverified and not held and not hard and health not in ("unhealthy", "missing")
-        key = (pool, kind if kind in known_types else "other", normalise_model(model), health, allocatable)
+    for pool, kind, model, health, allocatable, n in grouped:
+        key = (pool, kind if kind in known_types else "other", normalise_model(model), health, bool(allocatable))
         rows[key] = rows.get(key, 0) + n
     return [[*key, n] for key, n in rows.items()]
 
@@ -803,27 +821,25 @@ def short_model(model: str) -> str:
 
 def device_summary(node_ids) -> dict:
     """``{node_id: {type: {"total", "allocatable", "models": {model: count}, "free_models":
-    {short model: count}}}}`` for lists and pages (one query for every node). ``free_models``
-    counts the allocatable devices no live lease holds, by :func:`short_model`."""
-    from django.db.models import Exists, OuterRef
+    {short model: count}}}}`` for lists and pages (one query for every node). ``allocatable`` as
+    :func:`counted` says; ``free_models`` counts the allocatable devices nobody has ``claimed``
+    (held, or taken by a relative: a GPU and its MIG instances exclude each other), by
+    :func:`short_model`."""
+    from django.db.models import BooleanField, ExpressionWrapper
 
-    claims = Device._meta.get_field("claims").related_model  # leases.LeaseDevice, without importing leases
     out: dict = {}
-    for node_id, kind, model, verified_at, held, hard, health, taken in (
+    for node_id, kind, model, allocatable, claimed in (
         Device.objects.filter(node_id__in=list(node_ids), retired_at__isnull=True)
-        .annotate(taken=Exists(claims.objects.filter(device_id=OuterRef("pk"), live=True)))
-        .values_list("node_id", "type", "model", "verified_at", "held", "hard_tainted", "health", "taken")
+        .annotate(allocatable=ExpressionWrapper(counted(), output_field=BooleanField()))
+        .values_list("node_id", "type", "model", "allocatable", "claimed")
     ):
         entry = out.setdefault(node_id, {}).setdefault(
             kind, {"total": 0, "allocatable": 0, "models": {}, "free_models": {}}
         )
         entry["total"] += 1
         entry["models"][model] = entry["models"].get(model, 0) + 1
-        allocatable = bool(
-            verified_at and not held and not hard and health not in (DeviceHealth.UNHEALTHY, DeviceHealth.MISSING)
-        )
-        entry["allocatable"] += allocatable
-        if allocatable and not taken:
+        entry["allocatable"] += bool(allocatable)
+        if allocatable and not claimed:
             short = short_model(model)
             entry["free_models"][short] = entry["free_models"].get(short, 0) + 1
     return out

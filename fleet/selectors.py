@@ -27,8 +27,8 @@ from django.utils import timezone
 from nodepool.api.permissions import is_client, is_operator, is_owner
 
 from . import health
-from .choices import BenchmarkStatus, DeviceHealth, Health, Lifecycle, Liveness
-from .devices import normalise_model
+from .choices import BenchmarkStatus, Health, Lifecycle, Liveness
+from .devices import counted, held_for_itself, normalise_model
 from .models import AdmissionCheck, Benchmark, Device, Node, NodeCredential, NodeEvent, NodeHold, NodeResource
 
 # Stable reason codes for why a node is not schedulable (used by the API and the scheduler).
@@ -229,27 +229,25 @@ def pool_devices(pool, schedulable_ids) -> dict:
     """``{type: {model: {"total", "allocatable", "allocated", "free", "health": {state: n}}}}``:
     the live devices of ``pool``'s in-service nodes, the model normalised to a known list or
     ``other`` (self-reported models are not trusted to be few). ``allocated``: held by a live
-    lease (whatever its health now); ``free``: allocatable (verified, healthy, untainted, not
-    held out), not held by a live lease, on a schedulable node. Each count is a count of rows, so
-    none is ever negative: a device that fails while allocated is ``allocated`` and no longer
-    ``allocatable``, and free stays what is really free. One grouped query."""
-    claims = Device._meta.get_field("claims").related_model  # leases.LeaseDevice, without importing leases
-    usable = Q(verified_at__isnull=False, held=False, hard_tainted=False) & ~Q(
-        health__in=(DeviceHealth.UNHEALTHY, DeviceHealth.MISSING)
-    )
+    lease for itself (whatever its health now); ``allocatable``: verified, healthy, untainted, not
+    held out and not taken by a relative (fleet.devices.counted: a GPU and its MIG instances
+    exclude each other); ``free``: allocatable, nobody's (not ``claimed``), on a schedulable node.
+    Each count is a count of rows, so none is ever negative: a device that fails while allocated
+    is ``allocated`` and no longer ``allocatable``, and free stays what is really free. One grouped
+    query."""
     grouped = (
         Device.objects.filter(node__pool=pool, node__lifecycle__in=IN_SERVICE_LIFECYCLES, retired_at__isnull=True)
         .annotate(
-            usable=ExpressionWrapper(usable, output_field=BooleanField()),
-            taken=Exists(claims.objects.filter(device_id=OuterRef("pk"), live=True)),
+            usable=ExpressionWrapper(counted(), output_field=BooleanField()),
+            taken=held_for_itself(),
             open=ExpressionWrapper(Q(node_id__in=schedulable_ids), output_field=BooleanField()),
         )
-        .values_list("type", "model", "health", "usable", "taken", "open")
+        .values_list("type", "model", "health", "usable", "taken", "claimed", "open")
         .annotate(n=Count("pk"))
         .order_by()
     )
     out: dict = {}
-    for kind, model, state, usable_, taken, open_, n in grouped:
+    for kind, model, state, usable_, taken, claimed, open_, n in grouped:
         entry = out.setdefault(kind, {}).setdefault(
             normalise_model(model), {"total": 0, "allocatable": 0, "allocated": 0, "free": 0, "health": {}}
         )
@@ -257,7 +255,7 @@ def pool_devices(pool, schedulable_ids) -> dict:
         entry["health"][state] = entry["health"].get(state, 0) + n
         entry["allocatable"] += n if usable_ else 0
         entry["allocated"] += n if taken else 0
-        entry["free"] += n if usable_ and not taken and open_ else 0
+        entry["free"] += n if usable_ and not claimed and open_ else 0
     return out
 
 

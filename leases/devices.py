@@ -127,6 +127,11 @@ def claim(*, lease, node_id, requests: tuple[DeviceRequest, ...], tolerates=None
     parents = {d["parent_device_id"] for d in choice.picked if d["parent_device_id"]}
     marked = {row.device_id for row in rows} | {d["id"] for d in mine if d["device_id"] in parents}
     _mark_claimed(sorted(marked))
+    if parents or len(rows) > len(choice.picked):
+        # A GPU and its MIG instances exclude each other: the relatives this claim took (a held
+        # slice's GPU, a whole GPU's slices) leave their type's count now (fleet.devices.counted),
+        # before the capacity rows are taken. Nodes without MIG never come here.
+        sync_counts(Node.objects.select_related("pool").get(pk=node_id))
     return [{"id": d["device_id"], "type": d["type"], "index": d["index"]} for d in choice.picked]
 
 
@@ -212,9 +217,9 @@ def release(lease_id) -> int:
     )
     counted = {pk for pk, implied, *_ in held if not implied}
     failed = [d for d in devices if d.pk in counted and not d.allocatable]
-    if failed:
-        node = Node.objects.select_related("pool").get(pk=failed[0].node_id)
-        sync_counts(node)
+    # Relatives of a GPU or MIG instance it held (fleet.devices.counted) return to their counts.
+    if failed or parents or len(counted) < len(held):
+        sync_counts(Node.objects.select_related("pool").get(pk=node_id))
     return freed
 
 

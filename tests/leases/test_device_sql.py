@@ -157,9 +157,9 @@ operation_strategy = st.lists(
 def test_the_claimed_mirror_agrees_with_the_live_holds_after_any_grants_and_releases(client_user, operations):
     """Grants of whole GPUs and of MIG slices and lease ends in any order, through the services:
     every device's ``claimed`` equals its recomputation from the live holds after each step."""
-    from fleet.devices import sync_counts
+    from fleet.devices import counted, sync_counts
     from fleet.events import Actor
-    from fleet.models import Node
+    from fleet.models import Node, NodeResource
     from leases.lifecycle import end_lease
     from leases.models import Lease
     from tests.device_support import claimed_disagreements, gpu, report_devices
@@ -184,4 +184,9 @@ def test_the_claimed_mirror_agrees_with_the_live_holds_after_any_grants_and_rele
                 resource = "nvidia.com/gpu" if kind == "gpus" else "nvidia.com/mig"
                 grant_status(client_user, f"w{step}", pool="gpu", cpu="1", resources={resource: amount})
             assert claimed_disagreements() == [], (step, kind, amount)
+            # A GPU and its MIG instances exclude each other in the counts too: each count
+            # resource's free amount is the allocatable devices of its type nobody has claimed.
+            for row in NodeResource.objects.filter(node=node, name__contains="/"):
+                free = Device.objects.filter(counted(), node=node, type=row.name, claimed=False).count()
+                assert row.allocatable - row.allocated == free, (step, kind, amount, row.name)
         transaction.set_rollback(True)
