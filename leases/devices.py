@@ -101,6 +101,13 @@ def claim(*, lease, node_id, requests: tuple[DeviceRequest, ...], tolerates=None
     """
     if not requests:
         return []
+    if _claims_in_one_statement(requests, tolerates):
+        try:
+            picked = _claim_plain(lease, node_id, requests[0])
+        except IntegrityError as exc:
+            raise NoDevices("taken by a racing grant") from exc
+        if picked:
+            return picked
     # Every type: a whole GPU's MIG instances are held with it (implied rows).
     mine = _claim_view(node_id)
     if not any(d["type"] in device_types(requests) for d in mine):
@@ -143,6 +150,53 @@ _CLAIM_VIEW = (
     "taints, claimed FROM fleet_device WHERE node_id = %s AND retired_at IS NULL"
 )
 _CLAIM_COLUMNS = (*[c for c in DEVICE_FIELDS if c != "node_id"], "claimed")
+
+
+def _claims_in_one_statement(requests: tuple[DeviceRequest, ...], tolerates) -> bool:
+    """Whether :func:`_claim_plain` can decide the claim: PostgreSQL (a data-modifying CTE), one
+    request without co-location or tolerations whose globs SQL matches as fnmatch does."""
+    if connection.vendor != "postgresql" or len(requests) != 1 or tolerates is not None:
+        return False
+    request = requests[0]
+    return not request.colocate and all(c.operator != "glob" or "[" not in c.value for c in request.constraints)
+
+
+def _claim_plain(lease, node_id, request: DeviceRequest) -> list[dict]:
+    """The common claim as one statement (PostgreSQL): pick ``request.count`` free devices as
+    :func:`~leases.device_requests.choose` does (usable, unclaimed, matching; lowest index first),
+    hold them (LeaseDevice rows) and mark them ``claimed``. Returns the lease's device list, or
+    ``[]`` when the statement did nothing and :func:`claim`'s general path decides: the node has
+    MIG instances (relatives to hold or mark with the pick), too few free devices (the reason), or
+    none of the type (an implicit request is then a plain count). Raises IntegrityError when a
+    racing grant held one of the devices first (the partial unique index stays the guard)."""
+    matched, params = "", []
+    for constraint in request.constraints:
+        sql, values = _constraint_sql(constraint)
+        matched += f" AND {sql}"
+        params += values
+    node_pk = Node._meta.pk.get_db_prep_value(node_id, connection)
+    lease_pk = LeaseDevice._meta.get_field("lease").get_db_prep_save(lease.pk, connection)
+    order = 'd."index", d.device_id COLLATE "C"'  # choose's (index, device_id), in code point order
+    statement = f"""
+        WITH picked AS (
+            SELECT d.id, d.device_id, d."index", row_number() OVER (ORDER BY {order}) - 1 AS position
+            FROM fleet_device d
+            WHERE d.node_id = %s AND d.retired_at IS NULL AND d.type = %s AND {_USABLE} AND NOT d.claimed{matched}
+              AND NOT EXISTS (SELECT 1 FROM fleet_device m
+                              WHERE m.node_id = %s AND m.retired_at IS NULL AND m.parent_device_id <> '')
+            ORDER BY {order} LIMIT %s
+        ), enough AS (SELECT * FROM picked WHERE (SELECT count(*) FROM picked) = %s),
+        held AS (
+            INSERT INTO leases_leasedevice (lease_id, device_id, implied, position, live)
+            SELECT %s, id, false, position, true FROM enough
+        ),
+        marked AS (UPDATE fleet_device SET claimed = true WHERE id IN (SELECT id FROM enough))
+        SELECT device_id, "index" FROM enough ORDER BY position
+    """  # noqa: S608 (columns from the model; values bound)
+    with prepared_cursor() as cursor:
+        cursor.execute(statement, [node_pk, request.type, *params, node_pk, request.count, request.count, lease_pk])
+        rows = cursor.fetchall()
+    return [{"id": device_id, "type": request.type, "index": index} for device_id, index in rows]
 
 
 def _claim_view(node_id) -> list[dict]:

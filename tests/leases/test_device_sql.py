@@ -114,6 +114,45 @@ def test_the_device_rules_in_sql_give_the_reason_choose_gives(client_user, descr
         transaction.set_rollback(True)
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(described=st.lists(device_strategy, min_size=0, max_size=6), wire=request_strategy, implicit=st.booleans())
+def test_the_claim_picks_the_devices_choose_picks(client_user, described, wire, implicit):
+    """leases.devices.claim (one statement on PostgreSQL for a plain request, the Python path
+    otherwise) holds exactly the devices choose picks, in its order, or refuses when choose does."""
+    with transaction.atomic():
+        pool = PoolFactory(name="gpu")
+        node, _ = make_gpu_node(pool, count=len(described))
+        holder = grant(client_user, "holder", pool="gpu", cpu="1")
+        claimant = grant(client_user, "claimant", pool="gpu", cpu="1")
+        now = timezone.now()
+        for row, want in zip(Device.objects.filter(node=node).order_by("index"), described, strict=True):
+            Device.objects.filter(pk=row.pk).update(
+                model=want["model"], memory_bytes=want["memory_bytes"], interconnect_group=want["interconnect_group"],
+                numa_node=want["numa_node"], health=want["health"], held=want["held"],
+                hard_tainted=want["hard_tainted"], verified_at=now if want["verified"] else None,
+            )  # fmt: skip
+            if want["taken"]:
+                LeaseDevice.objects.create(lease=holder, device=row)
+                Device.objects.filter(pk=row.pk).update(claimed=True)
+        request = parse_device_requests([wire])[0]
+        if implicit:
+            request = type(request)(request.type, request.count, implicit=True)
+        devices, taken = lease_devices.node_devices([node.pk], None)
+        expected = choose((request,), devices.get(node.pk, []), taken.get(node.pk, set()))
+        try:
+            got = lease_devices.claim(lease=claimant, node_id=node.pk, requests=(request,))
+        except lease_devices.NoDevices:
+            got = None
+        if expected.code:
+            assert got is None
+        else:
+            assert got == [{"id": d["device_id"], "type": d["type"], "index": d["index"]} for d in expected.picked]
+            held = LeaseDevice.objects.filter(lease=claimant, live=True).order_by("position")
+            assert [ld.device.device_id for ld in held] == [d["id"] for d in got]
+            assert set(Device.objects.filter(claimed=True).values_list("device_id", flat=True)) >= {d["id"] for d in got}
+        transaction.set_rollback(True)
+
+
 def test_placement_and_the_409_decided_in_sql_agree_with_the_python_path(client_user):
     pool = PoolFactory(name="gpu")
     for tag in ("h1", "h2"):
