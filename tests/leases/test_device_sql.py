@@ -149,7 +149,9 @@ def test_the_claim_picks_the_devices_choose_picks(client_user, described, wire, 
             assert got == [{"id": d["device_id"], "type": d["type"], "index": d["index"]} for d in expected.picked]
             held = LeaseDevice.objects.filter(lease=claimant, live=True).order_by("position")
             assert [ld.device.device_id for ld in held] == [d["id"] for d in got]
-            assert set(Device.objects.filter(claimed=True).values_list("device_id", flat=True)) >= {d["id"] for d in got}
+            assert set(Device.objects.filter(claimed=True).values_list("device_id", flat=True)) >= {
+                d["id"] for d in got
+            }
         transaction.set_rollback(True)
 
 

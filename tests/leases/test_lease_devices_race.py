@@ -2,8 +2,9 @@
 
 The count resource is deliberately set wider than the devices here, so that the partial unique
 index on live LeaseDevice rows (``leasedevice_one_live_holder``) is the only guard between the
-racers; :class:`tests.races.Hold` keeps both inside the grant after they chose a device and
-before they write it, so without that index both would hold the same GPU on every run.
+racers; :class:`tests.races.Hold` keeps both inside the grant after they chose a device (and, on
+PostgreSQL's one-statement claim, wrote it) and before they commit, so without that index both
+would hold the same GPU on every run.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ def test_two_clients_racing_for_the_last_free_gpu_of_a_node_exactly_one_wins(cli
     assert grant_status(client_user, "first", pool="gpu", cpu="1", resources={"nvidia.com/gpu": 1}) == 201
     NodeResource.objects.filter(node=node, name="nvidia.com/gpu").update(capacity=16, allocatable=16)
 
-    with Hold("leases.devices.choose", parties=2, timeout=1.0):
+    # Held right after the claim's statement (PostgreSQL picks and holds in one, _claim_plain): the
+    # first racer cannot commit before the second has picked from the same snapshot.
+    with Hold("leases.devices._claim_plain", parties=2, timeout=1.0):
         outcome = race(
             lambda i: grant_status(client_user, f"racer-{i}", pool="gpu", cpu="1", resources={"nvidia.com/gpu": 1}), 2
         )
