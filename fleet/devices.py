@@ -397,8 +397,16 @@ def apply_report(
     rebooted = bool(node.boot_id) and boot != node.boot_id
     recovery = timedelta(seconds=getattr(node.pool, "device_recovery_seconds", 900) or 0)
     with transaction.atomic():
+        # The node row first, then its devices: the order every node and device action takes (an
+        # operator's device action, the grant's hold of its node, the recovery sweep), so that a
+        # report never holds device rows while it waits for the node (a deadlock with any of them).
+        _lock_node(node.pk)
         rows = {
-            row.device_id: row for row in Device.objects.select_for_update().filter(node=node, retired_at__isnull=True)
+            row.device_id: row
+            # of self, in pk order: the model's ordering joins the node, which FOR UPDATE would lock too
+            for row in Device.objects.select_for_update(of=("self",))
+            .filter(node=node, retired_at__isnull=True)
+            .order_by("pk")
         }
         events: list[tuple[str, str, dict]] = []
         reported = {d["id"]: d for d in devices}
@@ -635,6 +643,11 @@ def _declared_snapshot(row: Device) -> dict:
     }
 
 
+def _lock_node(node_id) -> bool:
+    """Lock the node row (``FOR NO KEY UPDATE``) before any of its device rows. False if gone."""
+    return bool(list(Node.objects.select_for_update(no_key=True).filter(pk=node_id).values_list("pk", flat=True)))
+
+
 def _locked_device(node_id, device_id: str, expected_version=None) -> Device:
     """The device row under lock, its node locked first (``FOR NO KEY UPDATE``, the order every
     node action takes) and checked against the operator's expected node version (412), which
@@ -645,7 +658,10 @@ def _locked_device(node_id, device_id: str, expected_version=None) -> Device:
     if expected_version is not None:
         check_version(node.version, expected_version)
     row = (
-        Device.objects.select_for_update().filter(node_id=node_id, device_id=device_id, retired_at__isnull=True).first()
+        Device.objects.select_for_update(of=("self",))
+        .filter(node_id=node_id, device_id=device_id, retired_at__isnull=True)
+        .order_by("pk")
+        .first()
     )
     if row is None:
         raise NotFound("No such live device on this node.", DEVICE_NOT_FOUND)
@@ -758,8 +774,9 @@ def recover_devices(*, now: datetime | None = None, actor: Actor | None = None) 
         .values_list("pk", "node_id", flat=False)[:1000]
     )
     returned = 0
-    for pk, _node_id in candidates:
+    for pk, node_id in candidates:
         with transaction.atomic():
+            _lock_node(node_id)  # the node before its device, as every device writer
             row = Device.objects.select_for_update(of=("self",)).select_related("node__pool").filter(pk=pk).first()
             if row is None:
                 continue
