@@ -44,7 +44,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import Exists, F, OuterRef, Q
+from django.db.models import BooleanField, Count, Exists, ExpressionWrapper, F, OuterRef, Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -52,6 +52,7 @@ from nodepool.api.problems import Conflict, NotFound, Problem
 from nodepool.api.versioning import check_version
 
 from . import event_types, signals
+from .capability import TAINT_EFFECTS, label_key_ok
 from .choices import DeviceHealth, Lifecycle
 from .errors import DEVICE_NOT_FOUND, DEVICE_NOT_HELD, INVALID_TAINT, NODE_NOT_FOUND, TAINT_NOT_FOUND
 from .events import Actor, event_row, record_event
@@ -540,8 +541,6 @@ def _above_verified(node: Node) -> dict:
     """``{type: {"declared", "verified"}}`` for each device type of ``node`` with more live devices
     than verified ones, where at least one is verified (one grouped query). More devices than
     verified fall under maintenance's ``capacity_above_verified`` rule (fleet.signals)."""
-    from django.db.models import Count, Q
-
     over = {}
     for kind, live, verified in (
         Device.objects.filter(node=node, retired_at__isnull=True)
@@ -704,8 +703,6 @@ def device_taint(
 ) -> Device:
     """An operator's taint on one device (like a cordon hold, with a reason). NoExecute evicts its
     leases that do not tolerate it. Raises 400 ``invalid_taint`` / 404 ``device_not_found``."""
-    from .capability import TAINT_EFFECTS, label_key_ok
-
     now = now or timezone.now()
     if not label_key_ok(key):
         raise Problem("key: not a valid taint key", INVALID_TAINT, errors=[{"field": "key", "code": "invalid_taint"}])
@@ -812,8 +809,6 @@ def device_metric_rows():
     outside the known device types and unknown models become ``other``). ``allocatable`` as
     :func:`counted` says (a slice of a GPU leased whole is not). One grouped query over every
     device: run by the fleet-state beat task (:mod:`fleet.fleet_state`), never by a scrape."""
-    from django.db.models import BooleanField, Count, ExpressionWrapper
-
     known_types = {"nvidia.com/gpu", "nvidia.com/mig", "amd.com/gpu", "intel.com/gpu", "habana.ai/gaudi"}
     rows: dict = {}
     grouped = (
@@ -842,8 +837,6 @@ def device_summary(node_ids) -> dict:
     :func:`counted` says; ``free_models`` counts the allocatable devices nobody has ``claimed``
     (held, or taken by a relative: a GPU and its MIG instances exclude each other), by
     :func:`short_model`."""
-    from django.db.models import BooleanField, ExpressionWrapper
-
     out: dict = {}
     for node_id, kind, model, allocatable, claimed in (
         Device.objects.filter(node_id__in=list(node_ids), retired_at__isnull=True)

@@ -26,7 +26,7 @@ from fleet.devices import sync_counts
 from fleet.models import Device, Node
 from nodepool.db import prepared_cursor
 
-from .device_requests import DeviceRequest, choose
+from .device_requests import ATTRIBUTES, DeviceRequest, choose
 from .models import LeaseDevice
 
 DEVICE_FIELDS = (
@@ -303,16 +303,10 @@ def decided_in_sql(spec) -> bool:
 
 
 def _quoted(column: str) -> str:
-    from django.db import connection
-
     return f"d.{connection.ops.quote_name(column)}"
 
 
 def _constraint_sql(constraint) -> tuple[str, list]:
-    from django.db import connection
-
-    from .device_requests import ATTRIBUTES
-
     column = _quoted(ATTRIBUTES[constraint.attribute])
     if constraint.comparison is not None:  # nodepool.comparison: False for a missing value
         value = constraint.comparison.value
