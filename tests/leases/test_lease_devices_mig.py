@@ -14,8 +14,9 @@ from fleet.events import Actor
 from fleet.models import Device, Node, NodeResource
 from fleet.selectors import pool_capacity
 from leases import devices as lease_devices
+from leases.lifecycle import end_lease
 from leases.models import Lease, LeaseDevice
-from leases.services import end_lease, lease_create
+from leases.services import lease_create
 from tests.device_support import gpu, make_gpu_node, report_devices
 from tests.factories import PoolFactory
 from tests.support import grant_status
