@@ -20,6 +20,7 @@ from fleet.errors import NODE_RETIRED
 from fleet.events import Actor, record_event
 from fleet.instructions import Instruction, post_instructions
 from fleet.models import Node
+from nodepool import fsm
 from nodepool.api.errors import CONCURRENT_MODIFICATION
 from nodepool.api.problems import Conflict, Gone, NotFound
 from nodepool.api.strict import refuse_unknown_members
@@ -220,9 +221,7 @@ def lease_report_event(*, lease_id, data: Any, node: Node, actor: Actor, now=Non
         claim = Lease.objects.filter(pk=lease.pk, state__in=LIVE_LEASE_STATES, **fence)
         changes: dict[str, Any] = {"workload_state": state, "last_reported_at": now, "version": F("version") + 1}
         if state == WorkloadState.RUNNING:
-            activated = claim.filter(state=LeaseState.GRANTED).update(
-                state=LeaseState.ACTIVE, activated_at=now, missed_reports=0, **changes
-            )
+            activated = fsm.move(claim, "activate", activated_at=now, missed_reports=0, **changes)
             if activated:
                 record_event(
                     lease.node_id,
@@ -356,16 +355,12 @@ def record_checkpoint_requests(leases, *, actor: Actor, now) -> None:
 
 def withdraw_checkpoint_requests(lease_ids) -> int:
     """Pending checkpoint rows of ``lease_ids`` become ``withdrawn`` (a cancelled drain)."""
-    return LeaseCheckpoint.objects.filter(lease_id__in=list(lease_ids), state=CheckpointState.REQUESTED).update(
-        state=CheckpointState.WITHDRAWN
-    )
+    return fsm.move(LeaseCheckpoint.objects.filter(lease_id__in=list(lease_ids)), "withdraw")
 
 
 def _checkpoint_taken(lease: Lease, *, actor: Actor, message: str, now) -> None:
     """The node reported ``checkpointed``: the pending request is taken (or an unasked one recorded)."""
-    taken = LeaseCheckpoint.objects.filter(lease_id=lease.pk, state=CheckpointState.REQUESTED).update(
-        state=CheckpointState.TAKEN, taken_at=now, message=message[:2000]
-    )
+    taken = fsm.move(LeaseCheckpoint.objects.filter(lease_id=lease.pk), "take", taken_at=now, message=message[:2000])
     if not taken:
         LeaseCheckpoint.objects.create(
             lease_id=lease.pk,

@@ -17,12 +17,13 @@ from django.db.models.functions import Greatest
 from fleet.events import Actor, record_event
 from fleet.instructions import Instruction, post_instructions
 from fleet.models import NodeResource
+from nodepool import fsm
 
 from . import devices as lease_devices
 from . import event_types, evidence, kick
 from . import metrics as lease_metrics
-from .choices import LIVE_LEASE_STATES, CheckpointState, WorkloadState
-from .models import Lease, LeaseCheckpoint
+from .choices import WorkloadState
+from .models import ENDINGS, Lease, LeaseCheckpoint
 from .signals import lease_ended
 
 
@@ -55,10 +56,11 @@ def end_lease(
     or two releases racing, one updates the row and returns the capacity, the other gets None.
     """
     with transaction.atomic():
-        claim = Lease.objects.filter(pk=lease_id, state__in=LIVE_LEASE_STATES, **(fence or {}))
+        # WHERE state IN (live) and the new state come from the declared ending (Lease.<verb>).
+        claim = Lease.objects.filter(pk=lease_id, **(fence or {}))
         if expiring:
             claim = claim.filter(expires_at__lte=now)
-        changes = {"state": to_state, "ended_at": now, "end_reason": reason[:2000], "version": F("version") + 1}
+        changes = {"ended_at": now, "end_reason": reason[:2000], "version": F("version") + 1}
         if outcome:
             changes["outcome"] = outcome
         if workload_state:
@@ -69,7 +71,7 @@ def end_lease(
                 When(workload_state=WorkloadState.RUNNING, then=Value(WorkloadState.UNKNOWN)),
                 default=F("workload_state"),
             )
-        if not claim.update(**changes):
+        if not fsm.move(claim, ENDINGS[to_state], **changes):
             return None
         lease = Lease.objects.select_related("pool").get(pk=lease_id)
         return_capacity(lease)
@@ -77,9 +79,7 @@ def end_lease(
         if lease.command:  # something the agent runs: its next renewal says to stop it
             post_instructions([lease.node_id], Instruction.STOP)
         evidence.close_for_lease(lease.pk, now=now)
-        LeaseCheckpoint.objects.filter(lease_id=lease.pk, state=CheckpointState.REQUESTED).update(
-            state=CheckpointState.WITHDRAWN
-        )
+        fsm.move(LeaseCheckpoint.objects.filter(lease_id=lease.pk), "withdraw")
         # Higher apps (the marketplace's usage record) act in this same transaction.
         lease_ended.send(sender=Lease, lease=lease, actor=actor, now=now)
         record_event(

@@ -1,4 +1,11 @@
-"""Leases: shapes, fencing sequences, leases and queued lease requests."""
+"""Leases: shapes, fencing sequences, leases and queued lease requests.
+
+Lease, LeaseRequest and LeaseCheckpoint are state machines on django-fsm-2 (issue 28, step 6): the
+transitions below are the graph (docs/state-machines.md is generated from them). The services
+move rows with set-based claims built from these declarations (``nodepool.fsm.move``), so a
+statement cannot allow a move the graph does not; the methods themselves change nothing in the
+database.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +15,9 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
+from django_fsm import FSMField, transition
+
+from nodepool.fsm import SerializedFSMRefresh
 
 from .choices import LIVE_LEASE_STATES, CheckpointState, EvidenceClose, LeaseRequestState, LeaseState, WorkloadState
 
@@ -46,7 +56,7 @@ class FencingSequence(models.Model):
         return f"{self.workload_id}@{self.last_token}"
 
 
-class Lease(models.Model):
+class Lease(SerializedFSMRefresh, models.Model):
     """The right of one workload to run on one node, fenced by ``fencing_token``.
 
     ``resources`` is ``{resource: canonical int}``, added to the node's ``NodeResource.allocated``
@@ -59,7 +69,7 @@ class Lease(models.Model):
     node = models.ForeignKey("fleet.Node", on_delete=models.PROTECT, related_name="leases")
     node_incarnation = models.PositiveBigIntegerField()
     pool = models.ForeignKey("fleet.Pool", on_delete=models.PROTECT, related_name="leases")
-    state = models.CharField(max_length=16, choices=LeaseState.choices, default=LeaseState.GRANTED)
+    state = FSMField(max_length=16, choices=LeaseState.choices, default=LeaseState.GRANTED, protected=True)
     workload_state = models.CharField(max_length=16, choices=WorkloadState.choices, blank=True)
     resources = models.JSONField(default=dict)
     # The devices the grant assigned, in order: [{"id", "type", "index"}] (a copy of its live
@@ -119,6 +129,37 @@ class Lease(models.Model):
     def __str__(self) -> str:
         return f"{self.workload_id}#{self.fencing_token} on {self.node_id} ({self.state})"
 
+    # A lease is born granted (the grant's INSERT); the verbs below are every later move. Ending
+    # moves run in leases.lifecycle.end_lease (``ENDINGS`` maps a terminal state to its verb).
+    @transition(field=state, source=LeaseState.GRANTED, target=LeaseState.ACTIVE)
+    def activate(self):
+        """granted → active: the node reported the workload running."""
+
+    @transition(field=state, source=LIVE_LEASE_STATES, target=LeaseState.RELEASED)
+    def release(self):
+        """live → released: the client (or the node, reporting succeeded/failed) ended it."""
+
+    @transition(field=state, source=LIVE_LEASE_STATES, target=LeaseState.EXPIRED)
+    def expire(self):
+        """live → expired: its TTL passed without renewal (the expiry sweep)."""
+
+    @transition(field=state, source=LIVE_LEASE_STATES, target=LeaseState.LOST)
+    def lose(self):
+        """live → lost: its node was lost, restarted without it, or stopped reporting it."""
+
+    @transition(field=state, source=LIVE_LEASE_STATES, target=LeaseState.REVOKED)
+    def revoke(self):
+        """live → revoked: the control plane took it back (drain, quarantine, taint, operator)."""
+
+
+# The verb that moves a live lease to each terminal state (leases.lifecycle.end_lease).
+ENDINGS = {
+    LeaseState.RELEASED: "release",
+    LeaseState.EXPIRED: "expire",
+    LeaseState.LOST: "lose",
+    LeaseState.REVOKED: "revoke",
+}
+
 
 class LeaseDevice(models.Model):
     """One device a lease holds, written in the grant's transaction.
@@ -150,7 +191,7 @@ class LeaseDevice(models.Model):
         return f"{self.device_id} for {self.lease_id}"
 
 
-class LeaseRequest(models.Model):
+class LeaseRequest(SerializedFSMRefresh, models.Model):
     """A placement request that could not be placed at once and waits (``queue: true``)."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
@@ -158,7 +199,9 @@ class LeaseRequest(models.Model):
     pool = models.ForeignKey("fleet.Pool", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     spec = models.JSONField(default=dict)
     priority = models.IntegerField(default=0)
-    state = models.CharField(max_length=16, choices=LeaseRequestState.choices, default=LeaseRequestState.PENDING)
+    state = FSMField(
+        max_length=16, choices=LeaseRequestState.choices, default=LeaseRequestState.PENDING, protected=True
+    )
     reasons = models.JSONField(default=dict, blank=True)
     lease = models.OneToOneField(Lease, null=True, blank=True, on_delete=models.SET_NULL, related_name="request")
     client = models.ForeignKey(
@@ -192,6 +235,15 @@ class LeaseRequest(models.Model):
 
     def __str__(self) -> str:
         return f"{self.workload_id} ({self.state})"
+
+    @transition(field=state, source=LeaseRequestState.PENDING, target=LeaseRequestState.PLACED)
+    def place(self):
+        """pending → placed: a grant took it (claimed in the grant's transaction)."""
+
+    @transition(field=state, source=LeaseRequestState.PENDING, target=LeaseRequestState.CANCELLED)
+    def cancel(self):
+        """pending → cancelled: its client cancelled it, a grant of the workload superseded a
+        requeue, or its spec no longer validates."""
 
     @property
     def pending_seconds(self) -> float | None:
@@ -266,13 +318,13 @@ class EvidenceInterval(models.Model):
         return max(0.0, (self.last_seen_at - self.started_at).total_seconds())
 
 
-class LeaseCheckpoint(models.Model):
+class LeaseCheckpoint(SerializedFSMRefresh, models.Model):
     """One checkpoint of one lease: requested (by a drain, an operator, a client) and/or taken
     (the node reported ``checkpointed``). A checkpoint the workload took unasked is a row with
     ``requested_at`` empty."""
 
     lease = models.ForeignKey(Lease, on_delete=models.CASCADE, related_name="checkpoints")
-    state = models.CharField(max_length=16, choices=CheckpointState.choices, default=CheckpointState.REQUESTED)
+    state = FSMField(max_length=16, choices=CheckpointState.choices, default=CheckpointState.REQUESTED, protected=True)
     fencing_token = models.PositiveBigIntegerField()
     node_incarnation = models.PositiveBigIntegerField()
     requested_at = models.DateTimeField(null=True, blank=True)
@@ -290,3 +342,12 @@ class LeaseCheckpoint(models.Model):
 
     def __str__(self) -> str:
         return f"checkpoint of {self.lease_id} ({self.state})"
+
+    # A checkpoint the workload took unasked is created taken; the verbs move a requested one.
+    @transition(field=state, source=CheckpointState.REQUESTED, target=CheckpointState.TAKEN)
+    def take(self):
+        """requested → taken: the node reported ``checkpointed``."""
+
+    @transition(field=state, source=CheckpointState.REQUESTED, target=CheckpointState.WITHDRAWN)
+    def withdraw(self):
+        """requested → withdrawn: the lease ended first, or the drain that asked was cancelled."""

@@ -20,6 +20,7 @@ from django.db.models import F
 
 from fleet.events import Actor, record_event
 from fleet.models import Pool
+from nodepool import fsm
 
 from . import event_types, kick
 from .choices import LIVE_LEASE_STATES, LeaseRequestState
@@ -86,8 +87,9 @@ def on_granted(lease: Lease, lease_request: LeaseRequest | None, *, actor: Actor
     if lease_request is not None:
         others = others.exclude(pk=lease_request.pk)
     for request in others:
-        claimed = LeaseRequest.objects.filter(pk=request.pk, state=LeaseRequestState.PENDING).update(
-            state=LeaseRequestState.CANCELLED,
+        claimed = fsm.move(
+            LeaseRequest.objects.filter(pk=request.pk),
+            "cancel",
             message=f"superseded by lease {lease.pk}, which the client requested itself",
             version=F("version") + 1,
         )

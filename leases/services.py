@@ -32,6 +32,7 @@ from fleet.instructions import Instruction, post_instructions
 from fleet.models import Node, NodeResource, Pool
 from fleet.selectors import SCHEDULABLE_HEALTH
 from humanunits import quantity
+from nodepool import fsm
 from nodepool.api.errors import CONCURRENT_MODIFICATION
 from nodepool.api.permissions import is_operator
 from nodepool.api.problems import Conflict, NotFound, Unprocessable
@@ -41,7 +42,7 @@ from nodepool.structured_logs import bind
 from . import device_requests, event_types, impossible, placement, requeue
 from . import devices as lease_devices
 from . import metrics as lease_metrics
-from .choices import LIVE_LEASE_STATES, LeaseRequestState, LeaseState
+from .choices import LIVE_LEASE_STATES, LeaseState
 from .errors import (
     EMPTY_REQUEST,
     IDEMPOTENCY_KEY_REUSED,
@@ -231,10 +232,9 @@ def _reserve(
         token = _next_fencing_token(spec.workload_id)
         # Then a queued request is claimed: a second queue pass placing the same request waited on
         # the fencing row for the first to commit, and now finds it placed and stands down.
-        if lease_request is not None and not LeaseRequest.objects.filter(
-            pk=lease_request.pk, state=LeaseRequestState.PENDING
-        ).update(
-            state=LeaseRequestState.PLACED,
+        if lease_request is not None and not fsm.move(
+            LeaseRequest.objects.filter(pk=lease_request.pk),
+            "place",
             placed_at=now,
             version=F("version") + 1,
             attempts=F("attempts") + 1,
@@ -595,9 +595,7 @@ def lease_request_cancel(*, request_id, user, actor: Actor) -> LeaseRequest:
     request = visible(LeaseRequest.objects.all(), user).filter(pk=request_id).first()
     if request is None:
         raise NotFound("No such lease request.", LEASE_REQUEST_NOT_FOUND)
-    if not LeaseRequest.objects.filter(pk=request.pk, state=LeaseRequestState.PENDING).update(
-        state=LeaseRequestState.CANCELLED, version=F("version") + 1
-    ):
+    if not fsm.move(LeaseRequest.objects.filter(pk=request.pk), "cancel", version=F("version") + 1):
         raise Conflict(f"The lease request is {request.state}, not pending.", LEASE_REQUEST_NOT_PENDING)
     request.refresh_from_db()
     return request

@@ -21,6 +21,7 @@ from fleet import clock
 from fleet import taints as taint_times
 from fleet.events import Actor, record_event
 from fleet.models import NodeResource
+from nodepool import fsm
 from nodepool.api.problems import Problem
 
 from . import event_types, placement
@@ -81,8 +82,11 @@ def place_pending_requests(*, now=None, actor: Actor | None = None) -> dict:
             pool = resolve_pool(spec.pool)
             spec, shape = resolve_shape(spec)
         except Problem as exc:
-            LeaseRequest.objects.filter(pk=request.pk, state=LeaseRequestState.PENDING).update(
-                state=LeaseRequestState.CANCELLED, message=str(exc.detail), version=F("version") + 1
+            fsm.move(
+                LeaseRequest.objects.filter(pk=request.pk),
+                "cancel",
+                message=str(exc.detail),
+                version=F("version") + 1,
             )
             continue
         live = Lease.objects.filter(workload_id=spec.workload_id, state__in=LIVE_LEASE_STATES)

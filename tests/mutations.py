@@ -87,9 +87,9 @@ MUTATIONS = (
     ),
     Mutation(
         "end_lease_claims_live_only",
-        "leases/lifecycle.py",
-        "claim = Lease.objects.filter(pk=lease_id, state__in=LIVE_LEASE_STATES, **(fence or {}))",
-        "claim = Lease.objects.filter(pk=lease_id, **(fence or {}))",
+        "leases/models.py",
+        "@transition(field=state, source=LIVE_LEASE_STATES, target=LeaseState.EXPIRED)",
+        '@transition(field=state, source="*", target=LeaseState.EXPIRED)',
         ("tests/leases/test_leases_concurrency.py", "-k", "expiry"),
         why="two sweeps at once return a lease's capacity once",
     ),

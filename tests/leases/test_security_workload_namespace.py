@@ -86,13 +86,11 @@ def test_fencing_validate_never_names_a_live_lease_the_caller_may_not_see(client
     # client2 holds the workload's latest (ended) lease; client1's older lease is the live one.
     client2 = User.objects.get(username="cedric-client2")
     Lease.objects.filter(pk=client1_lease.pk).update(fencing_token=1)
-    theirs = Lease.objects.get(pk=client1_lease.pk)
-    theirs.pk = None
-    theirs.client = client2
-    theirs.fencing_token = 2
-    theirs.state = LeaseState.RELEASED
-    theirs.idempotency_key = "other"
-    theirs.save()
+    ours = Lease.objects.get(pk=client1_lease.pk)
+    # A copy of the row (the state is protected: it is set once, at creation).
+    values = {f.attname: getattr(ours, f.attname) for f in Lease._meta.concrete_fields if not f.primary_key}
+    values.update(client_id=client2.pk, fencing_token=2, state=LeaseState.RELEASED, idempotency_key="other")
+    Lease.objects.create(**values)
     response = client2_api.post("/api/v1/fencing/validate", {"workload_id": "job-1", "fencing_token": 2}, format="json")
     body = assert_problem(response, 404)
     assert str(client1_lease.pk) not in str(body)
