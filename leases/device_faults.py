@@ -27,11 +27,14 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from fleet import clock
-from fleet.events import Actor
+from fleet import event_types as fleet_events
+from fleet.events import Actor, record_event
 from nodepool.api.problems import Problem
 
 from .choices import DEVICE_FAULT_REVOKE_PREFIX, LIVE_LEASE_STATES, LeaseState
+from .lifecycle import end_lease
 from .models import Lease, LeaseDevice
+from .requeue import requeue_lease
 from .spec import parse_spec
 
 logger = logging.getLogger(__name__)
@@ -75,9 +78,6 @@ def evict_device_faults(*, device_pks=None, now=None, actor: Actor | None = None
     device with an evicting taint (the sweep). Each lease ends by compare-and-swap
     (:func:`leases.lifecycle.end_lease`), so two callers at once end it once.
     """
-    from .lifecycle import end_lease
-    from .requeue import requeue_lease
-
     now = now or timezone.now()
     actor = actor or Actor.system("leases.device_fault")
     claims = LeaseDevice.objects.filter(live=True, device__hard_tainted=True)
@@ -120,9 +120,6 @@ def record_fault_evidence(*, node, device_pks, actor: Actor, now=None) -> int:
     faulted device, ``to_state="lease_device_fault"`` with the lease id and the devices' health
     as it was, whether or not the lease is evicted. The marketplace's reconciliation reads these
     events to put that lease's usage up for review instead of paying it blindly. Returns how many."""
-    from fleet import event_types as fleet_events
-    from fleet.events import record_event
-
     now = now or timezone.now()
     rows = LeaseDevice.objects.filter(live=True, device_id__in=list(device_pks)).values_list(
         "lease_id",

@@ -20,7 +20,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 UNEXPLAINED = {
     "fleet": 0,
-    "leases": 4,
 }
 
 

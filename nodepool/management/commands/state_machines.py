@@ -31,9 +31,12 @@ node's `workload_state` is reported by its agent: none of them is a state machin
 
 
 def fsm_models() -> list:
-    """Every installed model with at least one ``FSMField``, by app label then model name."""
+    """Every installed concrete model with at least one ``FSMField``, by app label then model
+    name (a proxy model shares its concrete model's graph and is not listed twice)."""
     found = [
-        model for model in apps.get_models() if any(isinstance(f, FSMFieldMixin) for f in model._meta.get_fields())
+        model
+        for model in apps.get_models()
+        if not model._meta.proxy and any(isinstance(f, FSMFieldMixin) for f in model._meta.get_fields())
     ]
     return sorted(found, key=lambda m: m._meta.label)
 
