@@ -1,6 +1,6 @@
 """Devices of leases: reading what is free, claiming in the grant, releasing at the end.
 
-The grant (leases.services._reserve) calls :func:`claim` in the transaction that reserves the
+The grant (leases.grant._reserve) calls :func:`claim` in the transaction that reserves the
 count capacity: it reads the node's live devices and the ones live leases hold, picks with
 :func:`leases.device_requests.choose`, and inserts :class:`~leases.models.LeaseDevice` rows. The
 partial unique index ``leasedevice_one_live_holder`` refuses a device a racing grant took first

@@ -27,9 +27,10 @@ from nodepool.api.problems import Problem
 from . import event_types, placement
 from .choices import LIVE_LEASE_STATES, LeaseRequestState, LeaseState
 from .device_faults import evict_device_faults
+from .grant import place
 from .lifecycle import end_lease
 from .models import ConsistencyReport, Lease, LeaseRequest
-from .services import place, resolve_pool, resolve_shape
+from .services import resolve_pool, resolve_shape
 from .spec import parse_spec
 
 logger = logging.getLogger(__name__)

@@ -54,7 +54,7 @@ def one_update(request, pk):
 
 GRANT_TTL_SECONDS = 600
 
-# The columns the real grant writes (leases.services._reserve via Lease.objects.create) that have
+# The columns the real grant writes (leases.grant._reserve via Lease.objects.create) that have
 # no default in the table; pool and incarnation come from the node row, as in the real grant.
 INSERT_LEASE = """
 INSERT INTO leases_lease (id, workload_id, fencing_token, node_id, node_incarnation, pool_id, state, workload_state,

@@ -62,7 +62,7 @@ MUTATIONS = (
     ),
     Mutation(
         "idempotency_client_scope",
-        "leases/services.py",
+        "leases/idempotency.py",
         "filter(client=client, idempotency_key=idempotency_key)",
         "filter(idempotency_key=idempotency_key)",
         ("tests/leases/test_leases_concurrency.py", "-k", "idempotency"),
@@ -71,7 +71,7 @@ MUTATIONS = (
     ),
     Mutation(
         "idempotency_body_check",
-        "leases/services.py",
+        "leases/idempotency.py",
         "if previous.request_hash != request_hash:",
         "if False:",
         ("tests/leases/test_leases_api.py", "-k", "idempotency"),

@@ -20,7 +20,7 @@ serialises every writing transaction, so a missing row lock cannot show there)::
     @pytest.mark.race
     @pytest.mark.django_db(transaction=True)
     def test_two_grants_never_share_the_last_cpu(client_user):
-        with Hold("leases.services._hold_schedulable_node", parties=2) as hold:
+        with Hold("leases.grant._hold_schedulable_node", parties=2) as hold:
             outcome = race(lambda i: grant_status(client_user, f"job-{i}"), 2)
         assert sorted(outcome.results) == [201, 409]
         assert hold.max_inside == 1
@@ -94,7 +94,7 @@ class Hold:
 
     Args:
         where: dotted name of a function the product calls inside the section, patched where it
-            is looked up (``"leases.services._hold_schedulable_node"``).
+            is looked up (``"leases.grant._hold_schedulable_node"``).
         parties: how many racers to wait for at that point (usually the race's ``count``).
         timeout: seconds a racer waits there for the others; with the lock in place, this is
             what each serialised racer costs, so keep it short.

@@ -1,7 +1,7 @@
 """A grant raises the node's LEASES instruction bit only when it is down, and never loses it.
 
 The grant reads the node's pending-instruction bits under the hold it already takes on the node
-row (``leases.services._hold_schedulable_node``); when LEASES is up it skips the UPDATE (and, on
+row (``leases.grant._hold_schedulable_node``); when LEASES is up it skips the UPDATE (and, on
 PostgreSQL, the separate COMMIT that follows the grant's). That is safe only because a status
 report, which clears the bits and then lists the node's leases, has to wait for that hold: the
 race below shows the lease is never lost to the node.
@@ -59,7 +59,7 @@ def test_a_status_report_racing_a_grant_that_skipped_the_bit_never_hides_the_lea
     assert Node.objects.get(pk=node.pk).instructions & Instruction.LEASES
     # The second grant stops right after reading the bit (up, so it will not raise it again) and
     # holding the node; the node's status report starts then and clears the bits.
-    inside = Hold("leases.services._hold_schedulable_node", parties=2, timeout=1.0)
+    inside = Hold("leases.grant._hold_schedulable_node", parties=2, timeout=1.0)
 
     def act(index):
         if index == 0:

@@ -229,7 +229,7 @@ def test_a_grant_racing_a_quarantine_never_leaves_a_live_lease_on_the_quarantine
     # The grant stops inside its transaction right after re-checking (and on PostgreSQL share-
     # locking) the node; the quarantine starts then. Without the lock it would commit first, miss
     # the uncommitted lease, and leave it live on a quarantined node.
-    inside = Hold("leases.services._hold_schedulable_node", parties=2, timeout=1.0)
+    inside = Hold("leases.grant._hold_schedulable_node", parties=2, timeout=1.0)
 
     def act(index):
         if index == 0:

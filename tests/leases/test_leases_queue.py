@@ -192,7 +192,7 @@ def test_a_database_error_on_one_request_leaves_it_waiting_and_the_pass_goes_on(
     counts the request as waiting and places the requests behind it."""
     from django.db import OperationalError
 
-    from leases import services
+    from leases import grant
 
     ask(client_api, "job-1")
     assert ask(client_api, "job-2", queue=True).status_code == 202
@@ -200,7 +200,7 @@ def test_a_database_error_on_one_request_leaves_it_waiting_and_the_pass_goes_on(
     assert second.status_code == 202
     NodeResource.objects.filter(node=node, name="cpu").update(allocatable=12000)
     first = LeaseRequest.objects.get(workload_id="job-2")
-    real, failed = services._reserve, []
+    real, failed = grant._reserve, []
 
     def deadlock_on_job_2(**kwargs):
         if kwargs["spec"].workload_id == "job-2" and not failed:
@@ -208,7 +208,7 @@ def test_a_database_error_on_one_request_leaves_it_waiting_and_the_pass_goes_on(
             raise OperationalError("deadlock detected")
         return real(**kwargs)
 
-    monkeypatch.setattr(services, "_reserve", deadlock_on_job_2)
+    monkeypatch.setattr(grant, "_reserve", deadlock_on_job_2)
     assert place_pending_requests() == {"placed": 1, "pending": 1}
     first.refresh_from_db()
     assert (first.state, first.lease_id) == ("pending", None)

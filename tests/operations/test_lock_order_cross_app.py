@@ -251,12 +251,13 @@ def test_a_grant_and_a_change_of_its_pools_reservations_both_complete(client_use
     member nodes first."""
     _pg()
     from fleet.services import pool_update
+    from leases import grant
     from leases import services as lease_services
     from tests.factories import PoolFactory
 
     pool = PoolFactory(name="general")
     node, _ = make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})
-    inside = _racer_0_waits_after(monkeypatch, lease_services, "_hold_schedulable_node")
+    inside = _racer_0_waits_after(monkeypatch, grant, "_hold_schedulable_node")
 
     def racer(i):
         if i == 0:
