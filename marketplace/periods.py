@@ -306,7 +306,9 @@ def reconcile_period(*, period_id, actor: Actor, now: datetime | None = None) ->
     with transaction.atomic():
         # The guard against two reconcilers: the row lock makes the second wait, then find the
         # period reconciled (or re-run a mismatched one to the same outcome, with no new items).
-        period = PoolPeriod.objects.select_for_update().select_related("pool").filter(pk=period_id).first()
+        # Of self: the pool is joined to be read, not locked (FOR UPDATE on it would make every
+        # insert naming the pool, an event or a lease, wait for the reconciliation).
+        period = PoolPeriod.objects.select_for_update(of=("self",)).select_related("pool").filter(pk=period_id).first()
         if period is None:
             raise NotFound("No such pool period.", POOL_PERIOD_NOT_FOUND)
         if period.state == PoolPeriodState.RECONCILED:

@@ -159,3 +159,21 @@ def test_a_reconciled_period_is_never_evaluated_again(example):
 def test_the_beat_sweep_reconciles_the_periods_that_are_over(example):
     assert periods.reconcile_due_periods(actor=OPERATOR, now=h(25)) == {PoolPeriodState.RECONCILED: 1}
     assert periods.reconcile_due_periods(actor=OPERATOR, now=h(25)) == {}
+
+
+def test_reconciling_a_period_locks_the_period_row_only_not_its_pool(example):
+    """The period is locked to keep two reconcilers apart; its pool, joined by select_related, is
+    only read. Without ``of=("self",)`` PostgreSQL locked the pool row FOR UPDATE too, which every
+    insert naming the pool (a node's event, a lease) waits for (FOR KEY SHARE) while it lasts."""
+    import re
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks are PostgreSQL's; SQLite serialises every writing transaction")
+    with CaptureQueriesContext(connection) as queries:
+        reconcile(example)
+    locks = [q["sql"] for q in queries.captured_queries if re.search(r"FOR (NO KEY )?UPDATE", q["sql"])]
+    period_locks = [sql for sql in locks if 'FROM "marketplace_poolperiod"' in sql]
+    assert period_locks and all(sql.endswith('FOR UPDATE OF "marketplace_poolperiod"') for sql in period_locks)
