@@ -3,7 +3,8 @@
 :func:`leases.sweeps.place_pending_requests`, call :func:`place`).
 
 The reservation is one transaction in the order every grant keeps (the lock order: node, fencing
-row, queued request, devices, capacity rows last; :func:`_reserve`).
+row, queued request, devices, capacity rows last; :func:`_reserve`). Its three raw statements
+(the fencing upsert, the node's hold, the capacity UPDATE) are :mod:`leases.sql`'s.
 """
 
 from __future__ import annotations
@@ -13,24 +14,25 @@ import time
 from datetime import timedelta
 from typing import NamedTuple
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import F
 
 from fleet.choices import Lifecycle, Liveness
 from fleet.events import Actor, record_event
 from fleet.instructions import Instruction, post_instructions
-from fleet.models import Node, NodeResource, Pool
+from fleet.models import Pool
 from fleet.selectors import SCHEDULABLE_HEALTH
 from humanunits import quantity
 from nodepool import fsm
-from nodepool.db import insert_row, prepared_cursor
+from nodepool.db import insert_row
 from nodepool.structured_logs import bind
 
 from . import devices as lease_devices
 from . import event_types, placement, requeue
 from . import metrics as lease_metrics
+from . import sql as lease_sql
 from .choices import LeaseState
-from .models import FencingSequence, Lease, LeaseRequest
+from .models import Lease, LeaseRequest
 from .spec import PlacementSpec
 
 # The grant's log lines keep the name they had before the split (log queries select on it).
@@ -43,19 +45,6 @@ class _LostRace(Exception):
 
 
 # --- grant ---------------------------------------------------------------------------------------
-def _next_fencing_token(workload_id: str) -> int:
-    """Bump and return the workload's fencing token in one statement (an upsert that locks the
-    row until commit, so grants of one workload are serialised and tokens strictly increase)."""
-    table = connection.ops.quote_name(FencingSequence._meta.db_table)
-    with prepared_cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO {table} (workload_id, last_token) VALUES (%s, 1) "  # noqa: S608 (the table name comes from the model, not input)
-            f"ON CONFLICT (workload_id) DO UPDATE SET last_token = {table}.last_token + 1 RETURNING last_token",
-            [workload_id],
-        )
-        return cursor.fetchone()[0]
-
-
 class _Held(NamedTuple):
     instructions: int  # the pending-instruction bits (fleet.instructions)
     incarnation: int
@@ -78,17 +67,9 @@ def _hold_schedulable_node(node_id) -> _Held | None:
 
     The same hold makes the returned bits stable until COMMIT: a status report clears them with an
     UPDATE of this row, which waits for the lock (PostgreSQL) or for this write transaction
-    (SQLite), and reads the node's leases only afterwards.
+    (SQLite), and reads the node's leases only afterwards. The read is :func:`leases.sql.node_gate`.
     """
-    table = connection.ops.quote_name(Node._meta.db_table)
-    lock = " FOR SHARE" if connection.vendor == "postgresql" else ""
-    with prepared_cursor() as cursor:
-        cursor.execute(
-            f"SELECT lifecycle, liveness, ready, health, cordoned, status_report_overdue, instructions, "  # noqa: S608
-            f"incarnation FROM {table} WHERE id = %s{lock}",
-            [Node._meta.pk.get_db_prep_value(node_id, connection)],
-        )
-        row = cursor.fetchone()
+    row = lease_sql.node_gate(node_id)
     schedulable = bool(
         row
         and row[0] == Lifecycle.READY
@@ -99,28 +80,6 @@ def _hold_schedulable_node(node_id) -> _Held | None:
         and not row[5]
     )
     return _Held(row[6], row[7]) if schedulable else None
-
-
-def _take_capacity(node_id, resources: dict[str, int]) -> int:
-    """``allocated += amount`` on the node's row of each resource in ``resources`` (name → amount,
-    canonical units) where it stays within ``allocatable``; returns the number of rows changed.
-
-    One statement for every resource: the row count proves all of them fitted (the caller rolls
-    back otherwise). Plain SQL like the hold and the fencing upsert above (all three prepared on
-    PostgreSQL, ``nodepool.db.prepared_cursor``): the ORM's CASE expression cost more to build
-    than the statement costs to run.
-    """
-    table = connection.ops.quote_name(NodeResource._meta.db_table)
-    amount = "CASE name " + " ".join("WHEN %s THEN %s" for _ in resources) + " END"
-    pairs = [value for item in resources.items() for value in item]
-    names = ", ".join(["%s"] * len(resources))
-    with prepared_cursor() as cursor:
-        cursor.execute(
-            f"UPDATE {table} SET allocated = allocated + {amount} "  # noqa: S608 (names from the model; values bound)
-            f"WHERE node_id = %s AND name IN ({names}) AND allocated + {amount} <= allocatable",
-            [*pairs, Node._meta.pk.get_db_prep_value(node_id, connection), *resources, *pairs],
-        )
-        return cursor.rowcount
 
 
 def _reserve(
@@ -140,9 +99,10 @@ def _reserve(
 ) -> Lease:
     """One transaction: fencing token, a conditional UPDATE per resource, the lease, the event.
 
-    ``UPDATE … SET allocated = allocated + x WHERE allocated + x <= allocatable`` is the whole
-    race guard: PostgreSQL re-evaluates the WHERE on the newest row version after waiting for a
-    competing writer, SQLite runs one writer at a time, so a slot is never given twice.
+    ``UPDATE … SET allocated = allocated + x WHERE allocated + x <= allocatable``
+    (:func:`leases.sql.take_capacity`) is the whole race guard: PostgreSQL re-evaluates the WHERE
+    on the newest row version after waiting for a competing writer, SQLite runs one writer at a
+    time, so a slot is never given twice.
 
     Raises:
         _LostRace: a resource no longer fits on this node (the caller tries the next candidate),
@@ -165,7 +125,7 @@ def _reserve(
             raise _LostRace("node")
         # The workload's fencing row first, as every grant takes it (a direct grant then cancels
         # the workload's requeued request: request row second, never the other way round).
-        token = _next_fencing_token(spec.workload_id)
+        token = lease_sql.next_fencing_token(spec.workload_id)
         # Then a queued request is claimed: a second queue pass placing the same request waited on
         # the fencing row for the first to commit, and now finds it placed and stands down.
         if lease_request is not None and not fsm.move(
@@ -230,7 +190,7 @@ def _reserve(
         )
         # Capacity last: the node's rows stay locked only from here to COMMIT, which is what
         # bounds grants per second on one busy node.
-        if _take_capacity(node.pk, spec.resources) != len(spec.resources):
+        if lease_sql.take_capacity(node.pk, spec.resources) != len(spec.resources):
             raise _LostRace("capacity")
 
         # Once committed, the node's next renewal says a lease waits (fleet.instructions), unless

@@ -1,19 +1,18 @@
 """Placement's *explain* part (re-exported by leases.placement): why nothing fits — :func:`diagnose`,
 the set-based 409 census under each node's first failed filter, its reasons and their phrases, and
-the device reasons (leases.devices' ``WITH`` table, or :func:`device_census`). Reads only.
+the device reasons (leases.devices' ``WITH`` table, or :func:`device_census`). Reads only; its raw
+SQL (the census' planner settings and ``WITH`` table, the hostname and device-fingerprint
+expressions) is :mod:`leases.sql`'s.
 """
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections import Counter
 from typing import Any
 
-from django.db import connection, transaction
 from django.db.models import (
     BigIntegerField,
-    BooleanField,
     Case,
     CharField,
     Count,
@@ -23,11 +22,9 @@ from django.db.models import (
     Min,
     Q,
     Sum,
-    TextField,
     Value,
     When,
 )
-from django.db.models.expressions import RawSQL
 from django.db.models.fields.json import KeyTransform
 from django.db.models.functions import Cast, Coalesce, Greatest
 from django.db.models.lookups import Exact
@@ -41,6 +38,7 @@ from fleet.selectors import first_unschedulable_reason, valid_credential_exists
 from . import devices as lease_devices
 from . import impossible
 from . import reliability as node_reliability
+from . import sql as lease_sql
 from .choices import UnschedulableCause
 from .device_requests import choose, reason_phrase
 from .placement_filter import (
@@ -91,11 +89,6 @@ def phrase(code: str, resources: dict[str, int], extra: dict[str, str] | None = 
     return PHRASES.get(code, code.replace("_", " "))
 
 
-def _node_id_column() -> str:
-    """``"fleet_node"."id"``, quoted for the connection: the node the device rules' SQL names."""
-    return f"{connection.ops.quote_name(Node._meta.db_table)}.{connection.ops.quote_name('id')}"
-
-
 def device_census(spec: PlacementSpec, groups: list[tuple[Any, int]]) -> tuple[Counter, dict[str, str]]:
     """Why nodes that pass every other filter cannot give ``spec.devices``: ``(reasons, phrases)``.
 
@@ -117,56 +110,14 @@ def device_census(spec: PlacementSpec, groups: list[tuple[Any, int]]) -> tuple[C
     return reasons, phrases
 
 
-# The columns of a device that leases.device_requests.choose reads (constraints, colocation,
-# usability), in the order of device_fingerprint's text; JSON taints only when tolerations matter.
-_FINGERPRINT_COLUMNS = (
-    "type",
-    "index",
-    "model",
-    "memory_bytes",
-    "mig_profile",
-    "numa_node",
-    "interconnect_group",
-    "driver_version",
-    "cuda_version",
-    "pci_bus_id",
-    "held",
-    "health",
-    "hard_tainted",
-)
-
-
 def device_fingerprint(spec: PlacementSpec):
     """A correlated SQL expression over a ``fleet_node`` row: the text of its live devices of the
     requested types, each as the columns :func:`leases.device_requests.choose` reads plus whether
     it is verified and taken (held by a live lease, or the parent of a held MIG instance), sorted,
     so that two nodes whose devices the request cannot tell apart get the same text. NULL for a
-    node without such devices. PostgreSQL and SQLite alike (``string_agg`` / ``group_concat``).
+    node without such devices. PostgreSQL and SQLite alike (:func:`leases.sql.device_fingerprint`).
     """
-
-    columns = [*_FINGERPRINT_COLUMNS, "taints"] if spec.tolerations else list(_FINGERPRINT_COLUMNS)
-    parts = [f"COALESCE(CAST(d.\"{c}\" AS TEXT), '~')" for c in columns]
-    parts.append("CASE WHEN d.verified_at IS NULL THEN 'u' ELSE 'v' END")
-    # Uncorrelated, so each is read once (a hashed subplan), not probed per device: live holds
-    # are few next to the fleet's devices.
-    parts.append(
-        "CASE WHEN d.id IN (SELECT ld.device_id FROM leases_leasedevice ld WHERE ld.live)"
-        " OR (d.node_id, d.device_id) IN (SELECT c.node_id, c.parent_device_id FROM leases_leasedevice ld"
-        " INNER JOIN fleet_device c ON c.id = ld.device_id WHERE ld.live AND c.parent_device_id <> '')"
-        " THEN 't' ELSE 'f' END"
-    )
-    text = " || '¦' || ".join(parts)
-    types = sorted({r.type for r in spec.devices})
-    placeholders = ", ".join(["%s"] * len(types))
-    where = f"d.node_id = fleet_node.id AND d.retired_at IS NULL AND d.type IN ({placeholders})"
-    # string_agg sorts in the aggregate; SQLite (before 3.44) concatenates in the subquery's order.
-    aggregate, order = (
-        ("string_agg(x, '§' ORDER BY x)", "")
-        if connection.vendor == "postgresql"
-        else ("group_concat(x, '§')", " ORDER BY x")
-    )
-    sql = f"(SELECT {aggregate} FROM (SELECT {text} AS x FROM fleet_device d WHERE {where}{order}) s)"  # noqa: S608 (column names from the model; types bound)
-    return RawSQL(sql, types, output_field=TextField())  # noqa: S611
+    return lease_sql.device_fingerprint(sorted({r.type for r in spec.devices}), with_taints=bool(spec.tolerations))
 
 
 # --- explanation -----------------------------------------------------------------------------------
@@ -250,7 +201,9 @@ def diagnose(
     if devices_in_sql:
         # Each schedulable node's device reason (or ''), decided in SQL: nodes group by it.
         signature["g_devices"] = Case(
-            When(Exact(first_reason, Value("")), then=lease_devices.device_reason_sets(spec, _node_id_column())),
+            When(
+                Exact(first_reason, Value("")), then=lease_devices.device_reason_sets(spec, lease_sql.node_id_column())
+            ),
             default=Value(None),
         )
     elif spec.devices:
@@ -259,7 +212,7 @@ def diagnose(
         signature["g_devices"] = Case(
             When(Exact(first_reason, Value("")), then=device_fingerprint(spec)), default=Value(None)
         )
-    groups = _hash_grouped(
+    groups = lease_sql.census_rows(
         nodes.values(g_reason=first_reason, g_lifecycle=F("lifecycle"), **signature).annotate(**aggregates).order_by(),
         with_table=(lease_devices.DEVICE_REASONS, *lease_devices.device_reasons_sql(spec.devices[0]))
         if devices_in_sql
@@ -375,74 +328,6 @@ def _too_large(pool: Pool, spec: PlacementSpec, names: list[str], groups: list[d
     )
 
 
-def _hostname_in(values: set[str]):
-    """A condition on the census' node rows: the hostname is one of ``values``, sent as one
-    parameter however many values there are. A host-wide group names every host of the pool, and
-    10,000 placeholders cost more to build, send and parse than the grouping itself."""
-
-    # The SQL names only the model's own table and column; the values travel as a parameter.
-    column = f"{connection.ops.quote_name(Node._meta.db_table)}.{connection.ops.quote_name('hostname')}"
-    if connection.vendor == "postgresql":
-        return RawSQL(f"{column} = ANY(%s)", (sorted(values),), output_field=BooleanField())  # noqa: S611
-    sql = f"{column} IN (SELECT value FROM json_each(%s))"  # noqa: S608
-    return RawSQL(sql, (json.dumps(sorted(values)),), output_field=BooleanField())  # noqa: S611
-
-
-def _hash_grouped(queryset, with_table: tuple[str, str, list] | None = None) -> list[dict]:
-    """Run the census' GROUP BY, on PostgreSQL as a hash aggregate.
-
-    The planner cannot estimate how many groups a CASE over node columns and a few JSON keys
-    make, so it assumes about one per node and sorts every node by those keys (JSON comparisons,
-    an external merge sort at 100,000 nodes) before a GroupAggregate, whereas there are a handful
-    of groups. ``enable_sort = off`` for this one statement, in its own (sub)transaction, lets it
-    hash them instead: about 20 % faster at 10,000 nodes and 35 % at 100,000 (400-450 → 280-300
-    ms for the selector kinds of bench/placement.py, run alone).
-    More groups than fit in ``work_mem`` still work: a hash aggregate spills to disk since
-    PostgreSQL 13. SQLite has no such planner setting and runs the query as it is.
-
-    ``parallel_tuple_cost = 0.02`` (default 0.1) for the same statement: the aggregate cannot run
-    below a Gather (the credential check in its group key is a hashed subplan, which only the
-    leader runs), so a parallel plan sends every node row from the workers to the leader, and at
-    the default price per row the planner kept the scans and the two resource joins serial. With
-    them in parallel workers (``max_parallel_workers_per_gather``, 2 by default) the census of
-    100,000 nodes took 220-255 ms instead of 345-370 (psql, this machine, nothing else running).
-    Small pools stay serial: a table under ``min_parallel_table_scan_size`` is never split.
-
-    ``with_table``: ``(name, sql, params)`` of a table the query reads, computed once before it
-    (``WITH name AS MATERIALIZED (sql)``): the devices' reasons of every node, in one grouped pass
-    over the device rows (leases.devices.device_reasons_sql), which the query's expressions look
-    up by node.
-    """
-
-    if connection.vendor != "postgresql":
-        return _with_table(queryset, with_table) if with_table else list(queryset)
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("SET LOCAL enable_sort = off")
-        cursor.execute("SET LOCAL parallel_tuple_cost = 0.02")
-        rows = _with_table(queryset, with_table) if with_table else list(queryset)
-        # The rest of an enclosing transaction plans as configured again.
-        cursor.execute("SET LOCAL enable_sort TO DEFAULT")
-        cursor.execute("SET LOCAL parallel_tuple_cost TO DEFAULT")
-    return rows
-
-
-def _with_table(queryset, with_table: tuple[str, str, list]) -> list[dict]:
-    """The rows of a ``values()`` queryset run with a ``WITH`` table ahead of its SQL (the ORM
-    cannot say one), converted as the ORM would convert them."""
-    name, table_sql, table_params = with_table
-    compiler = queryset.query.get_compiler(connection=connection)
-    sql, params = compiler.as_sql()
-    materialized = "MATERIALIZED " if connection.vendor == "postgresql" else ""  # SQLite: its choice
-    with connection.cursor() as cursor:
-        cursor.execute(f"WITH {name} AS {materialized}({table_sql}) {sql}", [*table_params, *params])
-        names = [column[0] for column in cursor.description]
-        rows = cursor.fetchall()
-    converters = compiler.get_converters([expression for expression, _, _ in compiler.select])
-    if converters:
-        rows = compiler.apply_converters(rows, converters)
-    return [dict(zip(names, row, strict=True)) for row in rows]
-
-
 def _signature(pool: Pool, spec: PlacementSpec, counts: GroupCounts) -> dict[str, Any]:
     """Expressions that group nodes which :func:`constraint_failure` cannot tell apart for ``spec``.
 
@@ -496,7 +381,7 @@ def _signature(pool: Pool, spec: PlacementSpec, counts: GroupCounts) -> dict[str
             continue
     hostname_cases = [When(hostname__in=named, then=F("hostname"))]
     if members:
-        hostname_cases.append(When(_hostname_in(members), then=Value(MEMBER)))
+        hostname_cases.append(When(lease_sql.hostname_in(members), then=Value(MEMBER)))
     signature["g_hostname"] = Case(*hostname_cases, default=Value(""))
     signature["g_node"] = Case(When(pk__in=ids, then=Cast("pk", CharField())), default=Value(""))
     return signature

@@ -3,7 +3,8 @@
 What a node looks like to the filters (:class:`NodeView`, :func:`node_label_view`), the hard filters
 (:func:`constraint_failure`, :func:`resource_failure`, the device rules on a page of candidates),
 and the candidate SQL real grants page through (:func:`candidate_query`, compiled once per query
-shape by :func:`_page_reader`). Reads only. :mod:`leases.placement` re-exports these names.
+shape by :func:`_page_reader`, run by :func:`leases.sql.candidate_page_reader`). Reads only.
+:mod:`leases.placement` re-exports these names.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -25,10 +25,10 @@ from fleet.choices import SchedulingPolicy
 from fleet.labelview import label_view
 from fleet.models import Node, NodeCredential, NodeResource, Pool
 from fleet.selectors import schedulable_q
-from nodepool.db import prepared_cursor
 
 from . import devices as lease_devices
 from . import reliability as node_reliability
+from . import sql as lease_sql
 from .device_requests import choose
 from .spec import PlacementSpec
 
@@ -288,7 +288,9 @@ def _page_reader(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_ids=
     Building and compiling that queryset costs more than running it (several milliseconds of
     ORM work per request), so its SQL is compiled once per query shape — policy and requested
     resource names — with sentinel values that are swapped for the request's pool, amounts and
-    time. The ORM (and so ``fleet.selectors.schedulable_q``) stays the source of the SQL.
+    time (a measured win: bench/placement.py's place and grant times). The ORM (and so
+    ``fleet.selectors.schedulable_q``) stays the source of the SQL;
+    :func:`leases.sql.candidate_page_reader` runs it (prepared on PostgreSQL).
     """
 
     now = now or timezone.now()
@@ -314,7 +316,7 @@ def _page_reader(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_ids=
         if set(slots.values()) != set(sentinels):  # a shape the probe cannot see through: no cache
             query = candidate_query(pool, spec, now=now)
             return lambda offset, limit: list(query[offset : offset + limit])
-        _COMPILED[key] = (sql + " LIMIT %s OFFSET %s", list(params), slots)
+        _COMPILED[key] = (lease_sql.paged(sql), list(params), slots)
     sql, template, slots = _COMPILED[key]
     values = {
         "pool": pool.pk,
@@ -323,41 +325,12 @@ def _page_reader(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_ids=
         **{f"nc:{i}": c.value for i, c in enumerate(spec.node_constraints)},
     }
     params = list(template)
+    pool_slot = 0
     for index, name in slots.items():
         params[index] = values[name]
-
-    if connection.vendor == "postgresql":  # prepared: see _prepared_form
-        sql, params = _prepared_form(sql, params, slots, pool.pk)
-
-    def read(offset: int, limit: int) -> list[tuple]:
-        with prepared_cursor() as cursor:
-            cursor.execute(sql, [*params, limit, offset])
-            rows = cursor.fetchall()
-        if connection.vendor == "sqlite":  # UUIDs stored as 32 hex digits; JSON stays text (NodeView)
-            rows = [(uuid.UUID(row[0]), *row[1:]) for row in rows]
-        return rows
-
-    return read
-
-
-def _prepared_form(sql: str, params: list, slots: dict[int, str], pool_id) -> tuple[str, list]:
-    """The candidate SQL for a prepared statement on PostgreSQL: the pool's id written into the
-    text, the other values (amounts, time, page) left as parameters.
-
-    Planning the candidate query costs more than running it (about 1 ms against 0.3 ms at 10,000
-    nodes). A prepared statement under a generic plan is planned once per connection; the pool is
-    written in so that each pool gets its own statement and plan, made with that pool's size in
-    view (a plan for a 20-node pool in a 100,000-node fleet is not the plan for the big pool).
-    """
-    pool_index = next(index for index, name in slots.items() if name == "pool")
-    parts = sql.split("%s")
-    if len(parts) != len(params) + 3:  # + LIMIT, OFFSET
-        raise RuntimeError("the candidate SQL has a literal %s")  # never: Django escapes it as %%
-    text = "".join(
-        part + ("" if index == len(parts) - 1 else (str(int(pool_id)) if index == pool_index else "%s"))
-        for index, part in enumerate(parts)
-    )
-    return text, [value for index, value in enumerate(params) if index != pool_index]
+        if name == "pool":
+            pool_slot = index
+    return lease_sql.candidate_page_reader(sql, params, pool_slot=pool_slot, pool_id=pool.pk)
 
 
 def _hashable(value) -> bool:
