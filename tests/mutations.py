@@ -93,6 +93,14 @@ MUTATIONS = (
         ("tests/leases/test_leases_concurrency.py", "-k", "expiry"),
         why="two sweeps at once return a lease's capacity once",
     ),
+    Mutation(
+        "capacity_race_guard",
+        "leases/sql.py",
+        "AND allocated + {amount} <= allocatable",
+        "AND allocated + {amount} >= 0",
+        ("tests/leases/test_leases_concurrency.py", "-k", "oversubscribe or loser"),
+        why="the capacity UPDATE's WHERE is the whole race guard: racing grants never oversubscribe a node",
+    ),
 )
 
 
