@@ -77,6 +77,58 @@ def add_gpus(pool) -> int:
     return len(devices)
 
 
+BUILT_MARK = "bench_device_fleet"  # a table naming the device fleet this database holds (--reuse)
+BUILD_VERSION = "8gpu-h100-a100-2islands-v1"  # change when add_gpus or build_fleet build another fleet
+
+
+def mark_built(pool) -> int:
+    """Record that this database holds a complete device fleet of ``pool`` (for ``--reuse``).
+    Returns its GPU count."""
+    from django.db import connection
+
+    from fleet.models import Device, Node
+
+    nodes = Node.objects.filter(pool=pool).count()
+    gpus = Device.objects.filter(node__pool=pool).count()
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE TABLE IF NOT EXISTS {BUILT_MARK} (nodes int, gpus int, version text)")
+        cursor.execute(f"DELETE FROM {BUILT_MARK}")
+        cursor.execute(f"INSERT INTO {BUILT_MARK} VALUES (%s, %s, %s)", [nodes, gpus, BUILD_VERSION])
+    return gpus
+
+
+def reuse_fleet(size: int):
+    """``(pool, user)`` of the device fleet of ``size`` nodes a previous run left in this database,
+    reset to how it was built: every lease table emptied, node events gone, ``allocated`` back to
+    0 (the build's load is ``reserved``) and no device ``claimed``. None when the database holds
+    no such fleet (another part or size was built after it, or another build version)."""
+    from django.contrib.auth.models import User
+    from django.db import connection
+
+    from fleet.models import Device, Node, NodeResource, Pool
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT to_regclass(%s)", [BUILT_MARK])
+        if cursor.fetchone()[0] is None:
+            return None
+        cursor.execute(f"SELECT nodes, gpus, version FROM {BUILT_MARK}")
+        mark = cursor.fetchone()
+    pool = Pool.objects.filter(name="bench").first()
+    if pool is None or mark != (size, 8 * size, BUILD_VERSION):
+        return None
+    if Node.objects.filter(pool=pool).count() != size or Device.objects.filter(node__pool=pool).count() != 8 * size:
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename LIKE 'leases\\_%%'")
+        tables = [row[0] for row in cursor.fetchall()]
+        cursor.execute(f"TRUNCATE {', '.join([*tables, 'fleet_nodeevent'])} CASCADE")
+    NodeResource.objects.filter(node__pool=pool).exclude(allocated=0).update(allocated=0)
+    Device.objects.filter(node__pool=pool, claimed=True).update(claimed=False)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE")
+    return pool, User.objects.get(username="bench-client")
+
+
 def _gpus(count, *constraints, colocate=""):
     request = {"type": "nvidia.com/gpu", "count": count}
     if constraints:

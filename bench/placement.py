@@ -7,6 +7,8 @@ Usage (PostgreSQL; the database is created if missing and its tables are emptied
         [--explain-seconds 60] [--http-seconds 10] [--rounds 2] [--clients 16] [--workers 2] [--http-fleet 10000]
         [--database postgres://postgres@127.0.0.1:5432/np_leases_bench]
     .venv/bin/python bench/placement.py --quick     # CI: 300 nodes, seconds
+    # the device part alone, on the fleet the last such run built (minutes saved at 10,000 nodes):
+    .venv/bin/python bench/placement.py --sizes "" --http-fleet 0 --device-fleet 10000 --reuse
 
 Parts, in order (times in milliseconds, rates in grants per second):
 
@@ -96,12 +98,20 @@ def parse_args():
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of grant and baseline")
     parser.add_argument("--clients", type=int, default=16, help="concurrent HTTP connections / pgbench clients")
     parser.add_argument("--workers", type=int, default=2, help="gunicorn workers (sync)")
-    parser.add_argument("--http-fleet", type=int, default=10000, help="fleet size for the HTTP and SQL runs")
+    parser.add_argument(
+        "--http-fleet", type=int, default=10000, help="fleet size for the HTTP and SQL runs (0: skip them)"
+    )
     parser.add_argument(
         "--device-fleet",
         type=int,
         default=10000,
         help="nodes of 8 GPUs for the device part (bench/devices.py; 0: skip)",
+    )
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep the device fleet a previous run built in this database (its leases ended, its load "
+        "back to the build's) instead of building it again: the build takes minutes at 10,000 nodes",
     )
     parser.add_argument(
         "--database", default=os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/np_leases_bench")
@@ -154,6 +164,7 @@ def build_fleet(size: int):
     from nodepool.api.permissions import CLIENTS
 
     with connection.cursor() as cursor:
+        cursor.execute("DROP TABLE IF EXISTS bench_device_fleet")  # bench/devices.py's --reuse mark
         cursor.execute(
             "TRUNCATE leases_lease, leases_leaserequest, leases_fencingsequence, fleet_nodeevent, "
             "fleet_nodecredential, fleet_noderesource, fleet_node, fleet_pool CASCADE"
@@ -623,9 +634,15 @@ def device_part(args, audits: list) -> dict:
     from bench import devices
 
     started = time.perf_counter()
-    pool, user = build_fleet(args.device_fleet)
-    gpus = devices.add_gpus(pool)
-    result = {"nodes": args.device_fleet, "gpus": gpus, "build_s": round(time.perf_counter() - started, 1)}
+    reused = devices.reuse_fleet(args.device_fleet) if args.reuse else None
+    if reused is None:
+        pool, user = build_fleet(args.device_fleet)
+        devices.add_gpus(pool)
+    else:
+        pool, user = reused
+    gpus = devices.mark_built(pool)
+    result = {"nodes": args.device_fleet, "gpus": gpus, "build_s": round(time.perf_counter() - started, 1),
+              "reused": reused is not None}  # fmt: skip
     result.update(devices.time_device_placement(pool, user, args.requests, percentile))
     result.update(devices.time_device_409(user, args.explains, percentile))
     place_goal = verdict(result["device_place_p99_ms"], devices.GOAL_DEVICE_PLACE_P99_MS, at_most=True)
@@ -681,7 +698,7 @@ def main() -> int:
         audits.append(result["audit"])
         print(f"{'':>9}audit {result['audit']}", flush=True)
         figures["sizes"][str(size)] = result
-    if args.http_seconds > 0:
+    if args.http_seconds > 0 and args.http_fleet:
         pool, user = build_fleet(args.http_fleet)
         figures.update(http_fleet=args.http_fleet, clients=args.clients, gunicorn_workers=args.workers,
                        rounds=args.rounds, http_seconds=args.http_seconds)  # fmt: skip
