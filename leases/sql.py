@@ -292,10 +292,17 @@ def census_rows(queryset, with_table: tuple[str, str, list] | None = None) -> li
     100,000 nodes took 220-255 ms instead of 345-370 (psql, this machine, nothing else running).
     Small pools stay serial: a table under ``min_parallel_table_scan_size`` is never split.
 
+    ``jit = off`` for the same statement: above ``jit_above_cost`` (a census of 10,000 nodes with
+    device reasons is past it) PostgreSQL first compiles the query's expressions with LLVM, which
+    took 45-57 ms of a 90 ms census here (``EXPLAIN ANALYZE``'s JIT timing, psql, this machine) and
+    gave back less than that over one pass of the rows. PostgreSQL's own guidance (docs, "When to
+    JIT?"): JIT pays off for long-running analytical queries, and its overhead exceeds what it
+    saves on short ones.
+
     ``with_table``: ``(name, sql, params)`` of a table the query reads, computed once before it
     (:func:`rows_with_table`).
     """
-    with planner_settings(enable_sort="off", parallel_tuple_cost="0.02"):
+    with planner_settings(enable_sort="off", parallel_tuple_cost="0.02", jit="off"):
         return rows_with_table(queryset, with_table) if with_table else list(queryset)
 
 
