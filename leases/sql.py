@@ -42,6 +42,19 @@ def share_lock() -> str:
     return " FOR SHARE" if is_postgresql() else ""
 
 
+def write_lock() -> str:
+    """The suffix that locks the rows a read returns for an UPDATE of non-key columns until COMMIT:
+    ``FOR NO KEY UPDATE`` on PostgreSQL (in the read's ORDER BY order). SQLite: none, as for
+    :func:`share_lock`."""
+    return " FOR NO KEY UPDATE" if is_postgresql() else ""
+
+
+def in_code_point_order(column: str) -> str:
+    """``column`` for an ORDER BY in code-point order, as Python's ``sorted`` orders text:
+    PostgreSQL's ``"C"`` collation; SQLite's default (BINARY) already is."""
+    return f'{column} COLLATE "C"' if is_postgresql() else column
+
+
 def materialized() -> str:
     """``MATERIALIZED`` for a ``WITH`` table computed once ahead of the query (PostgreSQL 12+ may
     inline a table read once); SQLite makes its own choice and says nothing."""
@@ -145,6 +158,15 @@ def take_capacity(node_id, resources: dict[str, int]) -> int:
     re-evaluates the WHERE on the newest row version after waiting for a competing writer, SQLite
     runs one writer at a time, so a slot is never given twice. SQL: the ORM's ``CASE`` expression
     for per-row amounts cost more to build than the statement costs to run.
+
+    The rows are locked first, in name order (the sub-select's ``ORDER BY name … FOR NO KEY
+    UPDATE``, code-point order as Python's ``sorted``; a hashed subplan, run whole before the first
+    row is updated), the order a lease's end gives them back in
+    (leases.lifecycle.return_capacity). A bare multi-row UPDATE locks them in its plan's scan
+    order, which for this table (a non-HOT update moves a row: ``allocated`` is in the free-capacity
+    index) is not stable: two grants on one node, or a grant and an end, then locked cpu and memory
+    in opposite orders and PostgreSQL broke the deadlock by failing one (2 in 480 grants of six
+    threads on one fleet, bench/devices.py's fleet).
     """
     table = _table(NodeResource)
     amount = "CASE name " + " ".join("WHEN %s THEN %s" for _ in resources) + " END"
@@ -153,7 +175,8 @@ def take_capacity(node_id, resources: dict[str, int]) -> int:
     with prepared_cursor() as cursor:
         cursor.execute(
             f"UPDATE {table} SET allocated = allocated + {amount} "  # noqa: S608 (names from the model; values bound)
-            f"WHERE node_id = %s AND name IN ({names}) AND allocated + {amount} <= allocatable",
+            f"WHERE id IN (SELECT id FROM {table} WHERE node_id = %s AND name IN ({names}) "
+            f"ORDER BY {in_code_point_order('name')}{write_lock()}) AND allocated + {amount} <= allocatable",
             [*pairs, Node._meta.pk.get_db_prep_value(node_id, connection), *resources, *pairs],
         )
         return cursor.rowcount

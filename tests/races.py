@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from unittest import mock
 
-from django.db import connections
+from django.db import connection, connections
 
 
 @dataclass
@@ -155,3 +155,44 @@ class Hold:
 
     def __exit__(self, *exc) -> None:
         self._patch.stop()
+
+
+# --- waiting on a row lock (PostgreSQL) ------------------------------------------------------------
+# For lock-order tests: a transaction holds a row, a thread's writer waits for it, and a third
+# connection probes with NOWAIT which rows the waiting writer already holds.
+
+
+def in_thread(target: Callable[[], Any], errors: list) -> threading.Thread:
+    """Start ``target`` in a daemon thread on its own database connection; an exception it raises
+    is appended to ``errors`` (for the test's assertion message)."""
+
+    def run():
+        try:
+            target()
+        except BaseException as exc:  # shown by the test's assertion
+            errors.append(exc)
+            raise
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def waiting_on_locks() -> int:
+    """How many backends of this database wait for a lock now (PostgreSQL's pg_stat_activity)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")  # else one snapshot per transaction
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        return cursor.fetchone()[0]
+
+
+def wait_until_waiting_on_locks(seconds: float = 20.0) -> bool:
+    """Poll :func:`waiting_on_locks` until some backend waits, for at most ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not waiting_on_locks() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return bool(waiting_on_locks())

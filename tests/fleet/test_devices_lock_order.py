@@ -11,41 +11,16 @@ row while it waits, and the ``NOWAIT`` fails.
 from __future__ import annotations
 
 import re
-import threading
-import time
 
 import pytest
-from django.db import DatabaseError, connection, connections, transaction
+from django.db import DatabaseError, connection, transaction
 
 from fleet.models import Device, Node
 from tests.device_support import gpus, make_gpu_node, report_devices
 from tests.factories import PoolFactory
+from tests.races import in_thread, wait_until_waiting_on_locks
 
 errors: list = []
-
-
-def _in_thread(target) -> threading.Thread:
-    def run():
-        try:
-            target()
-        except BaseException as exc:  # shown by the test's assertion
-            errors.append(exc)
-            raise
-        finally:
-            connections.close_all()
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread
-
-
-def _waiting_on_locks() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_stat_clear_snapshot()")  # else one snapshot per transaction
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
-        )
-        return cursor.fetchone()[0]
 
 
 @pytest.mark.race
@@ -70,12 +45,9 @@ def test_a_device_report_waits_for_the_node_before_it_locks_any_device():
 
     with transaction.atomic():
         Node.objects.select_for_update(no_key=True).get(pk=node.pk)  # another writer holds the node
-        reporter = _in_thread(report)
-        deadline = time.monotonic() + 20
-        while not _waiting_on_locks() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _waiting_on_locks(), f"the report never waited for the node: {errors!r}"
-        _in_thread(probe).join(20)
+        reporter = in_thread(report, errors)
+        assert wait_until_waiting_on_locks(), f"the report never waited for the node: {errors!r}"
+        in_thread(probe, errors).join(20)
     reporter.join(20)
     assert outcome["probed"] == 2, f"the waiting report held device rows: {outcome['probed']!r}"
     assert outcome["report"]["changed"]
