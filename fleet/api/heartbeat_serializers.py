@@ -2,9 +2,12 @@
 
 Written as plain functions rather than nested DRF serializers because the heartbeat is the
 hottest path of the control plane: a DRF serializer tree instantiates a field object per nested
-condition and lease, which cost more than the heartbeat's own UPDATE. Errors keep DRF's shape:
-shape and type errors raise ``ValidationError`` (400 ``validation_error``), limits raise
-``Unprocessable`` (422 ``heartbeat_limit_exceeded``), both with ``errors: [{field, code, message}]``.
+condition and lease, which cost more than the heartbeat's own UPDATE. The heartbeat's schema comes
+from ``fleet.api.schema.HeartbeatSerializer``; tests/fleet/test_validator_equivalence.py checks
+that it and :func:`parse_heartbeat` accept the same bodies and name the same fields. Errors keep
+DRF's shape: shape and type errors raise ``ValidationError`` (400 ``validation_error``), limits
+raise ``Unprocessable`` (422 ``heartbeat_limit_exceeded``), both with ``errors: [{field, code,
+message}]``.
 """
 
 from __future__ import annotations
@@ -123,7 +126,8 @@ def _conditions(errors: _Errors, value) -> list[dict]:
             errors.bad(at, "Must be an object.")
             continue
         kind = _text(errors, item, "type", hb.MAX_CONDITION_TYPE, required=True, label=f"{at}.type")
-        if kind and not CONDITION_TYPE.match(kind):
+        # Every string is checked, "" too (it is no type): only a missing type is left to "required".
+        if isinstance(item.get("type"), str) and not CONDITION_TYPE.match(kind):
             errors.bad(f"{at}.type", "Not a valid condition type.")
         if kind in seen:
             errors.bad(f"{at}.type", f"Condition {kind} appears twice.", "duplicate")
@@ -192,7 +196,7 @@ def _leases(errors: _Errors, value) -> list[dict]:
         if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < 2**63:
             errors.bad(f"{at}.fencing_token", "Must be a non-negative integer.")
         state = _text(errors, item, "state", hb.MAX_LEASE_STATE, required=True, label=f"{at}.state")
-        if state and not LEASE_STATE.match(state):
+        if isinstance(item.get("state"), str) and not LEASE_STATE.match(state):  # "" too, as for types
             errors.bad(f"{at}.state", "Must be a lower-case word such as running.")
         out.append({"lease_id": lease_id, "fencing_token": token, "state": state})
     return out

@@ -24,6 +24,7 @@ from ..errors import NODE_RETIRED
 from ..events import Actor
 from ..models import NodeCredential, NodeMetrics
 from .heartbeat_serializers import parse_heartbeat, parse_metrics
+from .schema import HeartbeatSerializer
 
 
 class HeartbeatAuthentication(NodeCredentialAuthentication):
@@ -55,7 +56,7 @@ class HeartbeatView(APIView):
     max_body_bytes = hb.MAX_BODY_BYTES
 
     @extend_schema(
-        request=OpenApiTypes.OBJECT,
+        request=HeartbeatSerializer,  # parse_heartbeat's rules (tests/fleet/test_validator_equivalence.py)
         responses={200: OpenApiTypes.OBJECT},
         summary="Send a heartbeat (node credential)",
         auth=[{"nodeCredential": []}],
