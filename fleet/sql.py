@@ -70,10 +70,14 @@ def plus_seconds(expression: str, seconds: float) -> tuple[str, list]:
 
 def later_of(column: str, value: datetime | None) -> tuple[str, list]:
     """SQL and parameters for the later of a datetime ``column`` and ``value`` (``column`` when
-    ``value`` is None)."""
+    ``value`` is None), NULL only when both are: PostgreSQL's ``GREATEST`` ignores a NULL
+    argument, SQLite's two-argument ``MAX`` returns NULL if either is, so SQLite's NULL column
+    is replaced by ``value`` first."""
     if value is None:
         return column, []
-    return (f"GREATEST({column}, %s)" if is_postgresql() else f"MAX({column}, %s)"), [db_time(value)]
+    if is_postgresql():
+        return f"GREATEST({column}, %s)", [db_time(value)]
+    return f"MAX(COALESCE({column}, %s), %s)", [db_time(value), db_time(value)]
 
 
 def skip_locked(table: str, condition: str) -> str:

@@ -18,7 +18,7 @@ from django.db.backends.sqlite3._functions import _sqlite_format_dtdelta
 
 from fleet import event_types, sql
 from fleet.events import Actor, event_row
-from fleet.models import NodeEvent
+from fleet.models import Node, NodeEvent
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -77,3 +77,33 @@ def test_fleet_sql_is_the_only_fleet_module_building_sql_from_strings():
         str(path.relative_to(ROOT)) for path in (ROOT / "fleet").rglob("*.py") if "noqa: S608" in path.read_text()
     )
     assert suppressing == ["fleet/fleet_state.py", "fleet/sql.py"]
+
+
+@pytest.mark.django_db
+def test_later_of_is_null_only_when_both_are_null_on_either_database():
+    """PostgreSQL's ``GREATEST`` ignores a NULL argument; SQLite's ``MAX(a, b)`` is NULL when
+    either is. later_of gives PostgreSQL's answer on both: a node never heard from (no
+    ``last_heartbeat_at``) gets the reference, not a NULL deadline."""
+    from tests.factories import NodeFactory
+
+    heard = datetime(2026, 12, 3, 5, 0, tzinfo=UTC)
+    reference = heard + timedelta(minutes=5)
+    silent, beating = NodeFactory(last_heartbeat_at=None), NodeFactory(last_heartbeat_at=heard)
+
+    def later(node, value):
+        expression, params = sql.later_of("last_heartbeat_at", value)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT {expression} FROM fleet_node WHERE id = %s",
+                [*params, Node._meta.pk.get_db_prep_value(node.pk, connection)],
+            )
+            raw = cursor.fetchone()[0]
+        if isinstance(raw, str):  # SQLite: the text Django stores, naive UTC
+            raw = datetime.fromisoformat(raw)
+        return raw if raw is None or raw.tzinfo else raw.replace(tzinfo=UTC)
+
+    assert later(silent, reference) == reference
+    assert later(silent, None) is None
+    assert later(beating, reference) == reference
+    assert later(beating, heard - timedelta(minutes=5)) == heard
+    assert later(beating, None) == heard
