@@ -120,6 +120,19 @@ def event_insert(source: str, from_source: dict[str, str], template: NodeEvent) 
     return sql, params
 
 
+def node_events(ids: list, template: NodeEvent) -> tuple[str, list]:
+    """One event per node in ``ids`` (not empty; node and pool from the node's row, every other
+    column from ``template``, ``created_at`` included): what :func:`with_events` inserts, for
+    SQLite, which has no data-modifying CTE. The events carry the sweep's time, as PostgreSQL's
+    do, not the wall clock a model's ``auto_now_add`` would write."""
+    insert, params = event_insert(
+        f"{_table(Node)} WHERE id IN ({', '.join(['%s'] * len(ids))})",
+        {"node_id": "id", "pool_id": "pool_id"},
+        template,
+    )
+    return insert, [*params, *(Node._meta.pk.get_db_prep_value(i, connection) for i in ids)]
+
+
 # --- the renewal (fleet.renewals) -----------------------------------------------------------------
 
 _RENEWAL: dict[tuple[str, bool], str] = {}

@@ -133,6 +133,21 @@ def test_a_node_silent_past_every_threshold_goes_straight_to_lost_with_one_event
     assert lost_leases() == [str(node.pk)]
 
 
+def test_the_sweeps_events_carry_the_sweep_time_not_the_wall_clock(time_machine):
+    """Each sweep runs at its ``now``; the events it writes say that time on both databases (on
+    PostgreSQL the statement inserts them with the sweep's time; on SQLite they were written with
+    the wall clock, here half a second later)."""
+    (quiet,) = nodes_in(PoolFactory(), 1)
+    for t in range(5, 45, 5):
+        time_machine.move_to(T0 + seconds(t + 0.5), tick=False)
+        sweep_liveness(now=T0 + seconds(t))
+    events = NodeEvent.objects.filter(node=quiet, type=fleet_events.LIVENESS).order_by("created_at", "id")
+    assert [(e.to_state, e.created_at) for e in events] == [
+        ("stale", T0 + seconds(20)),
+        ("unreachable", T0 + seconds(40)),
+    ]
+
+
 def test_liveness_never_changes_the_lifecycle(time_machine):
     (node,) = nodes_in(PoolFactory(), 1)
     set_lifecycle(node, Lifecycle.QUARANTINED)
