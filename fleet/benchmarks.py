@@ -113,7 +113,7 @@ def benchmarks_expire(*, actor: Actor, now: datetime | None = None, limit: int =
     """Time out requested benchmarks past their deadline; their admission checks fail.
 
     Safe to run twice at once: each benchmark is claimed with its ``time_out`` transition
-    (``status IN <sources>`` → ``timed_out``, ``nodepool.fsm.move``).
+    (``status IN <sources>`` → ``timed_out``, ``nodepool.fsm.move``), its deadline checked again.
     Returns the number timed out by this run.
     """
     now = now or timezone.now()
@@ -121,7 +121,10 @@ def benchmarks_expire(*, actor: Actor, now: datetime | None = None, limit: int =
     due = Benchmark.objects.filter(status=BenchmarkStatus.REQUESTED, deadline__lte=now).order_by("deadline")
     for bench in due[:limit]:
         with transaction.atomic():
-            won = fsm.move(Benchmark.objects.filter(pk=bench.pk), "time_out", completed_at=now)
+            # The deadline again in the claim: one moved later since the read (the clock's outage
+            # credit, fleet.clock) keeps the benchmark, as a completion since the read does.
+            claim = Benchmark.objects.filter(pk=bench.pk, deadline__lte=now)
+            won = fsm.move(claim, "time_out", completed_at=now)
             if not won:
                 continue
             count += 1

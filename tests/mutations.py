@@ -86,6 +86,14 @@ MUTATIONS = (
         why="a renewal landing between the sweep's read and its claim keeps the lease",
     ),
     Mutation(
+        "benchmark_expiry_recheck_at_claim",
+        "fleet/benchmarks.py",
+        "claim = Benchmark.objects.filter(pk=bench.pk, deadline__lte=now)",
+        "claim = Benchmark.objects.filter(pk=bench.pk)",
+        ("tests/fleet/test_fleet_benchmarks.py", "-k", "expir"),
+        why="a deadline extended between the sweep's read and its claim keeps the benchmark",
+    ),
+    Mutation(
         "end_lease_claims_live_only",
         "leases/models.py",
         "@transition(field=state, source=LIVE_LEASE_STATES, target=LeaseState.EXPIRED)",

@@ -174,3 +174,29 @@ def test_non_finite_benchmark_figures_are_refused(benchmarked, raw):
     response = api.post(f"/api/v1/nodes/{node.pk}/benchmarks/{nonce}", raw, content_type="application/json")
     assert response.status_code == 400
     assert Benchmark.objects.get().status == BenchmarkStatus.REQUESTED
+
+
+def test_the_expiry_sweep_rechecks_the_deadline_when_it_claims_an_extended_benchmark(benchmarked, monkeypatch):
+    """A deadline moved later between the sweep's read of due benchmarks and its claim of one (the
+    clock's outage credit, fleet.clock) keeps the benchmark: the claim repeats ``deadline <= now``
+    as the lease expiry's claim repeats ``expires_at <= now``."""
+    from fleet import benchmarks
+    from nodepool import fsm
+
+    node, _ = benchmarked()
+    bench = pending_benchmark(node)
+    sweep_at = bench.deadline + timedelta(seconds=1)  # due when the sweep reads it
+    claim = fsm.move
+
+    def extend_then_claim(queryset, name, **changes):
+        if name == "time_out":
+            Benchmark.objects.filter(pk=bench.pk).update(deadline=sweep_at + timedelta(seconds=300))
+        return claim(queryset, name, **changes)
+
+    monkeypatch.setattr(fsm, "move", extend_then_claim)
+    assert benchmarks.benchmarks_expire(actor=Actor.system("t"), now=sweep_at) == 0
+    stored = Benchmark.objects.get(pk=bench.pk)
+    assert stored.status == BenchmarkStatus.REQUESTED and stored.deadline == sweep_at + timedelta(seconds=300)
+    node.refresh_from_db()
+    assert node.lifecycle == Lifecycle.ADMITTING
+    assert not NodeEvent.objects.filter(node=node, type=fleet_events.BENCHMARK, to_state="timed_out").exists()
