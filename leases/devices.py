@@ -90,24 +90,32 @@ def device_types(requests: tuple[DeviceRequest, ...]) -> set[str]:
     return {r.type for r in requests}
 
 
-def claim(*, lease, node_id, requests: tuple[DeviceRequest, ...], tolerates=None) -> list[dict]:
+def claim(*, lease, node_id, requests: tuple[DeviceRequest, ...], tolerates=None, patient: bool = True) -> list[dict]:
     """Pick and hold devices for ``lease`` on ``node_id``; returns the lease's device list
     ``[{"id", "type", "index"}]`` (empty for a request without device types or a node that
     reports no devices of them). Call inside the grant's transaction.
 
+    ``patient=False`` (the grant's first round over its candidates): a device another transaction
+    holds locked right now is taken, not waited for — in practice another grant claiming it —
+    and the grant goes on to its next candidate node; the second round waits (a status report or
+    an operator's action holds a node's devices for milliseconds: never a 409 for that).
+
     Raises:
-        NoDevices: not enough matching free devices, or a racing grant held one first (the
-            partial unique index); the caller rolls the grant back.
+        NoDevices: not enough matching free devices, a racing grant held one first (the partial
+            unique index), or (``patient=False``) they are being claimed by racing grants; the
+            caller rolls the grant back.
     """
     if not requests:
         return []
     if _claims_in_one_statement(requests, tolerates):
         try:
-            picked = _claim_plain(lease, node_id, requests[0])
+            picked, available = _claim_plain(lease, node_id, requests[0])
         except IntegrityError as exc:
             raise NoDevices("taken by a racing grant") from exc
         if picked:
             return picked
+        if available >= requests[0].count and not patient:
+            raise NoDevices("being claimed by racing grants")
     # Every type: a whole GPU's MIG instances are held with it (implied rows).
     mine = _claim_view(node_id)
     if not any(d["type"] in device_types(requests) for d in mine):
@@ -161,14 +169,22 @@ def _claims_in_one_statement(requests: tuple[DeviceRequest, ...], tolerates) -> 
     return not request.colocate and all(c.operator != "glob" or "[" not in c.value for c in request.constraints)
 
 
-def _claim_plain(lease, node_id, request: DeviceRequest) -> list[dict]:
+def _claim_plain(lease, node_id, request: DeviceRequest) -> tuple[list[dict], int]:
     """The common claim as one statement (PostgreSQL): pick ``request.count`` free devices as
     :func:`~leases.device_requests.choose` does (usable, unclaimed, matching; lowest index first),
-    hold them (LeaseDevice rows) and mark them ``claimed``. Returns the lease's device list, or
-    ``[]`` when the statement did nothing and :func:`claim`'s general path decides: the node has
-    MIG instances (relatives to hold or mark with the pick), too few free devices (the reason), or
-    none of the type (an implicit request is then a plain count). Raises IntegrityError when a
-    racing grant held one of the devices first (the partial unique index stays the guard)."""
+    hold them (LeaseDevice rows) and mark them ``claimed``. Returns ``(the lease's device list,
+    available)``: ``available`` counts the devices the statement could have picked, locked ones
+    included. The list is ``[]`` when the statement did nothing and :func:`claim` decides: the
+    node has MIG instances (relatives to hold or mark with the pick: ``available`` is then 0), too
+    few free devices, none of the type (an implicit request is then a plain count), or enough
+    free but some locked by another transaction (``available >= count``). Raises IntegrityError
+    when a racing grant held one of the devices first (the partial unique index stays the guard).
+
+    ``SKIP LOCKED``: a device another grant is claiming right now (its row locked by that grant's
+    ``marked``) is passed over for the next free one. Without it, concurrent grants to one node
+    (binpack sends them all to the fullest) picked the same first free device, and the later one
+    waited for the first to commit only to fail on the unique index and start over.
+    """
     matched, params = "", []
     for constraint in request.constraints:
         sql, values = _constraint_sql(constraint)
@@ -177,21 +193,15 @@ def _claim_plain(lease, node_id, request: DeviceRequest) -> list[dict]:
     node_pk = Node._meta.pk.get_db_prep_value(node_id, connection)
     lease_pk = LeaseDevice._meta.get_field("lease").get_db_prep_save(lease.pk, connection)
     order = 'd."index", d.device_id COLLATE "C"'  # choose's (index, device_id), in code point order
-    # SKIP LOCKED: a device another grant is claiming right now (its row locked by that grant's
-    # ``marked``) is passed over for the next free one, instead of being picked by both and the
-    # later grant waiting for the first to commit only to fail on the unique index and start over
-    # on another node: under concurrent grants to one node (binpack sends them to the fullest) that
-    # retry cost a third of the device grants' throughput. A device skipped this way that turns out
-    # free is not lost: too few picked leaves ``enough`` empty and :func:`claim`'s general path decides.
-    statement = f"""
-        WITH locked AS (
-            SELECT d.id, d.device_id, d."index"
+    free = f"""
             FROM fleet_device d
             WHERE d.node_id = %s AND d.retired_at IS NULL AND d.type = %s AND {_USABLE} AND NOT d.claimed{matched}
               AND NOT EXISTS (SELECT 1 FROM fleet_device m
                               WHERE m.node_id = %s AND m.retired_at IS NULL AND m.parent_device_id <> '')
-            ORDER BY {order} LIMIT %s
-            FOR NO KEY UPDATE OF d SKIP LOCKED
+    """  # noqa: S608 (columns from the model; values bound)
+    statement = f"""
+        WITH locked AS (
+            SELECT d.id, d.device_id, d."index" {free} ORDER BY {order} LIMIT %s FOR NO KEY UPDATE OF d SKIP LOCKED
         ), picked AS (SELECT *, row_number() OVER (ORDER BY {order.replace("d.", "")}) - 1 AS position FROM locked),
         enough AS (SELECT * FROM picked WHERE (SELECT count(*) FROM picked) = %s),
         held AS (
@@ -201,10 +211,15 @@ def _claim_plain(lease, node_id, request: DeviceRequest) -> list[dict]:
         marked AS (UPDATE fleet_device SET claimed = true WHERE id IN (SELECT id FROM enough))
         SELECT device_id, "index" FROM enough ORDER BY position
     """  # noqa: S608 (columns from the model; values bound)
+    free_params = [node_pk, request.type, *params, node_pk]
     with prepared_cursor() as cursor:
-        cursor.execute(statement, [node_pk, request.type, *params, node_pk, request.count, request.count, lease_pk])
+        cursor.execute(statement, [*free_params, request.count, request.count, lease_pk])
         rows = cursor.fetchall()
-    return [{"id": device_id, "type": request.type, "index": index} for device_id, index in rows]
+        if rows:
+            return [{"id": device_id, "type": request.type, "index": index} for device_id, index in rows], len(rows)
+        # Nothing picked (the rarer path): how many the pick could see, locked ones included.
+        cursor.execute(f"SELECT count(*) {free}", free_params)
+        return [], cursor.fetchone()[0]
 
 
 def _claim_view(node_id) -> list[dict]:

@@ -96,6 +96,7 @@ def _reserve(
     now,
     lease_request: LeaseRequest | None = None,
     examined: int = 0,
+    patient: bool = True,
 ) -> Lease:
     """One transaction: fencing token, a conditional UPDATE per resource, the lease, the event.
 
@@ -103,6 +104,10 @@ def _reserve(
     (:func:`leases.sql.take_capacity`) is the whole race guard: PostgreSQL re-evaluates the WHERE
     on the newest row version after waiting for a competing writer, SQLite runs one writer at a
     time, so a slot is never given twice.
+
+    ``patient``: wait for the devices and capacity rows another transaction holds locked (False,
+    the first round over the candidates: pass over a node another grant is reserving right now,
+    leases.devices.claim and leases.sql.take_capacity, instead of queueing behind its COMMIT).
 
     Raises:
         _LostRace: a resource no longer fits on this node (the caller tries the next candidate),
@@ -167,7 +172,11 @@ def _reserve(
         if spec.devices:
             try:
                 lease.devices = lease_devices.claim(
-                    lease=lease, node_id=node.pk, requests=spec.devices, tolerates=_device_tolerance(spec)
+                    lease=lease,
+                    node_id=node.pk,
+                    requests=spec.devices,
+                    tolerates=_device_tolerance(spec),
+                    patient=patient,
                 )
             except lease_devices.NoDevices as exc:
                 raise _LostRace("devices") from exc
@@ -190,7 +199,7 @@ def _reserve(
         )
         # Capacity last: the node's rows stay locked only from here to COMMIT, which is what
         # bounds grants per second on one busy node.
-        if lease_sql.take_capacity(node.pk, spec.resources) != len(spec.resources):
+        if lease_sql.take_capacity(node.pk, spec.resources, wait=patient) != len(spec.resources):
             raise _LostRace("capacity")
 
         # Once committed, the node's next renewal says a lease waits (fleet.instructions), unless
@@ -271,7 +280,7 @@ def place(
 
 
 def _place(*, pool, spec, shape, client, idempotency_key, request_hash, data, actor, now, lease_request):
-    for _ in range(PLACEMENT_ROUNDS):
+    for round_ in range(PLACEMENT_ROUNDS):
         candidates, examined, explanation = placement.find_candidates(pool, spec, now=now)
         if not candidates:
             return None, explanation
@@ -290,6 +299,8 @@ def _place(*, pool, spec, shape, client, idempotency_key, request_hash, data, ac
                     now=now,
                     lease_request=lease_request,
                     examined=examined,
+                    # The first round passes over nodes racing grants are reserving right now.
+                    patient=round_ > 0,
                 ), None
             except _LostRace as exc:
                 if str(exc) == "lease_request":

@@ -49,6 +49,12 @@ def write_lock() -> str:
     return " FOR NO KEY UPDATE" if is_postgresql() else ""
 
 
+def skip_locked() -> str:
+    """The suffix of a row lock that passes over rows another transaction holds: PostgreSQL's
+    ``SKIP LOCKED``. SQLite has no row locks (and no suffix)."""
+    return " SKIP LOCKED" if is_postgresql() else ""
+
+
 def in_code_point_order(column: str) -> str:
     """``column`` for an ORDER BY in code-point order, as Python's ``sorted`` orders text:
     PostgreSQL's ``"C"`` collation; SQLite's default (BINARY) already is."""
@@ -149,7 +155,7 @@ def node_gate(node_id) -> tuple | None:
         return cursor.fetchone()
 
 
-def take_capacity(node_id, resources: dict[str, int]) -> int:
+def take_capacity(node_id, resources: dict[str, int], *, wait: bool = True) -> int:
     """``allocated += amount`` on the node's row of each resource in ``resources`` (name → amount,
     canonical units) where it stays within ``allocatable``; returns the number of rows changed.
 
@@ -167,6 +173,11 @@ def take_capacity(node_id, resources: dict[str, int]) -> int:
     index) is not stable: two grants on one node, or a grant and an end, then locked cpu and memory
     in opposite orders and PostgreSQL broke the deadlock by failing one (2 in 480 grants of six
     threads on one fleet, bench/devices.py's fleet).
+
+    ``wait=False``: a row another transaction holds locked (another grant on this node, between
+    its UPDATE and its COMMIT) is skipped (``SKIP LOCKED``), so fewer rows change and the caller
+    tries its next candidate instead of queueing behind that grant's COMMIT. SQLite: one writer at
+    a time, nothing is ever locked by another.
     """
     table = _table(NodeResource)
     amount = "CASE name " + " ".join("WHEN %s THEN %s" for _ in resources) + " END"
@@ -176,7 +187,8 @@ def take_capacity(node_id, resources: dict[str, int]) -> int:
         cursor.execute(
             f"UPDATE {table} SET allocated = allocated + {amount} "  # noqa: S608 (names from the model; values bound)
             f"WHERE id IN (SELECT id FROM {table} WHERE node_id = %s AND name IN ({names}) "
-            f"ORDER BY {in_code_point_order('name')}{write_lock()}) AND allocated + {amount} <= allocatable",
+            f"ORDER BY {in_code_point_order('name')}{write_lock()}{'' if wait else skip_locked()}) "
+            f"AND allocated + {amount} <= allocatable",
             [*pairs, Node._meta.pk.get_db_prep_value(node_id, connection), *resources, *pairs],
         )
         return cursor.rowcount

@@ -59,3 +59,37 @@ def test_a_grant_waiting_for_one_resource_row_holds_none_of_the_others(client_us
         "cpu": 1000,
         "memory": 2**30,
     }
+
+
+@pytest.mark.race
+@pytest.mark.django_db(transaction=True)
+def test_a_grant_passes_over_a_node_another_grant_is_reserving_then_waits_when_it_is_the_only_one(client_user):
+    """The first round over the candidates passes over a node whose capacity rows another
+    transaction holds (another grant between its UPDATE and its COMMIT): the grant takes the next
+    node at once instead of queueing behind that COMMIT. With one node left, the second round waits."""
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks are PostgreSQL's; SQLite serialises every writing transaction")
+    errors: list = []
+    pool = PoolFactory(name="general", scheduling_policy="binpack")
+    fuller, _ = make_schedulable_node(pool, resources={"cpu": 2000, "memory": 32 * 2**30})
+    emptier, _ = make_schedulable_node(pool, resources={"cpu": 8000, "memory": 32 * 2**30})
+    outcome: dict = {}
+
+    def grant(name):
+        outcome[name] = grant_status(client_user, name, resources={"cpu": "1"})
+
+    with transaction.atomic():
+        NodeResource.objects.select_for_update(no_key=True).get(node=fuller, name="cpu")  # a grant in flight
+        first = in_thread(lambda: grant("first"), errors)
+        first.join(20)
+        assert outcome.get("first") == 201, (outcome, errors)  # granted while the fuller node was held
+    assert Lease.objects.get(workload_id="first").node_id == emptier.pk
+
+    NodeResource.objects.filter(node=emptier).delete()  # one node left: the second round must wait for it
+    with transaction.atomic():
+        NodeResource.objects.select_for_update(no_key=True).get(node=fuller, name="cpu")
+        second = in_thread(lambda: grant("second"), errors)
+        assert wait_until_waiting_on_locks(), f"the grant never waited for the only node: {errors!r}"
+    second.join(20)
+    assert outcome.get("second") == 201, (outcome, errors)
+    assert Lease.objects.get(workload_id="second").node_id == fuller.pk
