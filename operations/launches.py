@@ -26,7 +26,7 @@ from .choices import (
     ScaleDirection,
     ScaleOutcome,
 )
-from .machines import back_off
+from .machines import back_off, remove_failed
 from .models import PoolOperations, ProviderMachine, ScaleDecision
 from .providers import MachineRequest, ProviderError
 
@@ -252,7 +252,18 @@ def _call_provider(ops: PoolOperations, decision: ScaleDecision, requests: list[
             reason=f"provider failed after {attempts} attempt(s): {error}",
             error=error,
         )
+    # A machine the provider started before it failed may have enrolled, and a pass linked its
+    # node (enrolled, even ready), before the "fail" above, which moves requested machines only.
+    # Left so, it held a place under max_nodes until its boot timeout while the delete below
+    # stopped it: it is failed as well, its node retired, and the autoscaler replaces it.
+    followed = ProviderMachine.objects.filter(decision=decision, state__in=[MachineState.ENROLLED, MachineState.READY])
+    removed = set()
+    for machine in followed:
+        remove_failed(machine, ops, actor, now=now, error=f"the provider's create failed: {error}")
+        removed.add(machine.name)
     for request in requests:  # best effort: the provider may have created some before failing
+        if request.name in removed:  # asked to delete by its removal
+            continue
         try:
             providers.provider_for(ops).delete(request.name, {})
         except ProviderError:

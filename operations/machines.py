@@ -130,6 +130,15 @@ def _fail_machine(machine: ProviderMachine, ops: PoolOperations, actor: Actor, n
     _finish_removal(machine.pk, ops, actor)
 
 
+def remove_failed(machine: ProviderMachine, ops: PoolOperations, actor: Actor, *, now, error: str) -> None:
+    """Remove ``machine`` as failed, from the state it was read in (``enrolled`` or ``ready``: it
+    has a node): the removal claimed to end ``failed`` (:func:`_claim_removal`), the provider told
+    to delete it, its node retired, the event recorded once. Unlike :func:`_fail_machine` it counts
+    no failure of the pool and revokes no token: the caller (a failed create) did both."""
+    if _claim_removal(machine, to_state=MachineState.FAILED, reason=error, now=now):
+        _finish_removal(machine.pk, ops, actor)
+
+
 def _delete_machine(machine: ProviderMachine, ops: PoolOperations, actor: Actor, *, reason: str) -> None:
     """Delete ``machine`` through the provider and retire its node, once (:func:`_claim_removal`).
 

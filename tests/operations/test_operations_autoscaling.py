@@ -263,6 +263,51 @@ def test_a_failing_provider_is_retried_a_bounded_number_of_times_and_leaves_noth
     assert any(r["action"] == "delete" for r in failing.requests)
 
 
+def test_a_machine_that_enrolled_before_its_providers_create_failed_is_failed_and_its_node_retired(
+    operator_api, client_api, receiver, settings, monkeypatch
+):
+    """The provider started the machine, which enrolled and was linked by a pass (``enrolled``),
+    then the create failed (a timeout, say). The create's failure deletes what it asked for at
+    the provider, so the machine is gone: it is failed, as a requested machine is, its node
+    retired, and the provider asked to delete it once — not left ``enrolled`` holding a place
+    under ``max_nodes`` until its boot timeout, its node enrolled for nothing."""
+    settings.NODEPOOL = {**settings.NODEPOOL, "PROVIDER_MAX_ATTEMPTS": 1}
+    pool = PoolFactory(name="general")
+    make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})
+    configure(operator_api, pool, provider="webhook", provider_url=receiver.url, provider_secret="hook-secret")
+    client_api.post("/api/v1/node-leases", {"workload_id": "busy", "pool": "general", "resources": {"cpu": "3"}},
+                    format="json")  # fmt: skip
+    queue(client_api, "job-1")
+    enrolled, deleted = [], []
+
+    class Provider:
+        def create(self, requests):
+            for request in requests:  # started, enrolled with its token, linked by a pass
+                machine = ProviderMachine.objects.get(name=request.name)
+                node = make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})[0]
+                node.bootstrap_token_id = machine.bootstrap_token_id
+                node.save(update_fields=["bootstrap_token"])
+                set_lifecycle(node, "pending")
+                ops = PoolOperations.objects.get(pool=pool)
+                machines._follow(machine, ops, ACTOR, timezone.now())
+                enrolled.append((ProviderMachine.objects.get(pk=machine.pk).state, node))
+            raise providers.ProviderError("timed out waiting for the provider")
+
+        def delete(self, name, data):
+            deleted.append(name)
+
+    monkeypatch.setattr(providers, "provider_for", lambda ops: Provider())
+    demand.scale_up(pool_id=pool.pk, actor=ACTOR, now=timezone.now())
+    ((state, node),) = enrolled
+    assert state == "enrolled"
+    machine = ProviderMachine.objects.get()
+    assert machine.state == "failed" and "timed out waiting for the provider" in machine.error
+    assert node.reload().lifecycle == "retired"
+    assert deleted == [machine.name]
+    assert ScaleDecision.objects.get(direction="up").outcome == "failed"
+    assert NodeEvent.objects.filter(subject_type="machine", subject_id=machine.pk, to_state="failed").count() == 1
+
+
 def idle_machines(api, receiver, **settings):
     """Pool ``general`` on the webhook provider with two ready, idle machines m-0 (older) and m-1."""
     pool = PoolFactory(name="general")
