@@ -294,7 +294,7 @@ def liveness_move(
     ids: list | None,
     keep_deadline: bool,
 ) -> tuple[str, list]:
-    """One pool's due nodes from ``from_state`` to ``to_state`` (``fleet.liveness_sweep._move``
+    """One pool's due nodes from ``from_state`` to ``to_state`` (``fleet.liveness_moves.move``
     says what the conditions are for): ``UPDATE … RETURNING id, pool_id`` with the
     compare-and-swap in its WHERE, skipping rows another transaction holds. SQL rather than a
     queryset ``update()``: the ORM has no ``UPDATE … RETURNING`` nor ``SKIP LOCKED`` in one.
@@ -341,9 +341,9 @@ def with_events(update: tuple[str, list], template: NodeEvent) -> tuple[str, lis
 
 
 def liveness_degrade(plans: list, *, now: datetime, template: NodeEvent) -> tuple[str, list]:
-    """Every due node of every pool in ``plans`` (``fleet.liveness_sweep._Degrade``) to
+    """Every due node of every pool in ``plans`` (``fleet.liveness_moves.Degrade``) to
     ``unreachable`` or ``stale`` with its event, in **one statement** (PostgreSQL only;
-    ``fleet.liveness_sweep._degrade`` says how it stays a compare-and-swap); returns
+    ``fleet.liveness_moves.degrade`` says how it stays a compare-and-swap); returns
     ``(pool_id, from_state, to_state, count)`` rows. The plans are a ``VALUES`` list joined to the
     due nodes; ``template`` gives the event's columns other than node, pool, states and reason."""
     nodes = _table(Node)
