@@ -7,6 +7,7 @@ from django.contrib import admin
 from django.urls import reverse
 from django.utils.html import format_html
 
+from nodepool.admin_mixins import ReadOnlyRecordAdminMixin
 from nodepool.api.permissions import is_operator, is_owner
 
 
@@ -14,7 +15,7 @@ def link(viewname: str, pk, label) -> str:
     return format_html('<a href="{}">{}</a>', reverse(viewname, args=[pk]), label)
 
 
-class ReadOnlyForOwners(admin.ModelAdmin):
+class ReadOnlyForOwners(ReadOnlyRecordAdminMixin, admin.ModelAdmin):
     """Operators and owners read; nobody adds, edits or deletes here (services do).
 
     ``owner_field`` is the lookup from a row to its owner (``"owner"``, or ``"node__owner"`` for rows
@@ -37,15 +38,6 @@ class ReadOnlyForOwners(admin.ModelAdmin):
         for name in path:
             obj = getattr(obj, name)
         return getattr(obj, f"{owner}_id")
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     def get_queryset(self, request):
         qs = super().get_queryset(request)

@@ -28,23 +28,14 @@ from .errors import (
     APPEAL_ALREADY_OPEN,
     APPEAL_NOT_FOUND,
     APPEAL_NOT_OPEN,
-    INVALID_FIELD,
     INVALID_OUTCOME,
     NODE_NOT_QUARANTINED,
 )
 from .models import Appeal
+from .money_common import required_text
 
-MAX_TEXT = 4000
 # The declared transition (Appeal) of each operator outcome.
 RESOLVE = {AppealState.UPHELD: "uphold", AppealState.OVERTURNED: "overturn"}
-
-
-def _text(value, field: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise Problem(f"{field}: required, a non-empty string.", INVALID_FIELD, field=field)
-    if len(value) > MAX_TEXT:
-        raise Problem(f"{field}: at most {MAX_TEXT} characters.", INVALID_FIELD, field=field)
-    return value.strip()
 
 
 def appeal_create(*, owner, node_id, statement, actor: Actor) -> Appeal:
@@ -53,7 +44,7 @@ def appeal_create(*, owner, node_id, statement, actor: Actor) -> Appeal:
     Raises: NotFound 404 ``node_not_found`` (not their node: no leak), Conflict 409
     ``node_not_quarantined`` or ``appeal_already_open``; Problem 400 ``invalid_field``.
     """
-    text = _text(statement, "statement")
+    text = required_text(statement, "statement")
     with transaction.atomic():
         quarantine = (
             Quarantine.objects.select_related("node")
@@ -81,7 +72,7 @@ def appeal_resolve(*, appeal_id, outcome: str, resolution, expected_version: int
     """
     if outcome not in APPEAL_OUTCOMES:
         raise Problem(f"outcome must be one of {', '.join(APPEAL_OUTCOMES)}.", INVALID_OUTCOME)
-    text = _text(resolution, "resolution")
+    text = required_text(resolution, "resolution")
     now = now or timezone.now()
     with transaction.atomic():
         # The appeal row alone (of=self): joined, the quarantine and node rows were locked FOR

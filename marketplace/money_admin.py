@@ -21,10 +21,12 @@ from fleet.admin import OperatorOnlyAdmin
 from fleet.events import Actor
 from fleet.models import NodeEvent
 from maintenance.admin import ReasonForm, Spec, run_with_form
+from nodepool.admin_mixins import ReadOnlyRecordAdminMixin
 from nodepool.api.permissions import is_operator, is_owner
 from nodepool.api.problems import Problem
 
 from . import holds, line_appeals, payouts, periods, webhooks
+from .admin_base import ReadOnlyForOwners
 from .models import (
     LineAppeal,
     MismatchItem,
@@ -57,17 +59,8 @@ def history(subject_type: str, obj) -> str:
     )
 
 
-class ReadOnly(OperatorOnlyAdmin):
+class ReadOnly(ReadOnlyRecordAdminMixin, OperatorOnlyAdmin):
     """Rows the services write: operators read them here and act through the actions."""
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
 
 @admin.register(NodeAvailability)
@@ -115,40 +108,14 @@ class MismatchItemAdmin(ReadOnly):
     actions = [resolve_items]
 
 
-class OwnersRead(admin.ModelAdmin):
+class OwnersRead(ReadOnlyForOwners):
     """Operators read all and act; owners read their own rows (``owner_field``)."""
-
-    owner_field = "owner"
 
     def _operator(self, request):
         return is_operator(request.user)
 
     def _owner(self, request):
         return is_owner(request.user)
-
-    def has_module_permission(self, request):
-        return self._operator(request) or self._owner(request)
-
-    def has_view_permission(self, request, obj=None):
-        return self._operator(request) or self._owner(request)
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
-
-    def get_queryset(self, request):
-        rows = super().get_queryset(request)
-        if self._operator(request):
-            return rows
-        return rows.filter(**{self.owner_field: request.user}) if self._owner(request) else rows.none()
-
-    def get_actions(self, request):
-        return super().get_actions(request) if self._operator(request) else {}
 
 
 @admin.action(description="Approve selected payouts (a second operator)")
