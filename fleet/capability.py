@@ -59,9 +59,9 @@ def label_key_ok(key: Any) -> bool:
     if not isinstance(key, str) or not key or len(key) > 317:
         return False
     prefix, slash, name = key.rpartition("/")
-    if slash and not _DNS_SUBDOMAIN.match(prefix):
+    if slash and not _DNS_SUBDOMAIN.fullmatch(prefix):
         return False
-    return bool(_LABEL_NAME.match(name))
+    return bool(_LABEL_NAME.fullmatch(name))
 
 
 def parse_labels(raw: Any, *, field: str = "labels") -> dict[str, str]:
@@ -75,7 +75,7 @@ def parse_labels(raw: Any, *, field: str = "labels") -> dict[str, str]:
     for key, value in raw.items():
         if not label_key_ok(key):
             raise CapabilityError(f"{field}.{key}", "not a valid label key")
-        if not isinstance(value, str) or not _LABEL_VALUE.match(value):
+        if not isinstance(value, str) or not _LABEL_VALUE.fullmatch(value):
             raise CapabilityError(f"{field}.{key}", "label values are strings of at most 63 characters [A-Za-z0-9-_.]")
     return dict(raw)
 
@@ -96,7 +96,7 @@ def parse_taints(raw: Any, *, field: str = "taints") -> list[dict[str, str]]:
         if not label_key_ok(taint.get("key")):
             raise CapabilityError(f"{where}.key", "not a valid taint key")
         value = taint.get("value", "")
-        if not isinstance(value, str) or not _LABEL_VALUE.match(value):
+        if not isinstance(value, str) or not _LABEL_VALUE.fullmatch(value):
             raise CapabilityError(f"{where}.value", "not a valid taint value")
         if taint.get("effect") not in TAINT_EFFECTS:
             raise CapabilityError(f"{where}.effect", f"must be one of {', '.join(TAINT_EFFECTS)}")
@@ -242,7 +242,7 @@ def parse_request_classes(raw: Any, *, field: str = "request_classes") -> list[d
         if not isinstance(entry, dict) or set(entry) - {"name", "shape", "resources", "features"}:
             raise CapabilityError(path, "must be an object with name and either shape or resources (and features)")
         name = entry.get("name")
-        if not isinstance(name, str) or not _CLASS_NAME.match(name):
+        if not isinstance(name, str) or not _CLASS_NAME.fullmatch(name):
             raise CapabilityError(f"{path}.name", "required: a lowercase slug of at most 63 characters")
         if name in seen:
             raise CapabilityError(f"{path}.name", f"{name!r} is listed twice")
@@ -252,7 +252,7 @@ def parse_request_classes(raw: Any, *, field: str = "request_classes") -> list[d
             raise CapabilityError(path, "give either shape or resources")
         parsed: dict[str, Any] = {"name": name}
         if shape:
-            if not isinstance(shape, str) or not _CLASS_NAME.match(shape):
+            if not isinstance(shape, str) or not _CLASS_NAME.fullmatch(shape):
                 raise CapabilityError(f"{path}.shape", "must be a shape name")
             parsed["shape"] = shape
         else:

@@ -72,9 +72,9 @@ def parse_device(raw: Any) -> tuple[dict | None, str | None]:
     if not isinstance(raw, dict):
         return None, "a device is an object"
     device_id, kind, index = raw.get("id"), raw.get("type"), raw.get("index")
-    if not isinstance(device_id, str) or not DEVICE_ID.match(device_id):
+    if not isinstance(device_id, str) or not DEVICE_ID.fullmatch(device_id):
         return None, "id: required, 1-200 characters without spaces"
-    if not isinstance(kind, str) or not DEVICE_TYPE.match(kind):
+    if not isinstance(kind, str) or not DEVICE_TYPE.fullmatch(kind):
         return None, "type: required, '<domain>/<name>'"
     if not _int_in(index, 0, MAX_INDEX):
         return None, f"index: required, an integer from 0 to {MAX_INDEX}"

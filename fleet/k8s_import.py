@@ -171,7 +171,7 @@ def synthetic_devices(mapped: MappedNode) -> list[dict]:
     labels = mapped.fields["labels"]
     out: list[dict] = []
     for name, count in sorted(mapped.fields["declared"]["resources"].items()):
-        matched = DEVICE_RESOURCE.match(name)
+        matched = DEVICE_RESOURCE.fullmatch(name)
         if not matched or count <= 0:
             continue
         vendor = name.split("/", 1)[0]

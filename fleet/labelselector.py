@@ -71,7 +71,7 @@ class Requirement:
 
 
 def _int64(value) -> int | None:
-    if not isinstance(value, str) or not _INT64.match(value):
+    if not isinstance(value, str) or not _INT64.fullmatch(value):
         return None
     number = int(value)
     return number if -(2**63) <= number < 2**63 else None
@@ -169,7 +169,7 @@ class _Parser:
             raise SelectorError(f"found {literal!r}, expected: in, notin, =, ==, !=, >, <")
         operator = {"==": "="}.get(token, token)
         for value in values:
-            if not _VALUE.match(value):
+            if not _VALUE.fullmatch(value):
                 raise SelectorError(f"{value!r} is not a label value")
         if operator in (">", "<") and _int64(values[0]) is None:
             raise SelectorError(f"{key}{operator}{values[0]}: for '>' and '<' the value must be an integer")

@@ -235,7 +235,7 @@ def shape_create(
 ) -> Shape:
     """A new version of shape ``name`` (v1 when new). Resources take Kubernetes quantities;
     ``devices`` are device requests (leases.device_requests), whose counts join the resources."""
-    if not isinstance(name, str) or not WORKLOAD_ID.match(name) or len(name) > 63:
+    if not isinstance(name, str) or not WORKLOAD_ID.fullmatch(name) or len(name) > 63:
         raise bad("name", "required: a slug of at most 63 characters")
     if description is not None and not isinstance(description, str):
         raise bad("description", "must be a string")

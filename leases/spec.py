@@ -157,7 +157,7 @@ def _str_map(value: Any, field_name: str) -> dict[str, str]:
         raise bad(field_name, "must be an object of label key to string value", INVALID_SELECTOR)
     out = {}
     for key, val in value.items():
-        if not LABEL_KEY.match(str(key)):
+        if not LABEL_KEY.fullmatch(str(key)):
             raise bad(f"{field_name}.{key}", "not a valid label key", INVALID_SELECTOR)
         if not isinstance(val, str) or len(val) > 63:
             raise bad(f"{field_name}.{key}", "must be a string of at most 63 characters", INVALID_SELECTOR)
@@ -173,7 +173,7 @@ def parse_requirement(term: Any, field_name: str) -> Requirement:
     if unknown:
         raise bad(field_name, f"unknown member(s) {sorted(unknown)}", INVALID_AFFINITY)
     key, operator, values = term.get("key"), term.get("operator"), term.get("values", [])
-    if not isinstance(key, str) or not LABEL_KEY.match(key):
+    if not isinstance(key, str) or not LABEL_KEY.fullmatch(key):
         raise bad(f"{field_name}.key", "not a valid label key", INVALID_AFFINITY)
     if operator not in OPERATORS:
         raise bad(f"{field_name}.operator", f"must be one of {', '.join(OPERATORS)}", INVALID_AFFINITY)
@@ -225,7 +225,7 @@ def _tolerations(value: Any) -> tuple[Toleration, ...]:
             raise bad(name, "must be {key, operator, value, effect}", INVALID_TOLERATION)
         key, operator = item.get("key") or "", item.get("operator") or "Equal"
         val, effect = item.get("value") or "", item.get("effect") or ""
-        if not isinstance(key, str) or (key and not LABEL_KEY.match(key)):
+        if not isinstance(key, str) or (key and not LABEL_KEY.fullmatch(key)):
             raise bad(f"{name}.key", "not a valid taint key", INVALID_TOLERATION)
         if operator not in TOLERATION_OPERATORS:
             raise bad(f"{name}.operator", "must be Equal or Exists", INVALID_TOLERATION)
@@ -250,9 +250,9 @@ def _spread(value: Any) -> tuple[str, str, str]:
     if not isinstance(value, dict) or set(value) - {"group", "topology_key", "mode"}:
         raise bad("spread", "must be {group, topology_key, mode}", INVALID_SPREAD)
     group, key, mode = value.get("group"), value.get("topology_key") or "host", value.get("mode") or "spread"
-    if not isinstance(group, str) or not WORKLOAD_ID.match(group):
+    if not isinstance(group, str) or not WORKLOAD_ID.fullmatch(group):
         raise bad("spread.group", "must be a non-empty name", INVALID_SPREAD)
-    if not isinstance(key, str) or not (key in TOPOLOGY_KEYS or LABEL_KEY.match(key)):
+    if not isinstance(key, str) or not (key in TOPOLOGY_KEYS or LABEL_KEY.fullmatch(key)):
         raise bad("spread.topology_key", f"must be one of {', '.join(TOPOLOGY_KEYS)} or a label key", INVALID_SPREAD)
     if mode not in SpreadMode.values:
         raise bad("spread.mode", f"must be one of {', '.join(SpreadMode.values)}", INVALID_SPREAD)
@@ -316,7 +316,7 @@ def parse_spec(data: Any) -> PlacementSpec:
     if unknown:
         raise bad(sorted(unknown)[0], "unknown member")
     workload_id = data.get("workload_id")
-    if not isinstance(workload_id, str) or not WORKLOAD_ID.match(workload_id):
+    if not isinstance(workload_id, str) or not WORKLOAD_ID.fullmatch(workload_id):
         raise bad("workload_id", "required: 1-200 characters of letters, digits and ._:/@-")
     pool = data.get("pool")
     if not isinstance(pool, str) or not pool:

@@ -160,7 +160,7 @@ def parse_resources(resources: dict, *, field: str = "resources") -> dict[str, i
         raise QuantityError(f"{field}: must be an object of resource name to quantity")
     out: dict[str, int] = {}
     for name, value in resources.items():
-        if not isinstance(name, str) or not RESOURCE_NAME.match(name):
+        if not isinstance(name, str) or not RESOURCE_NAME.fullmatch(name):
             raise QuantityError(f"{field}.{name}: not a valid resource name")
         try:
             out[name] = to_canonical(name, value)

@@ -92,7 +92,7 @@ def parse_rules(value: Any, *, pool: Pool) -> list[dict]:
             if member not in rule:
                 raise _bad(f"{path}.{member}", "is required")
         condition = rule["condition"]
-        if not isinstance(condition, str) or not CONDITION_TYPE.match(condition) or condition not in known:
+        if not isinstance(condition, str) or not CONDITION_TYPE.fullmatch(condition) or condition not in known:
             raise _bad(
                 f"{path}.condition",
                 f"unknown condition {condition!r}: a node condition type ({', '.join(sorted(known))})",

@@ -74,10 +74,10 @@ def parse_target(value: Any) -> dict:
         raise _bad("artifact", "must be {ref, sha256}")
     if artifact and (not isinstance(artifact.get("ref"), str) or not artifact["ref"] or len(artifact["ref"]) > 500):
         raise _bad("artifact.ref", "required with an artifact: a string of at most 500 characters")
-    if artifact and not (isinstance(artifact.get("sha256"), str) and SHA256.match(artifact["sha256"])):
+    if artifact and not (isinstance(artifact.get("sha256"), str) and SHA256.fullmatch(artifact["sha256"])):
         raise _bad("artifact.sha256", "must be 64 lowercase hexadecimal characters")
     action = value.get("action", "agent")
-    if not isinstance(action, str) or not ACTION.match(action):
+    if not isinstance(action, str) or not ACTION.fullmatch(action):
         raise _bad("action", "must be a short lowercase name such as 'agent'")
     return {
         "version": version,

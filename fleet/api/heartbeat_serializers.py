@@ -127,7 +127,7 @@ def _conditions(errors: _Errors, value) -> list[dict]:
             continue
         kind = _text(errors, item, "type", hb.MAX_CONDITION_TYPE, required=True, label=f"{at}.type")
         # Every string is checked, "" too (it is no type): only a missing type is left to "required".
-        if isinstance(item.get("type"), str) and not CONDITION_TYPE.match(kind):
+        if isinstance(item.get("type"), str) and not CONDITION_TYPE.fullmatch(kind):
             errors.bad(f"{at}.type", "Not a valid condition type.")
         if kind in seen:
             errors.bad(f"{at}.type", f"Condition {kind} appears twice.", "duplicate")
@@ -153,7 +153,7 @@ def _usage(errors: _Errors, value) -> dict[str, int]:
         return {}
     out = {}
     for name, amount in value.items():
-        if not RESOURCE_NAME.match(name):
+        if not RESOURCE_NAME.fullmatch(name):
             errors.bad(f"usage.{name[:64]}", "Not a valid resource name.")
             continue
         if isinstance(amount, bool) or not isinstance(amount, int | str):
@@ -196,7 +196,7 @@ def _leases(errors: _Errors, value) -> list[dict]:
         if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < 2**63:
             errors.bad(f"{at}.fencing_token", "Must be a non-negative integer.")
         state = _text(errors, item, "state", hb.MAX_LEASE_STATE, required=True, label=f"{at}.state")
-        if isinstance(item.get("state"), str) and not LEASE_STATE.match(state):  # "" too, as for types
+        if isinstance(item.get("state"), str) and not LEASE_STATE.fullmatch(state):  # "" too, as for types
             errors.bad(f"{at}.state", "Must be a lower-case word such as running.")
         out.append({"lease_id": lease_id, "fencing_token": token, "state": state})
     return out

@@ -151,7 +151,7 @@ class RenewalFloodGate:
 
     def __call__(self, request):
         if request.method == "POST" and rn.has_refusals():
-            match = _RENEWAL_PATH.match(request.path_info)
+            match = _RENEWAL_PATH.fullmatch(request.path_info)
             if match is not None:
                 refusal = self._refusal(request, match.group(1))
                 if refusal is not None:

@@ -1,6 +1,7 @@
 """OpenAPI (drf-spectacular) shapes of the fleet endpoints: responses, and the status report's body
 (the node credential scheme is registered once, in nodepool/api/schema.py)."""
 
+from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from drf_spectacular.utils import extend_schema_field, inline_serializer
 from rest_framework import serializers
@@ -54,6 +55,16 @@ BenchmarkResponse = inline_serializer(
     "BenchmarkResponse",
     {"nonce": serializers.CharField(), "status": serializers.CharField(), "completed_at": serializers.DateTimeField()},
 )
+
+
+class _WholeMatch(RegexValidator):
+    """A RegexValidator whose pattern must match the whole value, as the hand validator's
+    ``fullmatch``: Django's ``search`` lets ``$`` match before a trailing newline (``"Ready\\n"``).
+    Still a RegexValidator, so the schema shows its pattern."""
+
+    def __call__(self, value):
+        if not self.regex.fullmatch(str(value)):
+            raise ValidationError(self.message, code=self.code, params={"value": value})
 
 
 # --- the status report's body ---------------------------------------------------------------------
@@ -159,7 +170,7 @@ class _Usage(serializers.DictField):
             raise serializers.ValidationError(f"At most {hb.MAX_USAGE_ENTRIES} resources.")
         out, errors = {}, {}
         for name, amount in data.items():
-            if not RESOURCE_NAME.match(name):
+            if not RESOURCE_NAME.fullmatch(name):
                 errors[name] = ["Not a valid resource name."]
             elif isinstance(amount, bool) or not isinstance(amount, int | str):
                 errors[name] = ["An integer in canonical units or a quantity string."]
@@ -177,7 +188,7 @@ class _Usage(serializers.DictField):
 
 
 class ConditionReportSerializer(serializers.Serializer):
-    type = _JSONString(max_length=hb.MAX_CONDITION_TYPE, validators=[RegexValidator(CONDITION_TYPE)])
+    type = _JSONString(max_length=hb.MAX_CONDITION_TYPE, validators=[_WholeMatch(CONDITION_TYPE)])
     status = _JSONChoice(choices=list(CONDITION_STATUSES))
     reason = _JSONString(max_length=hb.MAX_REASON, required=False, allow_null=True, allow_blank=True)
     message = _JSONString(max_length=hb.MAX_MESSAGE, required=False, allow_null=True, allow_blank=True)
@@ -188,7 +199,7 @@ class LeaseReportSerializer(serializers.Serializer):
     fencing_token = _JSONInteger(min_value=0, max_value=2**63 - 1)
     state = _JSONString(
         max_length=hb.MAX_LEASE_STATE,
-        validators=[RegexValidator(LEASE_STATE)],
+        validators=[_WholeMatch(LEASE_STATE)],
         help_text="what the agent sees the workload doing: a lower-case word such as running",
     )
 

@@ -66,12 +66,12 @@ class PoolPriceList(generics.ListCreateAPIView):
         if pool is None:
             raise Problem("pool: the name of an existing pool.", UNKNOWN_POOL, field="pool")
         resource = data.get("resource")
-        if not isinstance(resource, str) or not RESOURCE.match(resource):
+        if not isinstance(resource, str) or not RESOURCE.fullmatch(resource):
             raise Problem(
                 "resource: a resource name such as cpu, memory or nvidia.com/gpu.", INVALID_FIELD, field="resource"
             )
         currency = data.get("currency")
-        if not isinstance(currency, str) or not CURRENCY.match(currency):
+        if not isinstance(currency, str) or not CURRENCY.fullmatch(currency):
             raise Problem("currency: an ISO 4217 code, three capital letters.", INVALID_CURRENCY, field="currency")
         price = pricing.set_price(
             pool=pool,

@@ -96,7 +96,7 @@ def declare(
     The declaring app is the caller's top-level package. Raises ``ValueError`` for a malformed or
     twice-declared code (a second identical declaration, a re-import, returns the first)."""
     app = sys._getframe(1).f_globals.get("__name__", "?").split(".")[0]
-    if not _CODE.match(code):
+    if not _CODE.fullmatch(code):
         raise ValueError(f"problem code {code!r} is not snake_case")
     if not 400 <= status <= 599:
         raise ValueError(f"problem code {code!r}: status {status} is not an error status")

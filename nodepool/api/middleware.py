@@ -38,7 +38,7 @@ class RequestIdMiddleware:
 
     def __call__(self, request):
         supplied = request.META.get("HTTP_X_REQUEST_ID", "")
-        request.request_id = supplied if _SAFE.match(supplied) else uuid.uuid4().hex
+        request.request_id = supplied if _SAFE.fullmatch(supplied) else uuid.uuid4().hex
         response = self.get_response(request)
         response["X-Request-ID"] = request.request_id
         return response

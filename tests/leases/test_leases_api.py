@@ -259,6 +259,9 @@ def test_clients_cannot_publish_shapes(client_api, pool):
         ({"pool": "nowhere"}, 400, "unknown_pool", "pool"),
         ({"shape": "huge", "resources": None}, 400, "unknown_shape", "shape"),
         ({"workload_id": ""}, 400, "validation_error", "workload_id"),
+        # "$" alone also matches before a trailing newline: every name pattern must match whole.
+        ({"workload_id": "job-1\n"}, 400, "validation_error", "workload_id"),
+        ({"node_selector": {"zone\n": "a"}}, 400, "invalid_selector", "node_selector.zone\n"),
         ({"ttl_seconds": 0}, 400, "validation_error", "ttl_seconds"),
         ({"node_selector": {"zone": 3}}, 400, "invalid_selector", "node_selector.zone"),
         ({"node_selector": ["zone"]}, 400, "invalid_selector", "node_selector"),
