@@ -97,6 +97,12 @@ def configure(api, pool, **fields):
     return response.json()
 
 
+def occupy(api, cpu="3"):
+    """Ask for a lease named ``busy`` (``cpu`` cores): what the pool's nodes already run."""
+    body = {"workload_id": "busy", "pool": "general", "resources": {"cpu": cpu}}
+    api.post("/api/v1/node-leases", body, format="json")
+
+
 def queue(api, workload_id, cpu="3"):
     body = {"workload_id": workload_id, "pool": "general", "resources": {"cpu": cpu}, "queue": True}
     response = api.post("/api/v1/node-leases", body, format="json")
@@ -110,8 +116,7 @@ def test_pending_demand_scales_up_through_a_signed_webhook_with_fresh_single_use
     pool = PoolFactory(name="general")
     make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})
     configure(operator_api, pool, provider="webhook", provider_url=receiver.url, provider_secret="hook-secret")
-    client_api.post("/api/v1/node-leases", {"workload_id": "busy", "pool": "general", "resources": {"cpu": "3"}},
-                    format="json")  # fmt: skip
+    occupy(client_api)
     queue(client_api, "job-1")
     queue(client_api, "job-2")
 
@@ -211,8 +216,7 @@ def test_scale_up_is_bounded_by_max_nodes_and_the_cool_down_and_says_why(operato
     make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})
     configure(operator_api, pool, provider="webhook", provider_url=receiver.url, provider_secret="hook-secret",
               max_nodes=2, scale_up_cooldown=600)  # fmt: skip
-    client_api.post("/api/v1/node-leases", {"workload_id": "busy", "pool": "general", "resources": {"cpu": "3"}},
-                    format="json")  # fmt: skip
+    occupy(client_api)
     for n in range(3):
         queue(client_api, f"job-{n}")
 
@@ -229,8 +233,7 @@ def test_a_request_no_template_node_could_hold_does_not_scale_up(operator_api, c
     pool = PoolFactory(name="general")
     make_schedulable_node(pool, resources={"cpu": 16000, "memory": 2**35})
     configure(operator_api, pool, provider="webhook", provider_url=receiver.url, provider_secret="hook-secret")
-    client_api.post("/api/v1/node-leases", {"workload_id": "busy", "pool": "general", "resources": {"cpu": "16"}},
-                    format="json")  # fmt: skip
+    occupy(client_api, cpu="16")
     queue(client_api, "huge", cpu="8")  # the template has 4 CPUs
     assert demand.scale_up(pool_id=pool.pk, actor=ACTOR, now=timezone.now()) == 0
     assert not ProviderMachine.objects.exists()
@@ -245,8 +248,7 @@ def test_a_failing_provider_is_retried_a_bounded_number_of_times_and_leaves_noth
         pool = PoolFactory(name="general")
         make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})
         configure(operator_api, pool, provider="webhook", provider_url=failing.url, provider_secret="hook-secret")
-        client_api.post("/api/v1/node-leases", {"workload_id": "busy", "pool": "general", "resources": {"cpu": "3"}},
-                        format="json")  # fmt: skip
+        occupy(client_api)
         queue(client_api, "job-1")
         demand.scale_up(pool_id=pool.pk, actor=ACTOR, now=timezone.now())
     finally:
@@ -275,8 +277,7 @@ def test_a_machine_that_enrolled_before_its_providers_create_failed_is_failed_an
     pool = PoolFactory(name="general")
     make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})
     configure(operator_api, pool, provider="webhook", provider_url=receiver.url, provider_secret="hook-secret")
-    client_api.post("/api/v1/node-leases", {"workload_id": "busy", "pool": "general", "resources": {"cpu": "3"}},
-                    format="json")  # fmt: skip
+    occupy(client_api)
     queue(client_api, "job-1")
     enrolled, deleted = [], []
 
@@ -697,8 +698,7 @@ def test_a_pool_that_keeps_failing_backs_off_exponentially_up_to_a_cap_and_a_rea
         make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})
         configure(operator_api, pool, provider="webhook", provider_url=failing.url, provider_secret="hook-secret",
                   scale_up_cooldown=60, scale_up_backoff_base=60, scale_up_backoff_max=300)  # fmt: skip
-        client_api.post("/api/v1/node-leases", {"workload_id": "busy", "pool": "general", "resources": {"cpu": "3"}},
-                        format="json")  # fmt: skip
+        occupy(client_api)
         queue(client_api, "job-1")
         now = timezone.now()
         demand.scale_up(pool_id=pool.pk, actor=ACTOR, now=now)  # the provider answers 503
@@ -723,8 +723,7 @@ def test_launches_in_flight_stay_under_the_cap(operator_api, client_api, receive
     make_schedulable_node(pool, resources={"cpu": 4000, "memory": 2**34})
     configure(operator_api, pool, provider="webhook", provider_url=receiver.url, provider_secret="hook-secret",
               max_nodes=10, max_launches_in_flight=2)  # fmt: skip
-    client_api.post("/api/v1/node-leases", {"workload_id": "busy", "pool": "general", "resources": {"cpu": "3"}},
-                    format="json")  # fmt: skip
+    occupy(client_api)
     for n in range(5):
         queue(client_api, f"job-{n}")
     assert demand.scale_up(pool_id=pool.pk, actor=ACTOR, now=timezone.now()) == 2
