@@ -229,3 +229,34 @@ def test_the_409_decides_device_reasons_per_device_group_in_queries_that_do_not_
     answer, more = explain()
     assert answer["reasons"] == {"device_not_colocated": 1, "device_not_free": 1, "device_unmatched": 4}
     assert more == few
+
+
+def test_a_count_request_reads_no_devices_to_place_and_its_claim_passes_over_a_node_without_them(client_user):
+    """``nvidia.com/gpu: N`` alone is decided by the capacity filter: placement reads no device
+    rows, and a node whose count says free while its devices are held (a racing grant's claim,
+    not yet counted) is passed over by the grant's claim for the next candidate, never doubled."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from fleet.models import NodeResource
+    from leases import placement
+    from leases.services import resolve_shape
+    from leases.spec import parse_spec
+
+    pool = PoolFactory(name="gpu")
+    first, _ = make_gpu_node(pool, tag="a", count=2)
+    second, _ = make_gpu_node(pool, tag="b", count=2)
+    taken, _ = grant(client_user, "held", resources={"nvidia.com/gpu": 2})
+    held_node = taken.node_id
+    NodeResource.objects.filter(node_id=held_node, name="nvidia.com/gpu").update(allocated=0)  # the count lags
+    spec = resolve_shape(parse_spec({"workload_id": "w", "pool": "gpu", "resources": {"nvidia.com/gpu": 2}}))[0]
+    with CaptureQueriesContext(connection) as queries:
+        found = placement.find_candidates(pool, spec)
+    assert {c.node.pk for c in found.candidates} == {first.pk, second.pk}
+    assert not [q for q in queries.captured_queries if "fleet_device" in q["sql"]]
+    lease, status = grant(client_user, "w", resources={"nvidia.com/gpu": 2})
+    assert status == 201 and lease.node_id != held_node
+    # Now only the node whose count lags is left: its claim refuses, and the 409 reads the devices.
+    assert grant_status(client_user, "x", pool="gpu", resources={"nvidia.com/gpu": 2}) == 409
+    assert LeaseDevice.objects.filter(live=True).values("device_id").distinct().count() == 4
+    assert LeaseDevice.objects.filter(live=True).count() == 4
