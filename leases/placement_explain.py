@@ -199,13 +199,10 @@ def diagnose(
         signature[node_reliability.CENSUS_KEY] = node_reliability.census_reason(spec.node_constraints)
     devices_in_sql = bool(spec.devices) and lease_devices.decided_in_sql(spec)
     if devices_in_sql:
-        # Each schedulable node's device reason (or ''), decided in SQL: nodes group by it.
-        signature["g_devices"] = Case(
-            When(
-                Exact(first_reason, Value("")), then=lease_devices.device_reason_sets(spec, lease_sql.node_id_column())
-            ),
-            default=Value(None),
-        )
+        # Each node's device reason (or ''), decided in SQL: nodes group by it. Read for every node,
+        # the unschedulable too (whose groups ignore it below): two hashed lookups a node cost less
+        # than a second evaluation of the first-reason CASE, credential probe included.
+        signature["g_devices"] = lease_devices.device_reason_sets(spec, lease_sql.node_id_column())
     elif spec.devices:
         # Nodes with the same devices (as the request sees them) in one group, so that the device
         # rules run once per group below; computed for schedulable nodes only.
