@@ -388,17 +388,8 @@ def device_tolerance(spec: PlacementSpec):
 def _with_devices(found: list, spec: PlacementSpec) -> list:
     """The candidates whose devices can meet ``spec.devices``: one query for the whole page that
     answers which nodes pass (leases.devices.device_rule_sql) when the rules are decided in SQL,
-    else two that read the page's devices for :func:`leases.device_requests.choose`.
+    else two that read the page's devices for :func:`leases.device_requests.choose`."""
 
-    None at all for count resources alone (``nvidia.com/gpu: 2``, implicit requests: no
-    constraint, no co-location): the candidate query's capacity filter has decided them already,
-    since a device type's allocatable is the count of its usable devices, less the GPUs a held MIG
-    instance takes and the other way round (fleet.devices.sync_counts), and the grant's claim picks
-    the devices and refuses a node whose devices a racing grant took (its next candidate follows).
-    One statement fewer per candidate page on the path Kubernetes-style requests take."""
-
-    if all(request.implicit for request in spec.devices):
-        return found
     if lease_devices.decided_in_sql(spec):
         passing = lease_devices.nodes_passing(spec, [c.node.pk for c in found])
         return [c for c in found if c.node.pk in passing]
