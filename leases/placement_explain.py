@@ -154,9 +154,10 @@ def diagnose(
     representative, not once per node: a request's 409 costs about the same on 100 or 100,000
     alike nodes. A request for devices also groups the schedulable nodes by their device reason,
     decided in SQL for every node at once (:func:`leases.devices.device_reasons_sql`: one grouped
-    pass over the device rows, the census' ``WITH`` table) when :func:`leases.devices.decided_in_sql` holds; otherwise by
-    :func:`device_fingerprint` (their devices as the request sees them), and the device rules run
-    in Python once per group that passes every other filter (:func:`device_census`, two more
+    pass over the device rows, the census' ``WITH`` table) when
+    :func:`leases.devices.decided_in_sql` holds; otherwise by :func:`device_fingerprint` (their
+    devices as the request sees them), and the device rules run in Python once per group that
+    passes every other filter (:func:`device_census`, two more
     queries).
     """
 

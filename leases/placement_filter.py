@@ -152,7 +152,20 @@ def _requalified(q, prefix: str):
 
 
 def primary_resource(spec: PlacementSpec) -> str:
-    """The resource the SQL orders by: cpu when asked for, else the largest relative ask."""
+    """The resource the candidate SQL walks and orders by: an extended resource when asked for
+    (``<domain>/<name>``, such as ``nvidia.com/gpu``; the first by name), else cpu when asked for,
+    else the first by name.
+
+    The walk passes over every node where the primary fits but another resource does not, so it
+    starts from the scarce one. Driven by cpu, a binpack of 1-GPU leases kept the nodes whose GPUs
+    it had filled at the head of the cpu order (each took only 100m of cpu per GPU), and every
+    later grant read past them: 34 rows for a page of 16 after 150 grants on the device bench's
+    fleet, a 0.4 ms longer candidate query than a count-only grant's, growing with every grant.
+    Driven by the GPU, nodes without a free one are outside the index range, and binpack packs
+    GPUs first, as GPU schedulers do to keep whole nodes free for large requests."""
+    extended = sorted(name for name in spec.resources if "/" in name)
+    if extended:
+        return extended[0]
     return "cpu" if "cpu" in spec.resources else sorted(spec.resources)[0]
 
 

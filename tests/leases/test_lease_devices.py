@@ -260,3 +260,31 @@ def test_a_count_request_reads_no_devices_to_place_and_its_claim_passes_over_a_n
     assert grant_status(client_user, "x", pool="gpu", resources={"nvidia.com/gpu": 2}) == 409
     assert LeaseDevice.objects.filter(live=True).values("device_id").distinct().count() == 4
     assert LeaseDevice.objects.filter(live=True).count() == 4
+
+
+def test_a_gpu_request_walks_the_nodes_with_free_gpus_not_the_fullest_cpus(client_user):
+    """The scarce resource drives the candidate walk (leases.placement_filter.primary_resource):
+    driven by cpu, a binpack of 1-GPU leases kept the nodes whose GPUs it had filled at the head of
+    the walk (each lease took little cpu) and every later grant read past them in SQL."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from fleet.choices import SchedulingPolicy
+    from fleet.models import NodeResource
+    from leases import placement
+    from leases.placement_filter import primary_resource
+    from leases.services import resolve_shape
+    from leases.spec import parse_spec
+
+    pool = PoolFactory(name="gpu", scheduling_policy=SchedulingPolicy.BINPACK)
+    nodes = [make_gpu_node(pool, tag=tag, count=2)[0] for tag in ("a", "b", "c")]
+    held, _ = grant(client_user, "held", resources={"nvidia.com/gpu": 2})
+    NodeResource.objects.filter(node_id=held.node_id, name="cpu").update(allocated=63900)  # the fullest cpu
+    body = {"workload_id": "w", "pool": "gpu", "resources": {"cpu": "100m", "nvidia.com/gpu": 1}}
+    spec = resolve_shape(parse_spec(body))[0]
+    assert primary_resource(spec) == "nvidia.com/gpu"
+    with CaptureQueriesContext(connection) as queries:
+        search = placement.find_candidates(pool, spec)
+    assert {c.node.pk for c in search.candidates} == {n.pk for n in nodes} - {held.node_id}
+    walk = next(q["sql"] for q in queries.captured_queries if "ORDER BY" in q["sql"] and "noderesource" in q["sql"])
+    assert """"fleet_noderesource"."name" = 'nvidia.com/gpu'""" in walk
