@@ -7,8 +7,9 @@ policy, PodTopologySpread, preferred NodeAffinity, PreferNoSchedule taints).
 
 Speed: the fast path never scans the pool in Python. A SQL query returns schedulable nodes of the
 pool whose free amount of the *primary* resource fits (``noderesource_free`` expression index on
-``(name, allocatable - allocated)``), with every other requested resource checked by ``EXISTS``,
-ordered by that free amount (ascending for binpack, descending for spread). The Python filters run
+``(name, allocatable - allocated)``; an extended resource such as ``nvidia.com/gpu`` when asked
+for, else cpu: :func:`primary_resource`), with every other requested resource checked by a join
+to its row, ordered by that free amount (ascending for binpack, descending for spread). The Python filters run
 on pages of that stream until :data:`FEASIBLE_TARGET` feasible nodes are found — the same idea as
 Kubernetes' ``percentageOfNodesToScore``, which also stops filtering once enough nodes fit. Only
 when nothing fits does :func:`diagnose` look at every node of the pool, to explain why.
