@@ -27,7 +27,7 @@ from django.db.models.expressions import RawSQL
 from fleet.models import Device, Node, NodeResource
 from nodepool.db import prepared_cursor
 
-from .models import FencingSequence, LeaseDevice
+from ..models import FencingSequence, LeaseDevice
 
 # --- PostgreSQL and SQLite: the differences -------------------------------------------------------
 
