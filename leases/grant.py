@@ -4,7 +4,7 @@
 
 The reservation is one transaction in the order every grant keeps (the lock order: node, fencing
 row, queued request, devices, capacity rows last; :func:`_reserve`). Its three raw statements
-(the fencing upsert, the node's hold, the capacity UPDATE) are :mod:`leases.sql`'s.
+(the fencing upsert, the node's hold, the capacity UPDATE) are :mod:`leases.sql.grant`'s.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from nodepool.structured_logs import bind
 from . import devices as lease_devices
 from . import event_types, placement, requeue
 from . import metrics as lease_metrics
-from . import sql as lease_sql
 from .choices import LeaseState
 from .models import Lease, LeaseRequest
 from .spec import PlacementSpec
+from .sql import grant as grant_sql
 
 # The grant's log lines keep the name they had before the split (log queries select on it).
 logger = logging.getLogger("leases.services")
@@ -67,9 +67,10 @@ def _hold_schedulable_node(node_id) -> _Held | None:
 
     The same hold makes the returned bits stable until COMMIT: a status report clears them with an
     UPDATE of this row, which waits for the lock (PostgreSQL) or for this write transaction
-    (SQLite), and reads the node's leases only afterwards. The read is :func:`leases.sql.node_gate`.
+    (SQLite), and reads the node's leases only afterwards. The read is
+    :func:`leases.sql.grant.node_gate`.
     """
-    row = lease_sql.node_gate(node_id)
+    row = grant_sql.node_gate(node_id)
     schedulable = bool(
         row
         and row[0] == Lifecycle.READY
@@ -101,13 +102,13 @@ def _reserve(
     """One transaction: fencing token, a conditional UPDATE per resource, the lease, the event.
 
     ``UPDATE … SET allocated = allocated + x WHERE allocated + x <= allocatable``
-    (:func:`leases.sql.take_capacity`) is the whole race guard: PostgreSQL re-evaluates the WHERE
-    on the newest row version after waiting for a competing writer, SQLite runs one writer at a
-    time, so a slot is never given twice.
+    (:func:`leases.sql.grant.take_capacity`) is the whole race guard: PostgreSQL re-evaluates the
+    WHERE on the newest row version after waiting for a competing writer, SQLite runs one writer at
+    a time, so a slot is never given twice.
 
     ``patient``: wait for the devices and capacity rows another transaction holds locked (False,
     the first round over the candidates: pass over a node another grant is reserving right now,
-    leases.devices.claim and leases.sql.take_capacity, instead of queueing behind its COMMIT).
+    leases.devices.claim and leases.sql.grant.take_capacity, instead of queueing behind its COMMIT).
 
     Raises:
         _LostRace: a resource no longer fits on this node (the caller tries the next candidate),
@@ -130,7 +131,7 @@ def _reserve(
             raise _LostRace("node")
         # The workload's fencing row first, as every grant takes it (a direct grant then cancels
         # the workload's requeued request: request row second, never the other way round).
-        token = lease_sql.next_fencing_token(spec.workload_id)
+        token = grant_sql.next_fencing_token(spec.workload_id)
         # Then a queued request is claimed: a second queue pass placing the same request waited on
         # the fencing row for the first to commit, and now finds it placed and stands down.
         if lease_request is not None and not fsm.move(
@@ -199,7 +200,7 @@ def _reserve(
         )
         # Capacity last: the node's rows stay locked only from here to COMMIT, which is what
         # bounds grants per second on one busy node.
-        if lease_sql.take_capacity(node.pk, spec.resources, wait=patient) != len(spec.resources):
+        if grant_sql.take_capacity(node.pk, spec.resources, wait=patient) != len(spec.resources):
             raise _LostRace("capacity")
 
         # Once committed, the node's next renewal says a lease waits (fleet.instructions), unless

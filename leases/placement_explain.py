@@ -2,7 +2,7 @@
 the set-based 409 census under each node's first failed filter, its reasons and their phrases, and
 the device reasons (leases.devices' ``WITH`` table, or :func:`device_census`). Reads only; its raw
 SQL (the census' planner settings and ``WITH`` table, the hostname and device-fingerprint
-expressions) is :mod:`leases.sql`'s.
+expressions) is :mod:`leases.sql.census`'s.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from fleet.selectors import first_unschedulable_reason, valid_credential_exists
 from . import devices as lease_devices
 from . import impossible
 from . import reliability as node_reliability
-from . import sql as lease_sql
 from .choices import UnschedulableCause
 from .device_requests import choose, reason_phrase
 from .placement_filter import (
@@ -56,6 +55,7 @@ from .placement_filter import (
 )
 from .placement_score import group_counts
 from .spec import PlacementSpec
+from .sql import census as census_sql
 
 EXCLUDED = "excluded"
 MEMBER = "\x1fmember"  # diagnose's group key for hosts that hold the spread group (no hostname looks like it)
@@ -115,9 +115,10 @@ def device_fingerprint(spec: PlacementSpec):
     requested types, each as the columns :func:`leases.device_requests.choose` reads plus whether
     it is verified and taken (held by a live lease, or the parent of a held MIG instance), sorted,
     so that two nodes whose devices the request cannot tell apart get the same text. NULL for a
-    node without such devices. PostgreSQL and SQLite alike (:func:`leases.sql.device_fingerprint`).
+    node without such devices. PostgreSQL and SQLite alike
+    (:func:`leases.sql.census.device_fingerprint`).
     """
-    return lease_sql.device_fingerprint(sorted({r.type for r in spec.devices}), with_taints=bool(spec.tolerations))
+    return census_sql.device_fingerprint(sorted({r.type for r in spec.devices}), with_taints=bool(spec.tolerations))
 
 
 # --- explanation -----------------------------------------------------------------------------------
@@ -203,14 +204,14 @@ def diagnose(
         # Each node's device reason (or ''), decided in SQL: nodes group by it. Read for every node,
         # the unschedulable too (whose groups ignore it below): two hashed lookups a node cost less
         # than a second evaluation of the first-reason CASE, credential probe included.
-        signature["g_devices"] = lease_devices.device_reason_sets(spec, lease_sql.node_id_column())
+        signature["g_devices"] = lease_devices.device_reason_sets(spec, census_sql.node_id_column())
     elif spec.devices:
         # Nodes with the same devices (as the request sees them) in one group, so that the device
         # rules run once per group below; computed for schedulable nodes only.
         signature["g_devices"] = Case(
             When(Exact(first_reason, Value("")), then=device_fingerprint(spec)), default=Value(None)
         )
-    groups = lease_sql.census_rows(
+    groups = census_sql.census_rows(
         nodes.values(g_reason=first_reason, g_lifecycle=F("lifecycle"), **signature).annotate(**aggregates).order_by(),
         with_table=(lease_devices.DEVICE_REASONS, *lease_devices.device_reasons_sql(spec.devices[0]))
         if devices_in_sql
@@ -379,7 +380,7 @@ def _signature(pool: Pool, spec: PlacementSpec, counts: GroupCounts) -> dict[str
             continue
     hostname_cases = [When(hostname__in=named, then=F("hostname"))]
     if members:
-        hostname_cases.append(When(lease_sql.hostname_in(members), then=Value(MEMBER)))
+        hostname_cases.append(When(census_sql.hostname_in(members), then=Value(MEMBER)))
     signature["g_hostname"] = Case(*hostname_cases, default=Value(""))
     signature["g_node"] = Case(When(pk__in=ids, then=Cast("pk", CharField())), default=Value(""))
     return signature

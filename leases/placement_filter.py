@@ -3,8 +3,8 @@
 What a node looks like to the filters (:class:`NodeView`, :func:`node_label_view`), the hard filters
 (:func:`constraint_failure`, :func:`resource_failure`, the device rules on a page of candidates),
 and the candidate SQL real grants page through (:func:`candidate_query`, compiled once per query
-shape by :func:`_page_reader`, run by :func:`leases.sql.candidate_page_reader`). Reads only.
-:mod:`leases.placement` re-exports these names.
+shape by :func:`_page_reader`, run by :func:`leases.sql.candidates.candidate_page_reader`).
+Reads only. :mod:`leases.placement` re-exports these names.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from fleet.selectors import schedulable_q
 
 from . import devices as lease_devices
 from . import reliability as node_reliability
-from . import sql as lease_sql
 from .device_requests import choose
 from .spec import PlacementSpec
+from .sql import candidates as candidate_sql
 
 _SENTINEL_NOW = datetime(1971, 3, 4, 5, 6, 7, 89, tzinfo=UTC)
 HARD_TAINT_EFFECTS = ("NoSchedule", "NoExecute")  # the effects that keep work off (PreferNoSchedule only scores)
@@ -303,7 +303,7 @@ def _page_reader(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_ids=
     resource names — with sentinel values that are swapped for the request's pool, amounts and
     time (a measured win: bench/placement.py's place and grant times). The ORM (and so
     ``fleet.selectors.schedulable_q``) stays the source of the SQL;
-    :func:`leases.sql.candidate_page_reader` runs it (prepared on PostgreSQL).
+    :func:`leases.sql.candidates.candidate_page_reader` runs it (prepared on PostgreSQL).
     """
 
     now = now or timezone.now()
@@ -329,7 +329,7 @@ def _page_reader(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_ids=
         if set(slots.values()) != set(sentinels):  # a shape the probe cannot see through: no cache
             query = candidate_query(pool, spec, now=now)
             return lambda offset, limit: list(query[offset : offset + limit])
-        _COMPILED[key] = (lease_sql.paged(sql), list(params), slots)
+        _COMPILED[key] = (candidate_sql.paged(sql), list(params), slots)
     sql, template, slots = _COMPILED[key]
     values = {
         "pool": pool.pk,
@@ -343,7 +343,7 @@ def _page_reader(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_ids=
         params[index] = values[name]
         if name == "pool":
             pool_slot = index
-    return lease_sql.candidate_page_reader(sql, params, pool_slot=pool_slot, pool_id=pool.pk)
+    return candidate_sql.candidate_page_reader(sql, params, pool_slot=pool_slot, pool_id=pool.pk)
 
 
 def _hashable(value) -> bool:

@@ -18,11 +18,11 @@ from fleet.labelview import FEATURE_LABELS, NODE_ID_LABEL, identity_labels
 from fleet.models import Node, Pool
 
 from . import reliability as node_reliability
-from . import sql as lease_sql
 from .choices import LIVE_LEASE_STATES, SpreadMode
 from .models import Lease
 from .placement_filter import GroupCounts, NodeView, node_label_view, node_taints, reads_as_index, topology_domain
 from .spec import PlacementSpec
+from .sql import vendor as sql_vendor
 
 
 def group_counts(spec: PlacementSpec, pool: Pool, *, exclude_lease_id=None) -> GroupCounts:
@@ -48,7 +48,7 @@ def group_counts(spec: PlacementSpec, pool: Pool, *, exclude_lease_id=None) -> G
     columns: dict[str, Any] = {"pool_name": F("node__pool__name"), "trust": F("node__pool__trust_node_labels")}
     if identity:  # a node's own identity is its domain: one row per node
         columns.update(node_pk=F("node_id"), hostname=F("node__hostname"))
-    extract = lease_sql.reads_json_values_exactly() and not any(map(reads_as_index, keys))
+    extract = sql_vendor.reads_json_values_exactly() and not any(map(reads_as_index, keys))
     extracted: list[tuple[str, str, str]] = []  # (column, document, key): the keys' values, read out
     if extract:
         documents = {"labels": "node__labels", "node_labels": "node__node_labels", "pool_labels": "node__pool__labels"}

@@ -103,7 +103,7 @@ MUTATIONS = (
     ),
     Mutation(
         "capacity_race_guard",
-        "leases/sql/census.py",
+        "leases/sql/grant.py",
         "AND allocated + {amount} <= allocatable",
         "AND allocated + {amount} >= 0",
         ("tests/leases/test_leases_concurrency.py", "-k", "oversubscribe or loser"),

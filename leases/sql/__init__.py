@@ -1,27 +1,22 @@
-"""Leases' raw SQL (leases.sql.census for now, while the package is being split up)."""
+"""Leases' raw SQL, in one place: the named statements of the grant and of placement, each saying
+why it is SQL.
 
-from .census import (
-    candidate_page_reader,
-    census_rows,
-    device_fingerprint,
-    hostname_in,
-    next_fencing_token,
-    node_gate,
-    node_id_column,
-    paged,
-    reads_json_values_exactly,
-    take_capacity,
-)
+Everywhere else leases uses the ORM. A statement is here when the ORM cannot say it (an upsert
+``… ON CONFLICT … RETURNING``, a ``WITH … AS MATERIALIZED`` table ahead of a queryset, a planner
+setting for one statement, a row lock ``FOR SHARE`` without loading a model), or when building
+the queryset costs more than running the statement on a path every grant takes (the grant's three
+statements, the candidate page: compiling them through the ORM cost more than running them).
+The device statements of leases.devices stay there for now.
 
-__all__ = [
-    "candidate_page_reader",
-    "census_rows",
-    "device_fingerprint",
-    "hostname_in",
-    "next_fencing_token",
-    "node_gate",
-    "node_id_column",
-    "paged",
-    "reads_json_values_exactly",
-    "take_capacity",
-]
+Rules kept by every statement: identifiers come from the models' ``_meta`` (never from input),
+every value is a bound parameter. The PostgreSQL/SQLite differences are :mod:`.vendor`'s; the
+statements ask for them instead of testing the vendor themselves.
+
+- :mod:`.vendor`: the PostgreSQL/SQLite differences, and quoted table and column names;
+- :mod:`.grant`: the grant's statements (the fencing token, the node's hold, the capacity UPDATE);
+- :mod:`.candidates`: the candidate page of placement;
+- :mod:`.census`: the 409 census (hostnames, the devices' fingerprint, planner settings, ``WITH``).
+
+Callers import the module they need (``from leases.sql import grant as grant_sql``); this package
+re-exports nothing.
+"""

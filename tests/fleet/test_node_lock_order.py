@@ -180,9 +180,9 @@ def test_a_queue_pass_and_the_clients_own_grant_of_a_requeued_workload_both_comp
     if connection.vendor != "postgresql":
         pytest.skip("row locks are PostgreSQL's; SQLite serialises writers")
     from leases import kick, requeue, services
-    from leases import sql as lease_sql
     from leases.models import LeaseRequest
     from leases.reconcile import revoke_lease
+    from leases.sql import grant as grant_sql
     from leases.sweeps import place_pending_requests
     from tests.factories import PoolFactory
 
@@ -194,7 +194,7 @@ def test_a_queue_pass_and_the_clients_own_grant_of_a_requeued_workload_both_comp
     old.refresh_from_db()
     request = requeue.requeue_lease(old, pool=None, actor=Actor.system("t"), reason="spot preemption", now=old.ended_at)
     assert request.state == "pending"
-    pass_inside, next_fencing_token = threading.Event(), lease_sql.next_fencing_token
+    pass_inside, next_fencing_token = threading.Event(), grant_sql.next_fencing_token
 
     def fencing_token_once_the_grant_waits(workload_id):
         if threading.current_thread().name == "racer-0":  # the pass, with what it has locked so far
@@ -202,7 +202,7 @@ def test_a_queue_pass_and_the_clients_own_grant_of_a_requeued_workload_both_comp
             _wait_until_another_transaction_waits_for_a_lock()
         return next_fencing_token(workload_id)
 
-    monkeypatch.setattr(lease_sql, "next_fencing_token", fencing_token_once_the_grant_waits)
+    monkeypatch.setattr(grant_sql, "next_fencing_token", fencing_token_once_the_grant_waits)
 
     def racer(i):
         if i == 0:

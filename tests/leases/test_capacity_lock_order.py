@@ -1,5 +1,5 @@
-"""The grant locks a node's resource rows in name order (leases.sql.take_capacity), the order a
-lease's end gives them back in (leases.lifecycle.return_capacity, one row at a time, sorted).
+"""The grant locks a node's resource rows in name order (leases.sql.grant.take_capacity), the order
+a lease's end gives them back in (leases.lifecycle.return_capacity, one row at a time, sorted).
 
 A bare multi-row UPDATE locked them in its plan's scan order: on a small table a sequential scan,
 so in the order the rows lie in the heap, which a non-HOT update changes. Two grants on one node, or
