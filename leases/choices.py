@@ -77,3 +77,19 @@ class CheckpointState(models.TextChoices):
     REQUESTED = "requested", "requested (waiting for the workload)"
     TAKEN = "taken", "taken (the node reported checkpointed)"
     WITHDRAWN = "withdrawn", "withdrawn (the lease ended first)"
+
+
+# The words of a device request (leases.device_requests parses them): a constraint's attribute →
+# its fleet.Device column, and the columns a request may ask its devices to share. Here, below
+# both, because leases.sql.devices writes the same rules as SQL over those columns.
+NUMERIC_ATTRIBUTES = {"memory": "memory_bytes", "numa_node": "numa_node", "index": "index"}
+TEXT_ATTRIBUTES = {
+    "model": "model",
+    "mig_profile": "mig_profile",
+    "interconnect_group": "interconnect_group",
+    "driver_version": "driver_version",
+    "cuda_version": "cuda_version",
+    "pci_bus_id": "pci_bus_id",
+}
+ATTRIBUTES = {**NUMERIC_ATTRIBUTES, **TEXT_ATTRIBUTES}
+COLOCATE = ("interconnect_group", "numa_node")

@@ -34,23 +34,13 @@ from typing import Any
 
 from nodepool.comparison import NUMERIC_OPERATORS, Comparison, ComparisonError
 
+from .choices import ATTRIBUTES, COLOCATE, NUMERIC_ATTRIBUTES
 from .errors import INVALID_COLOCATION, INVALID_DEVICE_CONSTRAINT, INVALID_DEVICE_REQUEST, UNKNOWN_DEVICE_TYPE
 
 MAX_DEVICE_REQUESTS = 8
 MAX_CONSTRAINTS = 16
 MAX_COUNT = 64
 KNOWN_DEVICE_TYPES = frozenset({"nvidia.com/gpu", "nvidia.com/mig", "amd.com/gpu", "intel.com/gpu", "habana.ai/gaudi"})
-NUMERIC_ATTRIBUTES = {"memory": "memory_bytes", "numa_node": "numa_node", "index": "index"}
-TEXT_ATTRIBUTES = {
-    "model": "model",
-    "mig_profile": "mig_profile",
-    "interconnect_group": "interconnect_group",
-    "driver_version": "driver_version",
-    "cuda_version": "cuda_version",
-    "pci_bus_id": "pci_bus_id",
-}
-ATTRIBUTES = {**NUMERIC_ATTRIBUTES, **TEXT_ATTRIBUTES}
-COLOCATE = ("interconnect_group", "numa_node")
 OPERATORS = (*NUMERIC_OPERATORS, "glob")
 
 

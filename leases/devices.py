@@ -26,7 +26,8 @@ from fleet.devices import sync_counts
 from fleet.models import Device, Node
 from nodepool.db import prepared_cursor
 
-from .device_requests import ATTRIBUTES, DeviceRequest, choose
+from .choices import ATTRIBUTES
+from .device_requests import DeviceRequest, choose
 from .models import LeaseDevice
 
 DEVICE_FIELDS = (
