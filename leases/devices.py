@@ -8,49 +8,24 @@ partial unique index ``leasedevice_one_live_holder`` refuses a device a racing g
 the read before it is only the choice, never the guard. The claim also marks the held devices
 ``claimed`` (fleet.Device; with the whole GPU of a held MIG instance) and :func:`release` clears
 the mark when nothing live holds them any more, both in the transaction of the hold they mirror:
-placement and the 409 read that column in SQL (:func:`device_rule_sql`), and
+placement and the 409 read that column in SQL (:func:`leases.sql.devices.device_rule_sql`), and
 tests/leases/test_device_sql.py checks it against a recomputation after random grants and ends.
+The claim's statements are leases.sql.devices'; this module decides which to run.
 """
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
-from uuid import UUID
 
-from django.db import IntegrityError, connection
-from django.db.models import BooleanField, Case, Exists, OuterRef, Q, TextField, Value, When
-from django.db.models.expressions import RawSQL
+from django.db import IntegrityError
+from django.db.models import BooleanField, Case, Exists, OuterRef, Q, Value, When
 
 from fleet.devices import sync_counts
 from fleet.models import Device, Node
-from nodepool.db import prepared_cursor
 
-from .choices import ATTRIBUTES
 from .device_requests import DeviceRequest, choose
 from .models import LeaseDevice
-
-DEVICE_FIELDS = (
-    "id",
-    "node_id",
-    "device_id",
-    "type",
-    "index",
-    "model",
-    "memory_bytes",
-    "mig_profile",
-    "parent_device_id",
-    "numa_node",
-    "interconnect_group",
-    "driver_version",
-    "cuda_version",
-    "pci_bus_id",
-    "verified_at",
-    "held",
-    "health",
-    "hard_tainted",
-    "taints",
-)
+from .sql import devices as device_sql
 
 
 class NoDevices(Exception):
@@ -79,8 +54,8 @@ def node_devices(node_ids, types, *, usable_only: bool = False) -> tuple[dict, d
     if usable_only:
         rows = rows.filter(verified_at__isnull=False, held=False, hard_tainted=False, health__in=("healthy", "unknown"))
     rows = rows.annotate(taken=Case(When(held, then=Value(True)), default=Value(False), output_field=BooleanField()))
-    for values in rows.values_list(*DEVICE_FIELDS, "taken"):
-        device = dict(zip(DEVICE_FIELDS, values[:-1], strict=True))
+    for values in rows.values_list(*device_sql.DEVICE_FIELDS, "taken"):
+        device = dict(zip(device_sql.DEVICE_FIELDS, values[:-1], strict=True))
         devices[device["node_id"]].append(device)
         if values[-1]:
             taken[device["node_id"]].add(device["id"])
@@ -108,9 +83,9 @@ def claim(*, lease, node_id, requests: tuple[DeviceRequest, ...], tolerates=None
     """
     if not requests:
         return []
-    if _claims_in_one_statement(requests, tolerates):
+    if device_sql.claims_in_one_statement(requests, tolerates):
         try:
-            picked, available = _claim_plain(lease, node_id, requests[0])
+            picked, available = device_sql.claim_plain(lease, node_id, requests[0])
         except IntegrityError as exc:
             raise NoDevices("taken by a racing grant") from exc
         if picked:
@@ -118,7 +93,7 @@ def claim(*, lease, node_id, requests: tuple[DeviceRequest, ...], tolerates=None
         if available >= requests[0].count and not patient:
             raise NoDevices("being claimed by racing grants")
     # Every type: a whole GPU's MIG instances are held with it (implied rows).
-    mine = _claim_view(node_id)
+    mine = device_sql.claim_view(node_id)
     if not any(d["type"] in device_types(requests) for d in mine):
         if any(not r.implicit for r in requests):
             raise NoDevices("no devices")
@@ -135,130 +110,20 @@ def claim(*, lease, node_id, requests: tuple[DeviceRequest, ...], tolerates=None
         if device["parent_device_id"] in picked_ids and device["id"] not in {d["id"] for d in choice.picked}:
             rows.append(LeaseDevice(lease=lease, device_id=device["id"], implied=True, position=len(rows)))
     try:
-        _insert_claims(rows)
+        device_sql.insert_claims(rows)
     except IntegrityError as exc:
         raise NoDevices("taken by a racing grant") from exc
     # Device.claimed mirrors the holds, in this transaction: the held devices and the whole GPU of
     # a held MIG instance. The unique index above stays the guard; this only marks what it let in.
     parents = {d["parent_device_id"] for d in choice.picked if d["parent_device_id"]}
     marked = {row.device_id for row in rows} | {d["id"] for d in mine if d["device_id"] in parents}
-    _mark_claimed(sorted(marked))
+    device_sql.mark_claimed(sorted(marked))
     if parents or len(rows) > len(choice.picked):
         # A GPU and its MIG instances exclude each other: the relatives this claim took (a held
         # slice's GPU, a whole GPU's slices) leave their type's count now (fleet.devices.counted),
         # before the capacity rows are taken. Nodes without MIG never come here.
         sync_counts(Node.objects.select_related("pool").get(pk=node_id))
     return [{"id": d["device_id"], "type": d["type"], "index": d["index"]} for d in choice.picked]
-
-
-# The grant's statements on devices, as SQL text prepared on PostgreSQL (nodepool.db): building and
-# compiling their querysets cost more than running them, on the path every device grant takes.
-_CLAIM_VIEW = (
-    'SELECT id, device_id, type, "index", model, memory_bytes, mig_profile, parent_device_id, numa_node, '
-    "interconnect_group, driver_version, cuda_version, pci_bus_id, verified_at, held, health, hard_tainted, "
-    "taints, claimed FROM fleet_device WHERE node_id = %s AND retired_at IS NULL"
-)
-_CLAIM_COLUMNS = (*[c for c in DEVICE_FIELDS if c != "node_id"], "claimed")
-
-
-def _claims_in_one_statement(requests: tuple[DeviceRequest, ...], tolerates) -> bool:
-    """Whether :func:`_claim_plain` can decide the claim: PostgreSQL (a data-modifying CTE), one
-    request without co-location or tolerations whose globs SQL matches as fnmatch does."""
-    if connection.vendor != "postgresql" or len(requests) != 1 or tolerates is not None:
-        return False
-    request = requests[0]
-    return not request.colocate and all(c.operator != "glob" or "[" not in c.value for c in request.constraints)
-
-
-def _claim_plain(lease, node_id, request: DeviceRequest) -> tuple[list[dict], int]:
-    """The common claim as one statement (PostgreSQL): pick ``request.count`` free devices as
-    :func:`~leases.device_requests.choose` does (usable, unclaimed, matching; lowest index first),
-    hold them (LeaseDevice rows) and mark them ``claimed``. Returns ``(the lease's device list,
-    available)``: ``available`` counts the devices the statement could have picked, locked ones
-    included. The list is ``[]`` when the statement did nothing and :func:`claim` decides: the
-    node has MIG instances (relatives to hold or mark with the pick: ``available`` is then 0), too
-    few free devices, none of the type (an implicit request is then a plain count), or enough
-    free but some locked by another transaction (``available >= count``). Raises IntegrityError
-    when a racing grant held one of the devices first (the partial unique index stays the guard).
-
-    ``SKIP LOCKED``: a device another grant is claiming right now (its row locked by that grant's
-    ``marked``) is passed over for the next free one. Without it, concurrent grants to one node
-    (binpack sends them all to the fullest) picked the same first free device, and the later one
-    waited for the first to commit only to fail on the unique index and start over.
-    """
-    matched, params = "", []
-    for constraint in request.constraints:
-        sql, values = _constraint_sql(constraint)
-        matched += f" AND {sql}"
-        params += values
-    node_pk = Node._meta.pk.get_db_prep_value(node_id, connection)
-    lease_pk = LeaseDevice._meta.get_field("lease").get_db_prep_save(lease.pk, connection)
-    order = 'd."index", d.device_id COLLATE "C"'  # choose's (index, device_id), in code point order
-    free = f"""
-            FROM fleet_device d
-            WHERE d.node_id = %s AND d.retired_at IS NULL AND d.type = %s AND {_USABLE} AND NOT d.claimed{matched}
-              AND NOT EXISTS (SELECT 1 FROM fleet_device m
-                              WHERE m.node_id = %s AND m.retired_at IS NULL AND m.parent_device_id <> '')
-    """  # noqa: S608 (columns from the model; values bound)
-    statement = f"""
-        WITH locked AS (
-            SELECT d.id, d.device_id, d."index" {free} ORDER BY {order} LIMIT %s FOR NO KEY UPDATE OF d SKIP LOCKED
-        ), picked AS (SELECT *, row_number() OVER (ORDER BY {order.replace("d.", "")}) - 1 AS position FROM locked),
-        enough AS (SELECT * FROM picked WHERE (SELECT count(*) FROM picked) = %s),
-        held AS (
-            INSERT INTO leases_leasedevice (lease_id, device_id, implied, position, live)
-            SELECT %s, id, false, position, true FROM enough
-        ),
-        marked AS (UPDATE fleet_device SET claimed = true WHERE id IN (SELECT id FROM enough))
-        SELECT device_id, "index" FROM enough ORDER BY position
-    """  # noqa: S608 (columns from the model; values bound)
-    free_params = [node_pk, request.type, *params, node_pk]
-    with prepared_cursor() as cursor:
-        cursor.execute(statement, [*free_params, request.count, request.count, lease_pk])
-        rows = cursor.fetchall()
-        if rows:
-            return [{"id": device_id, "type": request.type, "index": index} for device_id, index in rows], len(rows)
-        # Nothing picked (the rarer path): how many the pick could see, locked ones included.
-        cursor.execute(f"SELECT count(*) {free}", free_params)
-        return [], cursor.fetchone()[0]
-
-
-def _claim_view(node_id) -> list[dict]:
-    """The node's live devices as :func:`leases.device_requests.choose` reads them, each with
-    ``claimed`` (held by a live lease, or a whole GPU whose MIG instance is). One statement."""
-    pk = Node._meta.pk.get_db_prep_value(node_id, connection)
-    with prepared_cursor() as cursor:
-        cursor.execute(_CLAIM_VIEW, [pk])
-        rows = cursor.fetchall()
-    out = []
-    for values in rows:
-        device = dict(zip(_CLAIM_COLUMNS, values, strict=True))
-        if isinstance(device["taints"], str):  # SQLite's JSON text
-            device["taints"] = json.loads(device["taints"])
-        device["node_id"] = node_id
-        out.append(device)
-    return out
-
-
-def _insert_claims(rows: list[LeaseDevice]) -> None:
-    """INSERT the grant's LeaseDevice rows in one prepared statement (``bulk_create`` without the
-    ORM's compile). Raises IntegrityError when the partial unique index refuses one."""
-    values = ", ".join(["(%s, %s, %s, %s, %s)"] * len(rows))
-    lease_pk = LeaseDevice._meta.get_field("lease").get_db_prep_save(rows[0].lease_id, connection)
-    params = [v for r in rows for v in (lease_pk, r.device_id, r.implied, r.position, True)]
-    with prepared_cursor() as cursor:
-        cursor.execute(
-            f"INSERT INTO leases_leasedevice (lease_id, device_id, implied, position, live) VALUES {values}",  # noqa: S608 (placeholders only)
-            params,
-        )
-
-
-def _mark_claimed(pks: list[int]) -> None:
-    with prepared_cursor() as cursor:
-        cursor.execute(
-            f"UPDATE fleet_device SET claimed = %s WHERE id IN ({', '.join(['%s'] * len(pks))})",  # noqa: S608 (placeholders only)
-            [True, *pks],
-        )
 
 
 def release(lease_id) -> int:
@@ -299,172 +164,3 @@ def release(lease_id) -> int:
     if failed or parents or len(counted) < len(held):
         sync_counts(Node.objects.select_related("pool").get(pk=node_id))
     return freed
-
-
-# --- device rules in SQL ---------------------------------------------------------------------------
-# What leases.device_requests.choose decides for one request, written as SQL over a node's live
-# device rows, so that placement filters candidates in the candidate query and the 409 counts its
-# device reasons in the census' GROUP BY, instead of loading the devices of thousands of nodes into
-# Python. Exact for a spec of one device request without tolerations whose globs use only ``*`` and
-# ``?`` (:func:`decided_in_sql`); every other spec keeps the per-device path (node_devices, choose).
-# tests/leases/test_device_sql.py checks the two agree on random fleets, on both databases.
-
-_USABLE = "d.verified_at IS NOT NULL AND NOT d.held AND NOT d.hard_tainted AND d.health NOT IN ('unhealthy', 'missing')"
-# Held by a live lease, or the whole GPU of a MIG instance a live lease holds: the device row's
-# mirror of the holds (claim and release keep it), a column read rather than a probe of the live
-# holds per device (which cost seconds at 10,000 nodes).
-_TAKEN = "d.claimed"
-_SQL_OPERATORS = {"=": "=", "!=": "<>", ">": ">", ">=": ">=", "<": "<", "<=": "<="}
-
-
-def decided_in_sql(spec) -> bool:
-    """Whether :func:`device_rule_sql` decides ``spec``'s devices exactly: one device request, no
-    tolerations (a tolerated device taint is decided per taint, in Python), and glob patterns
-    without ``[`` (character classes differ between fnmatch, SQLite's GLOB and SQL's LIKE)."""
-    if len(spec.devices) != 1 or spec.tolerations:
-        return False
-    return all(c.operator != "glob" or "[" not in c.value for c in spec.devices[0].constraints)
-
-
-def _quoted(column: str) -> str:
-    return f"d.{connection.ops.quote_name(column)}"
-
-
-def _constraint_sql(constraint) -> tuple[str, list]:
-    column = _quoted(ATTRIBUTES[constraint.attribute])
-    if constraint.comparison is not None:  # nodepool.comparison: False for a missing value
-        value = constraint.comparison.value
-        number = int(value) if value == value.to_integral_value() else float(value)
-        return f"({column} IS NOT NULL AND {column} {_SQL_OPERATORS[constraint.operator]} %s)", [number]
-    if constraint.operator == "glob":  # fnmatchcase with * and ? only (decided_in_sql)
-        if connection.vendor == "sqlite":
-            return f"{column} GLOB %s", [constraint.value]  # case-sensitive, * and ? as fnmatch's
-        escaped = constraint.value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        return f"{column} LIKE %s ESCAPE '\\'", [escaped.replace("*", "%").replace("?", "_")]
-    return f"{column} {_SQL_OPERATORS[constraint.operator]} %s", [str(constraint.value)]
-
-
-def device_rule_sql(request, node_column: str) -> tuple[str, list]:
-    """A scalar SQL expression for the node whose id is ``node_column``: ``''`` when ``request``
-    (a :class:`~leases.device_requests.DeviceRequest`) can be met on the node, else the reason
-    code :func:`~leases.device_requests.choose` gives — ``device_type_missing``,
-    ``device_unmatched``, ``device_unhealthy``, ``device_not_free``, ``device_not_colocated``,
-    checked in that order. An implicit request (a count resource) passes on a node without device
-    rows of its type, as the count alone decides there. One correlated aggregate over the node's
-    live devices of the type (index ``device_live_by_node``), plus a grouped one for colocation.
-    """
-    matched, params = "1 = 1", []
-    for constraint in request.constraints:
-        sql, values = _constraint_sql(constraint)
-        matched += f" AND {sql}"
-        params += values
-    scope = f"d.node_id = {node_column} AND d.retired_at IS NULL AND d.type = %s"
-    when = [
-        f"WHEN count(*) = 0 THEN '{'' if request.implicit else 'device_type_missing'}'",
-        f"WHEN sum(CASE WHEN {matched} THEN 1 ELSE 0 END) = 0 THEN 'device_unmatched'",
-        f"WHEN sum(CASE WHEN {matched} AND {_USABLE} THEN 1 ELSE 0 END) = 0 THEN 'device_unhealthy'",
-        f"WHEN sum(CASE WHEN {matched} AND {_USABLE} AND NOT {_TAKEN} THEN 1 ELSE 0 END) < %s THEN 'device_not_free'",
-    ]
-    when_params = [*params, *params, *params, request.count]
-    if request.colocate:
-        # A device whose host does not tell its group (NULL, or '' for the text column) is never
-        # co-located (choose's rule).
-        column = _quoted(request.colocate)
-        told = f"{column} IS NOT NULL" + (f" AND {column} <> ''" if request.colocate == "interconnect_group" else "")
-        free = f"{scope} AND {matched} AND {_USABLE} AND NOT {_TAKEN} AND {told}"
-        group = f"SELECT 1 FROM fleet_device d WHERE {free} GROUP BY {column} HAVING count(*) >= %s"  # noqa: S608
-        # The outer aggregate's rows are the node's devices, so the grouped check names the node
-        # through the outer query again, not through ``d``.
-        when.append(f"WHEN NOT EXISTS ({group}) THEN 'device_not_colocated'")
-        when_params += [request.type, *params, request.count]
-    sql = f"(SELECT CASE {' '.join(when)} ELSE '' END FROM fleet_device d WHERE {scope})"  # noqa: S608 (columns from the model; values bound)
-    return sql, [*when_params, request.type]
-
-
-def nodes_passing(spec, node_ids: list) -> set:
-    """Which of ``node_ids`` can meet ``spec``'s one device request (:func:`decided_in_sql` must
-    hold): placement's device filter over a page of candidates. One statement, its text the same
-    for every page of a request shape (the ids travel as one parameter), prepared on PostgreSQL
-    (nodepool.db): the ORM's compile of ``pk IN (64 ids)`` cost more than running it."""
-    if not node_ids:
-        return set()
-    table = connection.ops.quote_name(Node._meta.db_table)
-    rule, params = device_rule_sql(spec.devices[0], f"{table}.{connection.ops.quote_name('id')}")
-    if connection.vendor == "postgresql":
-        among, ids = "= ANY(%s)", [list(node_ids)]
-    else:  # SQLite keeps UUIDs as 32 hex digits
-        among, ids = "IN (SELECT value FROM json_each(%s))", [json.dumps([uuid_hex(pk) for pk in node_ids])]
-    sql = f"SELECT {table}.id FROM {table} WHERE {table}.id {among} AND {rule} = ''"  # noqa: S608 (columns from the model; values bound)
-    with prepared_cursor() as cursor:
-        cursor.execute(sql, [*ids, *params])
-        found = [row[0] for row in cursor.fetchall()]
-    return {pk if isinstance(pk, UUID) else UUID(pk) for pk in found}
-
-
-def uuid_hex(pk) -> str:
-    return pk.hex if isinstance(pk, UUID) else UUID(str(pk)).hex
-
-
-DEVICE_REASONS = "device_reasons"  # the name of device_reasons_sql's table in the census' WITH clause
-_CODES = ("device_unmatched", "device_unhealthy", "device_not_free", "device_not_colocated")
-
-
-def device_reasons_sql(request) -> tuple[str, list]:
-    """:func:`device_rule_sql`'s rules for every node at once: ``SELECT node_id, reason`` with one
-    row per node that has live devices of ``request.type`` (reason ``''`` when the request can be
-    met there), from a single grouped pass over the device rows.
-
-    For the 409's census, as its ``WITH`` table :data:`DEVICE_REASONS` (read through
-    :func:`device_reason_of`): the correlated aggregate of :func:`device_rule_sql` ran once per
-    node (about 80 µs a node, most of a 10,000-node 409), and one ``NOT IN`` set per rule read the
-    devices once per rule. tests/leases/test_device_sql.py checks it against choose.
-    """
-    matched, params = "1 = 1", []
-    for constraint in request.constraints:
-        sql, values = _constraint_sql(constraint)
-        matched += f" AND {sql}"
-        params += values
-    # Each device's level, one CASE a row: 0 unmatched, 1 matched but not usable, 2 usable but
-    # taken, 3 free; then per node the highest level and the free count decide the reason.
-    level = f"CASE WHEN NOT ({matched}) THEN 0 WHEN NOT ({_USABLE}) THEN 1 WHEN {_TAKEN} THEN 2 ELSE 3 END AS lvl"
-    rows = "FROM fleet_device d WHERE d.retired_at IS NULL AND d.type = %s"
-    top, free = "max(lvl)", "sum(CASE WHEN lvl = 3 THEN 1 ELSE 0 END)"
-    if request.colocate:
-        # Per (node, group) first, then per node; a device whose host does not tell its group
-        # (NULL, or '' for the text column) is never co-located (choose's rule), so only told
-        # groups count there.
-        column = _quoted(request.colocate)
-        told = f"{column} IS NOT NULL" + (f" AND {column} <> ''" if request.colocate == "interconnect_group" else "")
-        devices = f"SELECT d.node_id, {column} AS grp, CASE WHEN {told} THEN 1 ELSE 0 END AS told, {level} {rows}"
-        source = f"(SELECT node_id, told, {top} AS top, {free} AS f FROM ({devices}) l GROUP BY node_id, told, grp)"  # noqa: S608
-        top, free, colocated = "max(top)", "sum(f)", "WHEN max(told * f) < %s THEN 'device_not_colocated' "
-    else:  # one level: the node's aggregates straight over its devices
-        source, colocated = f"(SELECT d.node_id, {level} {rows})", ""
-    reason = (
-        f"CASE WHEN {top} = 0 THEN 'device_unmatched' WHEN {top} = 1 THEN 'device_unhealthy' "
-        f"WHEN {free} < %s THEN 'device_not_free' {colocated}ELSE '' END"
-    )
-    reason_params = [request.count, request.count] if colocated else [request.count]
-    sql = f"SELECT node_id, {reason} AS reason FROM {source} g GROUP BY node_id"  # noqa: S608 (columns from the model; values bound)
-    return sql, [*reason_params, *params, request.type]
-
-
-def device_reason_of(request, node_column: str) -> tuple[str, list]:
-    """The reason code of the node ``node_column`` from the census' :data:`DEVICE_REASONS` table:
-    ``device_type_missing`` (``''`` for an implicit request) when it has no devices of the type.
-    Each lookup is an uncorrelated set, read once (a hashed subplan on PostgreSQL)."""
-    missing = "" if request.implicit else "device_type_missing"
-    # Constants only: the node column, the table's name and the reason codes.
-    when = [f"WHEN {node_column} NOT IN (SELECT node_id FROM {DEVICE_REASONS}) THEN '{missing}'"]  # noqa: S608
-    when += [
-        f"WHEN {node_column} IN (SELECT node_id FROM {DEVICE_REASONS} WHERE reason = '{code}') THEN '{code}'"  # noqa: S608
-        for code in _CODES
-    ]
-    return f"(CASE {' '.join(when)} ELSE '' END)", []
-
-
-def device_reason_sets(spec, node_column: str):
-    """The reason-code expression of :func:`device_reason_of` for ``spec``'s one device request
-    (the query must carry :func:`device_reasons_sql` as its ``WITH`` table)."""
-    sql, params = device_reason_of(spec.devices[0], node_column)
-    return RawSQL(sql, params, output_field=TextField())  # noqa: S611

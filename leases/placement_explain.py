@@ -1,8 +1,8 @@
 """Placement's *explain* part (re-exported by leases.placement): why nothing fits — :func:`diagnose`,
 the set-based 409 census under each node's first failed filter, its reasons and their phrases, and
-the device reasons (leases.devices' ``WITH`` table, or :func:`device_census`). Reads only; its raw
-SQL (the census' planner settings and ``WITH`` table, the hostname and device-fingerprint
-expressions) is :mod:`leases.sql.census`'s.
+the device reasons (leases.sql.devices' ``WITH`` table, or :func:`device_census`). Reads only; its
+raw SQL (the census' planner settings and ``WITH`` table, the hostname and device-fingerprint
+expressions, the device reasons) is :mod:`leases.sql.census`'s and :mod:`leases.sql.devices`'.
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ from .placement_filter import (
 from .placement_score import group_counts
 from .spec import PlacementSpec
 from .sql import census as census_sql
+from .sql import devices as device_sql
 
 EXCLUDED = "excluded"
 MEMBER = "\x1fmember"  # diagnose's group key for hosts that hold the spread group (no hostname looks like it)
@@ -154,12 +155,11 @@ def diagnose(
     The constraint filters (:func:`constraint_failure`) then run once per group, on its
     representative, not once per node: a request's 409 costs about the same on 100 or 100,000
     alike nodes. A request for devices also groups the schedulable nodes by their device reason,
-    decided in SQL for every node at once (:func:`leases.devices.device_reasons_sql`: one grouped
-    pass over the device rows, the census' ``WITH`` table) when
-    :func:`leases.devices.decided_in_sql` holds; otherwise by :func:`device_fingerprint` (their
+    decided in SQL for every node at once (:func:`leases.sql.devices.device_reasons_sql`: one
+    grouped pass over the device rows, the census' ``WITH`` table) when
+    :func:`leases.sql.devices.decided_in_sql` holds; otherwise by :func:`device_fingerprint` (their
     devices as the request sees them), and the device rules run in Python once per group that
-    passes every other filter (:func:`device_census`, two more
-    queries).
+    passes every other filter (:func:`device_census`, two more queries).
     """
 
     if counts is None:
@@ -199,12 +199,12 @@ def diagnose(
     signature = _signature(pool, spec, counts)
     if spec.node_constraints:
         signature[node_reliability.CENSUS_KEY] = node_reliability.census_reason(spec.node_constraints)
-    devices_in_sql = bool(spec.devices) and lease_devices.decided_in_sql(spec)
+    devices_in_sql = bool(spec.devices) and device_sql.decided_in_sql(spec)
     if devices_in_sql:
         # Each node's device reason (or ''), decided in SQL: nodes group by it. Read for every node,
         # the unschedulable too (whose groups ignore it below): two hashed lookups a node cost less
         # than a second evaluation of the first-reason CASE, credential probe included.
-        signature["g_devices"] = lease_devices.device_reason_sets(spec, census_sql.node_id_column())
+        signature["g_devices"] = device_sql.device_reason_sets(spec, census_sql.node_id_column())
     elif spec.devices:
         # Nodes with the same devices (as the request sees them) in one group, so that the device
         # rules run once per group below; computed for schedulable nodes only.
@@ -213,7 +213,7 @@ def diagnose(
         )
     groups = census_sql.census_rows(
         nodes.values(g_reason=first_reason, g_lifecycle=F("lifecycle"), **signature).annotate(**aggregates).order_by(),
-        with_table=(lease_devices.DEVICE_REASONS, *lease_devices.device_reasons_sql(spec.devices[0]))
+        with_table=(device_sql.DEVICE_REASONS, *device_sql.device_reasons_sql(spec.devices[0]))
         if devices_in_sql
         else None,
     )

@@ -31,6 +31,7 @@ from . import reliability as node_reliability
 from .device_requests import choose
 from .spec import PlacementSpec
 from .sql import candidates as candidate_sql
+from .sql import devices as device_sql
 
 _SENTINEL_NOW = datetime(1971, 3, 4, 5, 6, 7, 89, tzinfo=UTC)
 HARD_TAINT_EFFECTS = ("NoSchedule", "NoExecute")  # the effects that keep work off (PreferNoSchedule only scores)
@@ -400,11 +401,11 @@ def device_tolerance(spec: PlacementSpec):
 
 def _with_devices(found: list, spec: PlacementSpec) -> list:
     """The candidates whose devices can meet ``spec.devices``: one query for the whole page that
-    answers which nodes pass (leases.devices.device_rule_sql) when the rules are decided in SQL,
+    answers which nodes pass (leases.sql.devices.device_rule_sql) when the rules are decided in SQL,
     else two that read the page's devices for :func:`leases.device_requests.choose`."""
 
-    if lease_devices.decided_in_sql(spec):
-        passing = lease_devices.nodes_passing(spec, [c.node.pk for c in found])
+    if device_sql.decided_in_sql(spec):
+        passing = device_sql.nodes_passing(spec, [c.node.pk for c in found])
         return [c for c in found if c.node.pk in passing]
 
     rows, taken = lease_devices.node_devices(

@@ -57,7 +57,7 @@ class Device(models.Model):
     # Whether a live lease holds the device, or a MIG instance of it (a whole GPU with a slice in
     # use is not free either). Written by leases.devices in the same transaction as the claim or
     # release it mirrors, so that placement and the 409 read "free" as a column of the device
-    # row instead of probing the live holds per device (leases.devices.device_rule_sql).
+    # row instead of probing the live holds per device (leases.sql.devices.device_rule_sql).
     claimed = models.BooleanField(default=False, editable=False)
     fault_boot_id = models.CharField(max_length=64, blank=True, help_text="the node's boot id at the last fault")
     first_seen_at = models.DateTimeField()

@@ -111,7 +111,7 @@ def rows_with_table(queryset, with_table: tuple[str, str, list]) -> list[dict]:
     """The rows of a ``values()`` queryset run with a ``WITH name AS MATERIALIZED (sql)`` table
     ahead of its SQL, converted as the ORM would convert them (its compiler's own converters).
     SQL: the ORM cannot say a ``WITH`` table. The census uses it for the devices' reasons of every
-    node, in one grouped pass over the device rows (leases.devices.device_reasons_sql), which the
+    node, in one grouped pass over the device rows (leases.sql.devices.device_reasons_sql), which the
     query's expressions look up by node."""
     name, table_sql, table_params = with_table
     compiler = queryset.query.get_compiler(connection=connection)

@@ -1,4 +1,4 @@
-"""The device rules in SQL (leases.devices.device_rule_sql) decide as leases.device_requests.choose
+"""The device rules in SQL (leases.sql.devices.device_rule_sql) decide as leases.device_requests.choose
 does: on random nodes (models, memory, groups, health, verification, holds, live holds) and random
 requests, the SQL reason code equals choose's, on SQLite and PostgreSQL alike; and placement and
 the 409 built on it give what the Python path gives."""
@@ -18,6 +18,7 @@ from leases.device_requests import choose, parse_device_requests
 from leases.models import LeaseDevice
 from leases.services import resolve_shape
 from leases.spec import parse_spec
+from leases.sql import devices as device_sql
 from tests.device_support import A100, H100, make_gpu_node
 from tests.factories import PoolFactory
 from tests.support import grant
@@ -62,7 +63,7 @@ request_strategy = st.fixed_dictionaries(
 )
 
 
-def sql_reason(request, node_pk, rule=lease_devices.device_rule_sql) -> str:
+def sql_reason(request, node_pk, rule=device_sql.device_rule_sql) -> str:
     table = connection.ops.quote_name("fleet_node")
     sql, params = rule(request, f"{table}.{connection.ops.quote_name('id')}")
     with connection.cursor() as cursor:
@@ -75,11 +76,11 @@ def sql_reason(request, node_pk, rule=lease_devices.device_rule_sql) -> str:
 
 def set_reason(request, node_pk) -> str:
     table = connection.ops.quote_name("fleet_node")
-    reasons, reasons_params = lease_devices.device_reasons_sql(request)
-    sql, params = lease_devices.device_reason_of(request, f"{table}.{connection.ops.quote_name('id')}")
+    reasons, reasons_params = device_sql.device_reasons_sql(request)
+    sql, params = device_sql.device_reason_of(request, f"{table}.{connection.ops.quote_name('id')}")
     with connection.cursor() as cursor:
         cursor.execute(
-            f"WITH {lease_devices.DEVICE_REASONS} AS ({reasons}) SELECT {sql} FROM {table} WHERE id = %s",
+            f"WITH {device_sql.DEVICE_REASONS} AS ({reasons}) SELECT {sql} FROM {table} WHERE id = %s",
             [*reasons_params, *params, node_pk.hex if connection.vendor == "sqlite" else node_pk],
         )
         return cursor.fetchone()[0]
@@ -171,12 +172,12 @@ def test_placement_and_the_409_decided_in_sql_agree_with_the_python_path(client_
         [{"type": "nvidia.com/gpu", "count": 1, "constraints": [small]}],
     ):  # fmt: skip
         spec = resolve_shape(parse_spec({"workload_id": "w", "pool": "gpu", "devices": devices}))[0]
-        assert lease_devices.decided_in_sql(spec)
+        assert device_sql.decided_in_sql(spec)
         in_sql = {c.node.hostname for c in placement.find_candidates(pool, spec).candidates}
         # The same request with a bracket glob that means the same is decided in Python.
         python_devices = [dict(d, constraints=[*d.get("constraints", []), bracket]) for d in devices]
         python_spec = resolve_shape(parse_spec({"workload_id": "w", "pool": "gpu", "devices": python_devices}))[0]
-        assert not lease_devices.decided_in_sql(python_spec)
+        assert not device_sql.decided_in_sql(python_spec)
         in_python = {c.node.hostname for c in placement.find_candidates(pool, python_spec).candidates}
         assert in_sql == in_python
         assert placement.diagnose(pool, spec)["reasons"] == placement.diagnose(pool, python_spec)["reasons"]

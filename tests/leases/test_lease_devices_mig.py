@@ -13,10 +13,10 @@ from fleet.devices import device_metric_rows, device_summary, sync_counts
 from fleet.events import Actor
 from fleet.models import Device, Node, NodeResource
 from fleet.selectors import pool_capacity
-from leases import devices as lease_devices
 from leases.lifecycle import end_lease
 from leases.models import Lease, LeaseDevice
 from leases.services import lease_create
+from leases.sql import devices as device_sql
 from tests.device_support import gpu, make_gpu_node, report_devices
 from tests.factories import PoolFactory
 from tests.support import grant_status
@@ -139,5 +139,5 @@ def test_the_database_refuses_a_gpu_and_its_slice_to_two_leases(client_user):
         for i, d in enumerate(Device.objects.filter(node=node, type="nvidia.com/mig"))
     ]
     with pytest.raises(IntegrityError), transaction.atomic():
-        lease_devices._insert_claims(rows)
+        device_sql.insert_claims(rows)
     assert Lease.objects.get(pk=sliced.pk).devices[0]["id"] in {"MIG-0", "MIG-1"}

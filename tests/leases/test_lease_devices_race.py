@@ -34,10 +34,10 @@ def test_two_clients_racing_for_the_last_free_gpu_of_a_node_exactly_one_wins(cli
     assert grant_status(client_user, "first", pool="gpu", cpu="1", resources={"nvidia.com/gpu": 1}) == 201
     NodeResource.objects.filter(node=node, name="nvidia.com/gpu").update(capacity=16, allocatable=16)
 
-    # Held right after the claim's statement (PostgreSQL picks and holds in one, _claim_plain): the
+    # Held right after the claim's statement (PostgreSQL picks and holds in one, claim_plain): the
     # first racer cannot commit before the second has picked from the same snapshot; the second
     # passes over the locked GPU, then (waiting, in its second round) finds it taken.
-    with Hold("leases.devices._claim_plain", parties=2, timeout=1.0):
+    with Hold("leases.sql.devices.claim_plain", parties=2, timeout=1.0):
         outcome = race(
             lambda i: grant_status(client_user, f"racer-{i}", pool="gpu", cpu="1", resources={"nvidia.com/gpu": 1}), 2
         )
