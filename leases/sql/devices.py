@@ -20,6 +20,7 @@ from nodepool.db import prepared_cursor
 
 from ..choices import ATTRIBUTES
 from ..models import LeaseDevice
+from .vendor import glob_match, is_postgresql, one_of
 
 # The Device columns a device dict carries (leases.devices.node_devices, :func:`claim_view`):
 # what leases.device_requests.choose reads.
@@ -60,7 +61,7 @@ _CLAIM_COLUMNS = (*[c for c in DEVICE_FIELDS if c != "node_id"], "claimed")
 def claims_in_one_statement(requests: tuple, tolerates) -> bool:
     """Whether :func:`claim_plain` can decide the claim: PostgreSQL (a data-modifying CTE), one
     request without co-location or tolerations whose globs SQL matches as fnmatch does."""
-    if connection.vendor != "postgresql" or len(requests) != 1 or tolerates is not None:
+    if not is_postgresql() or len(requests) != 1 or tolerates is not None:
         return False
     request = requests[0]
     return not request.colocate and all(c.operator != "glob" or "[" not in c.value for c in request.constraints)
@@ -195,10 +196,7 @@ def _constraint_sql(constraint) -> tuple[str, list]:
         number = int(value) if value == value.to_integral_value() else float(value)
         return f"({column} IS NOT NULL AND {column} {_SQL_OPERATORS[constraint.operator]} %s)", [number]
     if constraint.operator == "glob":  # fnmatchcase with * and ? only (decided_in_sql)
-        if connection.vendor == "sqlite":
-            return f"{column} GLOB %s", [constraint.value]  # case-sensitive, * and ? as fnmatch's
-        escaped = constraint.value.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-        return f"{column} LIKE %s ESCAPE '\\'", [escaped.replace("*", "%").replace("?", "_")]
+        return glob_match(column, constraint.value)
     return f"{column} {_SQL_OPERATORS[constraint.operator]} %s", [str(constraint.value)]
 
 
@@ -248,19 +246,13 @@ def nodes_passing(spec, node_ids: list) -> set:
         return set()
     table = connection.ops.quote_name(Node._meta.db_table)
     rule, params = device_rule_sql(spec.devices[0], f"{table}.{connection.ops.quote_name('id')}")
-    if connection.vendor == "postgresql":
-        among, ids = "= ANY(%s)", [list(node_ids)]
-    else:  # SQLite keeps UUIDs as 32 hex digits
-        among, ids = "IN (SELECT value FROM json_each(%s))", [json.dumps([uuid_hex(pk) for pk in node_ids])]
-    sql = f"SELECT {table}.id FROM {table} WHERE {table}.id {among} AND {rule} = ''"  # noqa: S608 (columns from the model; values bound)
+    # The ids as the column stores them (SQLite: 32 hex digits), as one parameter.
+    among, ids = one_of(f"{table}.id", [Node._meta.pk.get_db_prep_value(pk, connection) for pk in node_ids])
+    sql = f"SELECT {table}.id FROM {table} WHERE {among} AND {rule} = ''"  # noqa: S608 (columns from the model; values bound)
     with prepared_cursor() as cursor:
         cursor.execute(sql, [*ids, *params])
         found = [row[0] for row in cursor.fetchall()]
     return {pk if isinstance(pk, UUID) else UUID(pk) for pk in found}
-
-
-def uuid_hex(pk) -> str:
-    return pk.hex if isinstance(pk, UUID) else UUID(str(pk)).hex
 
 
 DEVICE_REASONS = "device_reasons"  # the name of device_reasons_sql's table in the census' WITH clause

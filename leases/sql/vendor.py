@@ -56,13 +56,25 @@ def sorted_concat(expression: str, separator: str, source: str) -> str:
     return f"(SELECT group_concat(x, '{separator}') FROM (SELECT {expression} AS x {source} ORDER BY x) s)"  # noqa: S608
 
 
-def one_of(column: str, values: list[str]) -> tuple[str, list]:
+def one_of(column: str, values: list) -> tuple[str, list]:
     """``column`` is one of ``values``, sent as one parameter however many values there are: an
     array on PostgreSQL (``= ANY(%s)``), a JSON array on SQLite (``IN (SELECT value FROM
     json_each(%s))``). 10,000 placeholders cost more to build, send and parse than the query."""
     if is_postgresql():
         return f"{column} = ANY(%s)", [values]
     return f"{column} IN (SELECT value FROM json_each(%s))", [json.dumps(values)]  # noqa: S608 (values bound)
+
+
+def glob_match(column: str, pattern: str) -> tuple[str, list]:
+    """``column`` matches the shell pattern ``pattern`` as :func:`fnmatch.fnmatchcase` does, for a
+    pattern whose wildcards are ``*`` and ``?`` only (``[…]`` classes differ between fnmatch,
+    SQLite's GLOB and SQL's LIKE: leases.sql.devices.decided_in_sql keeps them in Python). SQLite's
+    GLOB is case-sensitive with fnmatch's ``*`` and ``?``; PostgreSQL's LIKE is case-sensitive, with
+    the pattern's ``\\``, ``%`` and ``_`` escaped and ``*``/``?`` written as ``%``/``_``."""
+    if not is_postgresql():
+        return f"{column} GLOB %s", [pattern]
+    escaped = pattern.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"{column} LIKE %s ESCAPE '\\'", [escaped.replace("*", "%").replace("?", "_")]
 
 
 @contextmanager

@@ -1,10 +1,9 @@
 """leases.sql: the raw statements of the grant and of placement (issue 28 step 7).
 
 Only the leases.sql package builds SQL from strings in leases, and only leases.sql.vendor asks
-which database it runs on (leases.sql.devices excepted, for now);
-the capacity UPDATE takes all of a request or nothing; the fencing upsert counts up per workload;
-the one-parameter hostname condition selects what ``hostname__in`` selects; the census' planner
-settings last for its statement only.
+which database it runs on; the capacity UPDATE takes all of a request or nothing; the fencing
+upsert counts up per workload; the one-parameter hostname condition selects what
+``hostname__in`` selects; the census' planner settings last for its statement only.
 """
 
 from __future__ import annotations
@@ -37,15 +36,14 @@ def test_leases_sql_is_the_only_leases_module_building_sql_from_strings():
 
 
 def test_no_leases_module_but_leases_sql_asks_which_database_it_runs_on():
-    """The PostgreSQL/SQLite differences are leases.sql.vendor's (leases.sql.devices excepted, for
-    now; the candidate cache keys its compiled SQL by the backend that compiled it, asking
-    nothing)."""
+    """The PostgreSQL/SQLite differences are leases.sql.vendor's (the candidate cache keys its
+    compiled SQL by the backend that compiled it, asking nothing)."""
     asking = sorted(
         str(path.relative_to(ROOT))
         for path in (ROOT / "leases").rglob("*.py")
         if re.search(r"\bvendor\s*[!=]=", path.read_text())
     )
-    assert asking == ["leases/sql/devices.py", "leases/sql/vendor.py"]
+    assert asking == ["leases/sql/vendor.py"]
 
 
 def test_take_capacity_takes_every_resource_or_none():
