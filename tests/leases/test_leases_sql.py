@@ -99,17 +99,18 @@ def test_the_census_planner_settings_last_for_its_statement_only():
             cursor.execute(f"SHOW {name}")
             return cursor.fetchone()[0]
 
+    names = ("enable_sort", "parallel_tuple_cost", "parallel_setup_cost", "jit")
     seen = {}
 
     class Probe:
         """A queryset stand-in that reads the settings the census runs under."""
 
         def __iter__(self):
-            seen.update(enable_sort=setting("enable_sort"), parallel_tuple_cost=setting("parallel_tuple_cost"))
+            seen.update({name: setting(name) for name in names})
             return iter([])
 
     with transaction.atomic():
-        before = (setting("enable_sort"), setting("parallel_tuple_cost"))
+        before = [setting(name) for name in names]
         assert census_sql.census_rows(Probe()) == []
-        assert (setting("enable_sort"), setting("parallel_tuple_cost")) == before
-    assert seen == {"enable_sort": "off", "parallel_tuple_cost": "0.02"}
+        assert [setting(name) for name in names] == before
+    assert seen == {"enable_sort": "off", "parallel_tuple_cost": "0.02", "parallel_setup_cost": "100", "jit": "off"}
