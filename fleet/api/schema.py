@@ -1,13 +1,11 @@
 """OpenAPI (drf-spectacular) shapes of the fleet endpoints: responses, and the status report's body
 (the node credential scheme is registered once, in nodepool/api/schema.py)."""
 
-from django.core.exceptions import ValidationError
-from django.core.validators import RegexValidator
 from drf_spectacular.utils import extend_schema_field, inline_serializer
 from rest_framework import serializers
 
 from nodepool.api.fields import AwareDateTimeField
-from nodepool.api.strict import StrictBooleanField
+from nodepool.api.strict import JSONUUID, JSONChoice, JSONInteger, JSONString, StrictBooleanField, WholeMatch
 from nodepool.quantity import MAX_CANONICAL, RESOURCE_NAME, QuantityError, to_canonical
 
 from .. import heartbeats as hb
@@ -57,63 +55,12 @@ BenchmarkResponse = inline_serializer(
 )
 
 
-class _WholeMatch(RegexValidator):
-    """A RegexValidator whose pattern must match the whole value, as the hand validator's
-    ``fullmatch``: Django's ``search`` lets ``$`` match before a trailing newline (``"Ready\\n"``).
-    Still a RegexValidator, so the schema shows its pattern."""
-
-    def __call__(self, value):
-        if not self.regex.fullmatch(str(value)):
-            raise ValidationError(self.message, code=self.code, params={"value": value})
-
-
 # --- the status report's body ---------------------------------------------------------------------
 # The heartbeat is validated by hand (fleet.api.heartbeat_serializers.parse_heartbeat: a serializer
 # tree cost more than the heartbeat's UPDATE); HeartbeatSerializer describes the same body for the
 # schema (component HeartbeatRequest), and tests/fleet/test_validator_equivalence.py checks that the
 # two accept exactly the same bodies and name the same fields. Its fields are strict like the hand
 # validator: a JSON integer, string or boolean, never one converted from another type.
-
-
-class _JSONInteger(serializers.IntegerField):
-    """A JSON integer: DRF's IntegerField also takes ``"5"``, ``5.0`` and ``true``."""
-
-    def to_internal_value(self, data):
-        if isinstance(data, bool) or not isinstance(data, int):
-            self.fail("invalid")
-        return super().to_internal_value(data)
-
-
-class _JSONString(serializers.CharField):
-    """A JSON string, untrimmed: DRF's CharField also takes numbers (as their text)."""
-
-    def __init__(self, **kwargs):
-        kwargs.setdefault("trim_whitespace", False)
-        super().__init__(**kwargs)
-
-    def to_internal_value(self, data):
-        if not isinstance(data, str):
-            self.fail("invalid")
-        return super().to_internal_value(data)
-
-
-class _JSONChoice(serializers.ChoiceField):
-    """One of the choices as a JSON string: DRF's ChoiceField compares ``str(value)``, so ``true``
-    would pass for ``"True"``."""
-
-    def to_internal_value(self, data):
-        if not isinstance(data, str):
-            self.fail("invalid_choice", input=data)
-        return super().to_internal_value(data)
-
-
-class _JSONUUID(serializers.UUIDField):
-    """A UUID as a JSON string: DRF's UUIDField also takes an integer."""
-
-    def to_internal_value(self, data):
-        if not isinstance(data, str):
-            self.fail("invalid", value=data)
-        return super().to_internal_value(data)
 
 
 class _ReportTime(AwareDateTimeField):
@@ -188,18 +135,18 @@ class _Usage(serializers.DictField):
 
 
 class ConditionReportSerializer(serializers.Serializer):
-    type = _JSONString(max_length=hb.MAX_CONDITION_TYPE, validators=[_WholeMatch(CONDITION_TYPE)])
-    status = _JSONChoice(choices=list(CONDITION_STATUSES))
-    reason = _JSONString(max_length=hb.MAX_REASON, required=False, allow_null=True, allow_blank=True)
-    message = _JSONString(max_length=hb.MAX_MESSAGE, required=False, allow_null=True, allow_blank=True)
+    type = JSONString(max_length=hb.MAX_CONDITION_TYPE, validators=[WholeMatch(CONDITION_TYPE)])
+    status = JSONChoice(choices=list(CONDITION_STATUSES))
+    reason = JSONString(max_length=hb.MAX_REASON, required=False, allow_null=True, allow_blank=True)
+    message = JSONString(max_length=hb.MAX_MESSAGE, required=False, allow_null=True, allow_blank=True)
 
 
 class LeaseReportSerializer(serializers.Serializer):
-    lease_id = _JSONUUID()
-    fencing_token = _JSONInteger(min_value=0, max_value=2**63 - 1)
-    state = _JSONString(
+    lease_id = JSONUUID()
+    fencing_token = JSONInteger(min_value=0, max_value=2**63 - 1)
+    state = JSONString(
         max_length=hb.MAX_LEASE_STATE,
-        validators=[_WholeMatch(LEASE_STATE)],
+        validators=[WholeMatch(LEASE_STATE)],
         help_text="what the agent sees the workload doing: a lower-case word such as running",
     )
 
@@ -209,12 +156,12 @@ class HeartbeatSerializer(serializers.Serializer):
     the answer is 422 ``heartbeat_limit_exceeded``; any other refusal is 400. Members not listed
     are ignored (not yet refused as elsewhere; docs/api-contract.md, "Bodies")."""
 
-    incarnation = _JSONInteger(min_value=1, max_value=hb.MAX_COUNTER - 1)
-    sequence = _JSONInteger(min_value=0, max_value=hb.MAX_COUNTER - 1)
+    incarnation = JSONInteger(min_value=1, max_value=hb.MAX_COUNTER - 1)
+    sequence = JSONInteger(min_value=0, max_value=hb.MAX_COUNTER - 1)
     observed_at = _ReportTime()
-    agent_version = _JSONString(max_length=hb.MAX_AGENT_VERSION, required=False, allow_null=True, allow_blank=True)
+    agent_version = JSONString(max_length=hb.MAX_AGENT_VERSION, required=False, allow_null=True, allow_blank=True)
     ready = StrictBooleanField(required=False, help_text="false when absent")
-    ready_reason = _JSONString(max_length=hb.MAX_READY_REASON, required=False, allow_null=True, allow_blank=True)
+    ready_reason = JSONString(max_length=hb.MAX_READY_REASON, required=False, allow_null=True, allow_blank=True)
     conditions = _UniqueItems(
         key="type", child=ConditionReportSerializer(), max_length=hb.MAX_CONDITIONS, required=False, allow_null=True
     )
@@ -227,5 +174,5 @@ class HeartbeatSerializer(serializers.Serializer):
         allow_null=True,
         help_text="the node's devices (docs/api-contract.md, Devices): a bad device is refused alone, never the report",
     )
-    boot_id = _JSONString(max_length=64, required=False, allow_null=True, allow_blank=True)
+    boot_id = JSONString(max_length=64, required=False, allow_null=True, allow_blank=True)
     benchmark = serializers.JSONField(required=False, allow_null=True, help_text="ignored (agents send null)")

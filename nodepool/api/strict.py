@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import ValidationError
+from django.core.validators import RegexValidator
 from rest_framework import serializers
 from rest_framework.settings import api_settings
 
@@ -87,3 +89,58 @@ class StrictBooleanField(serializers.BooleanField):
         if isinstance(data, bool):
             return data
         self.fail("invalid")
+
+
+# Strict JSON types for the serializers that describe a body a hand validator checks (the heartbeat's,
+# the lease request's): a JSON integer, string or choice, never one converted from another type.
+
+
+class WholeMatch(RegexValidator):
+    """A RegexValidator whose pattern must match the whole value, as hand validators'
+    ``fullmatch``: Django's ``search`` lets ``$`` match before a trailing newline (``"Ready\\n"``).
+    Still a RegexValidator, so the schema shows its pattern."""
+
+    def __call__(self, value):
+        if not self.regex.fullmatch(str(value)):
+            raise ValidationError(self.message, code=self.code, params={"value": value})
+
+
+class JSONInteger(serializers.IntegerField):
+    """A JSON integer: DRF's IntegerField also takes ``"5"``, ``5.0`` and ``true``."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class JSONString(serializers.CharField):
+    """A JSON string, untrimmed: DRF's CharField also takes numbers (as their text)."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("trim_whitespace", False)
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class JSONChoice(serializers.ChoiceField):
+    """One of the choices as a JSON string: DRF's ChoiceField compares ``str(value)``, so ``true``
+    would pass for ``"True"``."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid_choice", input=data)
+        return super().to_internal_value(data)
+
+
+class JSONUUID(serializers.UUIDField):
+    """A UUID as a JSON string: DRF's UUIDField also takes an integer."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid", value=data)
+        return super().to_internal_value(data)
