@@ -49,6 +49,13 @@ LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-
 WORKLOAD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,199}$")
 MAX_TTL = 7 * 24 * 3600
 MAX_TERMS = 32
+MAX_TERM_VALUES = 64
+MAX_LABEL_VALUE = 63
+# Gt/Lt compare a label as an int64 (Kubernetes), written with at most 18 digits.
+INTEGER_VALUE = re.compile(r"-?\d{1,18}")
+MAX_COMMAND_ARGS = 256
+MAX_PRIORITY = 1000  # priority is -MAX_PRIORITY .. MAX_PRIORITY
+MAX_SHAPE_VERSION = 2**31
 
 
 def bad(field_name: str, message: str, code: str = INVALID_REQUEST) -> Problem:
@@ -159,7 +166,7 @@ def _str_map(value: Any, field_name: str) -> dict[str, str]:
     for key, val in value.items():
         if not LABEL_KEY.fullmatch(str(key)):
             raise bad(f"{field_name}.{key}", "not a valid label key", INVALID_SELECTOR)
-        if not isinstance(val, str) or len(val) > 63:
+        if not isinstance(val, str) or len(val) > MAX_LABEL_VALUE:
             raise bad(f"{field_name}.{key}", "must be a string of at most 63 characters", INVALID_SELECTOR)
         out[key] = val
     return out
@@ -179,13 +186,13 @@ def parse_requirement(term: Any, field_name: str) -> Requirement:
         raise bad(f"{field_name}.operator", f"must be one of {', '.join(OPERATORS)}", INVALID_AFFINITY)
     if values is None:
         values = []
-    if not isinstance(values, list) or not all(isinstance(v, str) for v in values) or len(values) > 64:
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values) or len(values) > MAX_TERM_VALUES:
         raise bad(f"{field_name}.values", "must be a list of strings", INVALID_AFFINITY)
     if operator in ("In", "NotIn") and not values:
         raise bad(f"{field_name}.values", f"{operator} needs at least one value", INVALID_AFFINITY)
     if operator in ("Exists", "DoesNotExist") and values:
         raise bad(f"{field_name}.values", f"{operator} takes no values", INVALID_AFFINITY)
-    if operator in ("Gt", "Lt") and (len(values) != 1 or not re.fullmatch(r"-?\d{1,18}", values[0])):
+    if operator in ("Gt", "Lt") and (len(values) != 1 or not INTEGER_VALUE.fullmatch(values[0])):
         raise bad(f"{field_name}.values", f"{operator} needs exactly one integer value", INVALID_AFFINITY)
     return Requirement(key, operator, tuple(values))
 
@@ -334,7 +341,7 @@ def parse_spec(data: Any) -> PlacementSpec:
     if not isinstance(features, dict) or not all(isinstance(v, str | int | bool) for v in features.values()):
         raise bad("features", "must be an object of feature name to a string, number or boolean")
     command = data.get("command") or []
-    if not isinstance(command, list) or not all(isinstance(a, str) for a in command) or len(command) > 256:
+    if not isinstance(command, list) or not all(isinstance(a, str) for a in command) or len(command) > MAX_COMMAND_ARGS:
         raise bad("command", "must be a list of strings (argv)")
     queue = data.get("queue", False)
     if not isinstance(queue, bool):
@@ -353,7 +360,7 @@ def parse_spec(data: Any) -> PlacementSpec:
         pool=pool,
         resources=resources,
         shape=shape,
-        shape_version=_int(data, "shape_version", 0, 0, 2**31) or None,
+        shape_version=_int(data, "shape_version", 0, 0, MAX_SHAPE_VERSION) or None,
         node_selector=_str_map(data.get("node_selector"), "node_selector"),
         required=required,
         preferred=preferred,
@@ -363,7 +370,7 @@ def parse_spec(data: Any) -> PlacementSpec:
         topology_key=topology_key,
         spread_mode=mode,
         ttl_seconds=_int(data, "ttl_seconds", 600, 1, MAX_TTL),
-        priority=_int(data, "priority", 0, -1000, 1000),
+        priority=_int(data, "priority", 0, -MAX_PRIORITY, MAX_PRIORITY),
         queue=queue,
         command=tuple(command),
         devices=combined(explicit, resources),
@@ -372,14 +379,15 @@ def parse_spec(data: Any) -> PlacementSpec:
     )
 
 
-def _known_device_type(kind: str) -> bool:
+def known_device_type(kind: str) -> bool:
+    """Whether a live device of type ``kind`` exists (a type beyond KNOWN_DEVICE_TYPES)."""
     return Device.objects.filter(type=kind, retired_at__isnull=True).exists()
 
 
 def device_requests_from_wire(raw: Any) -> tuple[DeviceRequest, ...]:
     """Validate a ``devices`` member (lease request or shape). Raises 400 naming the field."""
     try:
-        return parse_device_requests(raw, known_type=_known_device_type)
+        return parse_device_requests(raw, known_type=known_device_type)
     except DeviceRequestError as exc:
         raise bad(exc.field, exc.message, exc.code) from exc
 
