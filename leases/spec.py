@@ -280,8 +280,7 @@ def resources_from_wire(raw: Any, field_name: str = "resources") -> dict[str, in
     try:
         resources = parse_resources(raw, field=field_name)
     except QuantityError as exc:
-        name = str(exc).split(":", 1)[0]
-        raise bad(name, str(exc).split(": ", 1)[-1], INVALID_QUANTITY) from exc
+        raise bad(exc.field, exc.reason, INVALID_QUANTITY) from exc
     for name in resources:
         if "/" not in name and name not in STANDARD_RESOURCES:
             raise bad(

@@ -66,7 +66,16 @@ MAX_CANONICAL = 2**62  # fits a signed 64-bit column with room for sums
 
 
 class QuantityError(ValueError):
-    """A quantity string (or number) that is not valid Kubernetes syntax, negative, or too large."""
+    """A quantity string (or number) that is not valid Kubernetes syntax, negative, or too large.
+
+    From :func:`parse_resources`, ``field`` names the member (``resources.cpu``) and ``reason`` is
+    the message without it: a resource name may itself hold a ``:``, so the message is not split.
+    """
+
+    def __init__(self, message: str, *, field: str = "", reason: str = ""):
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field = field
+        self.reason = reason or message
 
 
 def parse_decimal(value: str | int | float) -> Decimal:
@@ -154,16 +163,16 @@ def parse_resources(resources: dict, *, field: str = "resources") -> dict[str, i
     """Validate and convert a ``{name: quantity}`` mapping to canonical integers.
 
     Raises:
-        QuantityError: with the offending key in the message, as ``"<field>.<name>: ..."``.
+        QuantityError: with the offending key in ``field`` and in the message, as ``"<field>.<name>: ..."``.
     """
     if not isinstance(resources, dict):
-        raise QuantityError(f"{field}: must be an object of resource name to quantity")
+        raise QuantityError("must be an object of resource name to quantity", field=field)
     out: dict[str, int] = {}
     for name, value in resources.items():
         if not isinstance(name, str) or not RESOURCE_NAME.fullmatch(name):
-            raise QuantityError(f"{field}.{name}: not a valid resource name")
+            raise QuantityError("not a valid resource name", field=f"{field}.{name}")
         try:
             out[name] = to_canonical(name, value)
         except QuantityError as exc:
-            raise QuantityError(f"{field}.{name}: {exc}") from exc
+            raise QuantityError(str(exc), field=f"{field}.{name}") from exc
     return out

@@ -255,6 +255,8 @@ def test_clients_cannot_publish_shapes(client_api, pool):
         ({"resources": {"memory": "4Gb"}}, 400, "invalid_quantity", "resources.memory"),
         ({"resources": {"bananas": "1"}}, 400, "unknown_resource", "resources.bananas"),
         ({"resources": {"nvidia.com/gpu": "0.5"}}, 400, "invalid_quantity", "resources.nvidia.com/gpu"),
+        # The field is the whole name, colon and all (it was cut at the first ":").
+        ({"resources": {"a:b": "1"}}, 400, "invalid_quantity", "resources.a:b"),
         ({"resources": {}}, 400, "empty_request", "resources"),
         ({"pool": "nowhere"}, 400, "unknown_pool", "pool"),
         ({"shape": "huge", "resources": None}, 400, "unknown_shape", "shape"),
