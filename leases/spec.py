@@ -157,6 +157,18 @@ class PlacementSpec:
         return TOPOLOGY_KEYS.get(self.topology_key, (self.topology_key,)) if self.topology_key else ()
 
 
+def _text(value: Any, default: str) -> Any:
+    """A string member: ``default`` when it is missing, null or empty. Any other value is checked
+    as given: a falsy value of another type (``false``, ``0``, ``[]``) is refused, not read as absent."""
+    return default if value is None or value == "" else value
+
+
+def _given(value: Any, default: Any) -> Any:
+    """A list or object member: ``default`` when it is missing or null (``false``, ``0``, ``""`` are
+    refused by the type check that follows, not read as absent)."""
+    return default if value is None else value
+
+
 def _str_map(value: Any, field_name: str) -> dict[str, str]:
     if value is None:
         return {}
@@ -202,7 +214,7 @@ def _affinity(value: Any) -> tuple[tuple[Requirement, ...], tuple[tuple[int, Req
         return (), ()
     if not isinstance(value, dict) or set(value) - {"required", "preferred"}:
         raise bad("affinity", "must be an object with 'required' and/or 'preferred'", INVALID_AFFINITY)
-    required_raw, preferred_raw = value.get("required") or [], value.get("preferred") or []
+    required_raw, preferred_raw = _given(value.get("required"), []), _given(value.get("preferred"), [])
     if not isinstance(required_raw, list) or len(required_raw) > MAX_TERMS:
         raise bad("affinity.required", f"must be a list of at most {MAX_TERMS} terms", INVALID_AFFINITY)
     if not isinstance(preferred_raw, list) or len(preferred_raw) > MAX_TERMS:
@@ -230,8 +242,8 @@ def _tolerations(value: Any) -> tuple[Toleration, ...]:
         name = f"tolerations[{i}]"
         if not isinstance(item, dict) or set(item) - {"key", "operator", "value", "effect", "toleration_seconds"}:
             raise bad(name, "must be {key, operator, value, effect}", INVALID_TOLERATION)
-        key, operator = item.get("key") or "", item.get("operator") or "Equal"
-        val, effect = item.get("value") or "", item.get("effect") or ""
+        key, operator = _text(item.get("key"), ""), _text(item.get("operator"), "Equal")
+        val, effect = _text(item.get("value"), ""), _text(item.get("effect"), "")
         if not isinstance(key, str) or (key and not LABEL_KEY.fullmatch(key)):
             raise bad(f"{name}.key", "not a valid taint key", INVALID_TOLERATION)
         if operator not in TOLERATION_OPERATORS:
@@ -242,7 +254,7 @@ def _tolerations(value: Any) -> tuple[Toleration, ...]:
             raise bad(f"{name}.value", "must be empty when operator is Exists", INVALID_TOLERATION)
         if not key and operator != "Exists":
             raise bad(f"{name}.operator", "an empty key needs operator Exists", INVALID_TOLERATION)
-        if effect and effect not in TAINT_EFFECTS:
+        if effect != "" and effect not in TAINT_EFFECTS:
             raise bad(f"{name}.effect", f"must be one of {', '.join(TAINT_EFFECTS)}", INVALID_TOLERATION)
         seconds = item.get("toleration_seconds")
         if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int) or seconds < 0):
@@ -256,7 +268,7 @@ def _spread(value: Any) -> tuple[str, str, str]:
         return "", "", SpreadMode.SPREAD
     if not isinstance(value, dict) or set(value) - {"group", "topology_key", "mode"}:
         raise bad("spread", "must be {group, topology_key, mode}", INVALID_SPREAD)
-    group, key, mode = value.get("group"), value.get("topology_key") or "host", value.get("mode") or "spread"
+    group, key, mode = value.get("group"), _text(value.get("topology_key"), "host"), _text(value.get("mode"), "spread")
     if not isinstance(group, str) or not WORKLOAD_ID.fullmatch(group):
         raise bad("spread.group", "must be a non-empty name", INVALID_SPREAD)
     if not isinstance(key, str) or not (key in TOPOLOGY_KEYS or LABEL_KEY.fullmatch(key)):
@@ -327,7 +339,7 @@ def parse_spec(data: Any) -> PlacementSpec:
     pool = data.get("pool")
     if not isinstance(pool, str) or not pool:
         raise bad("pool", "required: the pool's name", UNKNOWN_POOL)
-    shape = data.get("shape") or ""
+    shape = _text(data.get("shape"), "")
     if not isinstance(shape, str):
         raise bad("shape", "must be a shape name")
     raw_resources = data.get("resources")
@@ -336,10 +348,10 @@ def parse_spec(data: Any) -> PlacementSpec:
     resources = resources_from_wire(raw_resources) if raw_resources is not None else {}
     if not shape and not resources and not data.get("devices"):
         raise bad("resources", "ask for at least one resource (or name a shape)", EMPTY_REQUEST)
-    features = data.get("features") or {}
+    features = _given(data.get("features"), {})
     if not isinstance(features, dict) or not all(isinstance(v, str | int | bool) for v in features.values()):
         raise bad("features", "must be an object of feature name to a string, number or boolean")
-    command = data.get("command") or []
+    command = _given(data.get("command"), [])
     if not isinstance(command, list) or not all(isinstance(a, str) for a in command) or len(command) > MAX_COMMAND_ARGS:
         raise bad("command", "must be a list of strings (argv)")
     queue = data.get("queue", False)

@@ -313,6 +313,19 @@ def test_clients_cannot_publish_shapes(client_api, pool):
         ({"tolerations": [{"value": "b"}]}, 400, "invalid_toleration", "tolerations[0].operator"),
         ({"spread": {"group": "g", "mode": "clump"}}, 400, "invalid_spread", "spread.mode"),
         ({"surprise": 1}, 400, "validation_error", "surprise"),
+        # A falsy value of the wrong type is refused, not read as the member left out.
+        ({"shape": 0}, 400, "validation_error", "shape"),
+        ({"features": []}, 400, "validation_error", "features"),
+        ({"command": {}}, 400, "validation_error", "command"),
+        ({"command": False}, 400, "validation_error", "command"),
+        ({"affinity": {"required": {}}}, 400, "invalid_affinity", "affinity.required"),
+        ({"affinity": {"preferred": 0}}, 400, "invalid_affinity", "affinity.preferred"),
+        ({"tolerations": [{"key": False, "operator": "Exists"}]}, 400, "invalid_toleration", "tolerations[0].key"),
+        ({"tolerations": [{"key": "a", "operator": 0}]}, 400, "invalid_toleration", "tolerations[0].operator"),
+        ({"tolerations": [{"key": "a", "value": []}]}, 400, "invalid_toleration", "tolerations[0].value"),
+        ({"tolerations": [{"key": "a", "effect": False}]}, 400, "invalid_toleration", "tolerations[0].effect"),
+        ({"spread": {"group": "g", "topology_key": {}}}, 400, "invalid_spread", "spread.topology_key"),
+        ({"spread": {"group": "g", "mode": False}}, 400, "invalid_spread", "spread.mode"),
     ],
 )
 def test_bad_input_is_a_400_naming_the_field_and_changes_nothing(client_api, pool, body, status, code, field):
