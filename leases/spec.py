@@ -223,7 +223,7 @@ def _affinity(value: Any) -> tuple[tuple[Requirement, ...], tuple[tuple[int, Req
     preferred = []
     for i, item in enumerate(preferred_raw):
         name = f"affinity.preferred[{i}]"
-        if not isinstance(item, dict) or "term" not in item:
+        if not isinstance(item, dict) or "term" not in item or set(item) - {"weight", "term"}:
             raise bad(name, "must be {'weight': 1..100, 'term': {...}}", INVALID_AFFINITY)
         weight = item.get("weight")
         if isinstance(weight, bool) or not isinstance(weight, int) or not 1 <= weight <= 100:

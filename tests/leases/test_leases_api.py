@@ -297,6 +297,12 @@ def test_clients_cannot_publish_shapes(client_api, pool):
             "invalid_affinity",
             "affinity.preferred[0].weight",
         ),
+        (  # an unknown member of a preferred term, as anywhere else in the request (it was ignored)
+            {"affinity": {"preferred": [{"weight": 5, "term": {"key": "a", "operator": "Exists"}, "preference": {}}]}},
+            400,
+            "invalid_affinity",
+            "affinity.preferred[0]",
+        ),
         (
             {"tolerations": [{"key": "a", "operator": "Sometimes"}]},
             400,
