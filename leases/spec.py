@@ -346,8 +346,6 @@ def parse_spec(data: Any) -> PlacementSpec:
     if shape and raw_resources:
         raise bad("resources", "give either resources or a shape, not both")
     resources = resources_from_wire(raw_resources) if raw_resources is not None else {}
-    if not shape and not resources and not data.get("devices"):
-        raise bad("resources", "ask for at least one resource (or name a shape)", EMPTY_REQUEST)
     features = _given(data.get("features"), {})
     if not isinstance(features, dict) or not all(isinstance(v, str | int | bool) for v in features.values()):
         raise bad("features", "must be an object of feature name to a string, number or boolean")
@@ -360,6 +358,9 @@ def parse_spec(data: Any) -> PlacementSpec:
     required, preferred = _affinity(data.get("affinity"))
     group, topology_key, mode = _spread(data.get("spread"))
     explicit = device_requests_from_wire(data.get("devices"))
+    # After the devices are read: "devices": {} is a bad member, not a request for nothing.
+    if not shape and not resources and not explicit:
+        raise bad("resources", "ask for at least one resource (or name a shape)", EMPTY_REQUEST)
     resources = with_device_counts(resources, explicit)
     try:
         node_constraints = parse_node_constraints(data.get("node_constraints"))

@@ -258,6 +258,9 @@ def test_clients_cannot_publish_shapes(client_api, pool):
         # The field is the whole name, colon and all (it was cut at the first ":").
         ({"resources": {"a:b": "1"}}, 400, "invalid_quantity", "resources.a:b"),
         ({"resources": {}}, 400, "empty_request", "resources"),
+        ({"resources": None, "devices": []}, 400, "empty_request", "resources"),
+        # A malformed devices member is named, not taken for a request of nothing.
+        ({"resources": None, "devices": {}}, 400, "invalid_device_request", "devices"),
         ({"pool": "nowhere"}, 400, "unknown_pool", "pool"),
         ({"shape": "huge", "resources": None}, 400, "unknown_shape", "shape"),
         ({"workload_id": ""}, 400, "validation_error", "workload_id"),
