@@ -149,7 +149,7 @@ def parse_node_constraint(item: Any, name: str, *, extra: frozenset = frozenset(
     if not isinstance(item, dict) or set(item) - allowed:
         raise NodeConstraintError(name, f"must be an object with {', '.join(sorted(allowed))}")
     attribute = item.get("attribute")
-    if attribute not in NODE_ATTRIBUTES:
+    if not isinstance(attribute, str) or attribute not in NODE_ATTRIBUTES:  # a list is unhashable
         raise NodeConstraintError(f"{name}.attribute", f"must be one of {', '.join(NODE_ATTRIBUTES)}")
     try:
         comparison = Comparison.parse(item.get("operator"), item.get("value"))

@@ -322,6 +322,19 @@ def test_clients_cannot_publish_shapes(client_api, pool):
         ({"tolerations": [{"value": "b"}]}, 400, "invalid_toleration", "tolerations[0].operator"),
         ({"spread": {"group": "g", "mode": "clump"}}, 400, "invalid_spread", "spread.mode"),
         ({"surprise": 1}, 400, "validation_error", "surprise"),
+        # An unhashable attribute was looked up in a dict: a TypeError, answered 500.
+        (
+            {"node_constraints": [{"attribute": [], "operator": ">=", "value": 0.5}]},
+            400,
+            "invalid_node_constraint",
+            "node_constraints[0].attribute",
+        ),
+        (
+            {"node_preferences": [{"weight": 1, "attribute": {}, "operator": ">=", "value": 0.5}]},
+            400,
+            "invalid_node_constraint",
+            "node_preferences[0].attribute",
+        ),
         # A falsy value of the wrong type is refused, not read as the member left out.
         ({"shape": 0}, 400, "validation_error", "shape"),
         ({"features": []}, 400, "validation_error", "features"),
