@@ -379,6 +379,13 @@ SPECTACULAR_SETTINGS = {
         "UpgradeNodeStateEnum": "operations.choices.UpgradeNodeState",
         "MachineStateEnum": "operations.choices.MachineState",
         "PreemptionStateEnum": "operations.choices.PreemptionState",
+        # The lease request's operators and attributes (leases.api.spec_schema): four sets named "operator".
+        "NodeSelectorOperatorEnum": "leases.spec.OPERATORS",
+        "TolerationOperatorEnum": "leases.spec.TOLERATION_OPERATORS",
+        "DeviceConstraintOperatorEnum": "leases.device_requests.OPERATORS",
+        "NumericOperatorEnum": "nodepool.comparison.NUMERIC_OPERATORS",
+        "DeviceAttributeEnum": "leases.device_requests.ATTRIBUTES",
+        "NodeAttributeEnum": "leases.reliability.NODE_ATTRIBUTES",
     },
     # /api/docs/ must work on a control plane without internet access (and not follow "@latest").
     "SWAGGER_UI_DIST": "SIDECAR",
