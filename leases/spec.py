@@ -49,6 +49,9 @@ LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9]([-
 WORKLOAD_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@-]{0,199}$")
 MAX_TTL = 7 * 24 * 3600
 MAX_TERMS = 32
+# A toleration's seconds are added to a datetime by the NoExecute sweeps: 10**15 overflowed there
+# and stopped every eviction. About 68 years (int32's maximum); null tolerates for ever.
+MAX_TOLERATION_SECONDS = 2**31 - 1
 MAX_TERM_VALUES = 64
 MAX_LABEL_VALUE = 63
 # Gt/Lt compare a label as an int64 (Kubernetes), written with at most 18 digits.
@@ -257,8 +260,14 @@ def _tolerations(value: Any) -> tuple[Toleration, ...]:
         if effect != "" and effect not in TAINT_EFFECTS:
             raise bad(f"{name}.effect", f"must be one of {', '.join(TAINT_EFFECTS)}", INVALID_TOLERATION)
         seconds = item.get("toleration_seconds")
-        if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int) or seconds < 0):
-            raise bad(f"{name}.toleration_seconds", "must be a non-negative integer (seconds)", INVALID_TOLERATION)
+        if seconds is not None and (
+            isinstance(seconds, bool) or not isinstance(seconds, int) or not 0 <= seconds <= MAX_TOLERATION_SECONDS
+        ):
+            raise bad(
+                f"{name}.toleration_seconds",
+                f"must be an integer from 0 to {MAX_TOLERATION_SECONDS} (seconds; null: for ever)",
+                INVALID_TOLERATION,
+            )
         out.append(Toleration(key, operator, val, effect, seconds))
     return tuple(out)
 

@@ -48,6 +48,7 @@ from ..spec import (
     MAX_SHAPE_VERSION,
     MAX_TERM_VALUES,
     MAX_TERMS,
+    MAX_TOLERATION_SECONDS,
     MAX_TTL,
     OPERATORS,
     STANDARD_RESOURCES,
@@ -265,6 +266,7 @@ class TolerationSerializer(_Object):
     )
     toleration_seconds = JSONInteger(
         min_value=0,
+        max_value=MAX_TOLERATION_SECONDS,
         required=False,
         allow_null=True,
         help_text="NoExecute: how long the lease may stay once a matching taint appears (null: for ever)",

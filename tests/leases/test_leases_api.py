@@ -321,6 +321,12 @@ def test_clients_cannot_publish_shapes(client_api, pool):
         ({"tolerations": [{"key": "a", "effect": "NoRun"}]}, 400, "invalid_toleration", "tolerations[0].effect"),
         ({"tolerations": [{"value": "b"}]}, 400, "invalid_toleration", "tolerations[0].operator"),
         ({"spread": {"group": "g", "mode": "clump"}}, 400, "invalid_spread", "spread.mode"),
+        (  # beyond a datetime's reach: it stopped the NoExecute sweep for every lease
+            {"tolerations": [{"operator": "Exists", "effect": "NoExecute", "toleration_seconds": 10**15}]},
+            400,
+            "invalid_toleration",
+            "tolerations[0].toleration_seconds",
+        ),
         ({"surprise": 1}, 400, "validation_error", "surprise"),
         # An unhashable attribute was looked up in a dict: a TypeError, answered 500.
         (

@@ -180,3 +180,16 @@ def test_a_lease_that_cannot_be_evicted_does_not_keep_the_others_running(client_
     assert Lease.objects.get(pk=second.pk).state == LeaseState.REVOKED
     assert Lease.objects.get(pk=first.pk).state != LeaseState.REVOKED
     assert f"could not evict lease {first.pk}" in caplog.text
+
+
+def test_a_lease_stored_with_an_endless_toleration_does_not_stop_the_sweep(client_user, node):
+    """toleration_seconds beyond a datetime's reach (accepted before the request bounded it) made
+    the sweep raise OverflowError, so no lease was evicted any more; such a spec no longer
+    validates, and its lease is judged without tolerations like any other such spec."""
+    grant(client_user, "plain")  # no toleration: evicted at once, if the sweep gets to it
+    endless = grant(client_user, "endless", [{"key": "maintenance", "operator": "Exists", "effect": "NoExecute"}])
+    spec = {**endless.spec, "tolerations": [{**endless.spec["tolerations"][0], "toleration_seconds": 10**15}]}
+    Lease.objects.filter(pk=endless.pk).update(spec=spec)
+    taint(node, TAINT)
+    assert evict_noexecute() == 2
+    assert set(Lease.objects.values_list("state", flat=True)) == {LeaseState.REVOKED}

@@ -35,6 +35,7 @@ from leases.spec import (
     MAX_SHAPE_VERSION,
     MAX_TERM_VALUES,
     MAX_TERMS,
+    MAX_TOLERATION_SECONDS,
     MAX_TTL,
     parse_spec,
 )
@@ -439,6 +440,10 @@ TARGETED = {
     "a toleration effect unknown": _item("tolerations", TOLERATION, effect="NoRun"),
     "a toleration effect a number": _item("tolerations", TOLERATION, effect=1),
     "a toleration's seconds negative": _item("tolerations", TOLERATION, toleration_seconds=-1),
+    "a toleration's seconds at its limit": _item("tolerations", TOLERATION, toleration_seconds=MAX_TOLERATION_SECONDS),
+    "a toleration's seconds over its limit": _item(
+        "tolerations", TOLERATION, toleration_seconds=MAX_TOLERATION_SECONDS + 1
+    ),
     "a toleration's seconds a float": _item("tolerations", TOLERATION, toleration_seconds=1.5),
     "a toleration's seconds a string": _item("tolerations", TOLERATION, toleration_seconds="60"),
     **{f"a toleration {member} {name}": _item("tolerations", TOLERATION, **{member: value})
