@@ -93,7 +93,18 @@ def line_appeal_resolve(
         raise Problem("amount: a non-zero decimal string for a correction.", INVALID_DECIMAL, field="amount")
     now = now or timezone.now()
     with transaction.atomic():
-        appeal = LineAppeal.objects.select_for_update().select_related("line__statement").filter(pk=appeal_id).first()
+        # The appeal row alone: its version and its move are what two resolutions (or a resolution
+        # and a withdrawal) race for. The line (never edited) and its final statement (never
+        # written here; the correction goes to the owner's next open statement) are joined to be
+        # read: FOR UPDATE on them, as a plain select_for_update() took on PostgreSQL, made a
+        # payout request on that statement, and every insert naming the line or the statement
+        # (FOR KEY SHARE), wait for the resolution.
+        appeal = (
+            LineAppeal.objects.select_for_update(of=("self",))
+            .select_related("line__statement")
+            .filter(pk=appeal_id)
+            .first()
+        )
         if appeal is None:
             raise NotFound("No such line appeal.", LINE_APPEAL_NOT_FOUND)
         check_version(appeal.version, expected_version)

@@ -4,6 +4,7 @@ with a stable code and stores nothing (docs/marketplace.md, "Payouts")."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 
 import pytest
 import time_machine
@@ -137,6 +138,36 @@ def test_line_appeals_refuse_other_owners_lines_twice_and_float_amounts(
     )
     assert resolved.json()["state"] == "corrected" and resolved.json()["correction_amount"] == "-0.20"
     assert owner_api.get(f"{API}/line-appeals").json()["results"][0]["state"] == "corrected"
+
+
+def test_resolving_a_line_appeal_locks_the_appeal_row_only_not_its_line_or_statement(final_statement, owner):
+    """The appeal is locked (its version and its move); the line and its final statement, joined by
+    select_related, are only read. Without ``of=("self",)`` PostgreSQL locked both FOR UPDATE too,
+    so a payout request on the statement, and any insert naming the line or the statement (FOR KEY
+    SHARE), waited for the resolution."""
+    import re
+
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from marketplace import line_appeals
+
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks are PostgreSQL's; SQLite serialises every writing transaction")
+    statement, period, line = final_statement
+    reconcile_and_finalize(statement, period)
+    appeal = line_appeals.line_appeal_create(
+        owner=owner, line_id=line.pk, message="ran longer", actor=Actor.system("o")
+    )
+    with CaptureQueriesContext(connection) as queries:
+        line_appeals.line_appeal_resolve(
+            appeal_id=appeal.pk, outcome="corrected", resolution="found", amount=Decimal("0.61"),
+            expected_version=appeal.version, actor=Actor.system("t"),
+        )  # fmt: skip
+    locks = [q["sql"] for q in queries.captured_queries if re.search(r"FOR (NO KEY )?UPDATE", q["sql"])]
+    appeal_locks = [sql for sql in locks if 'FROM "marketplace_lineappeal"' in sql]
+    assert appeal_locks and all(sql.endswith('FOR UPDATE OF "marketplace_lineappeal"') for sql in appeal_locks)
+    assert LineAppeal.objects.get(pk=appeal.pk).state == "corrected"
 
 
 def test_pool_periods_and_mismatch_items_in_the_api(final_statement, operator_api, owner_api):
