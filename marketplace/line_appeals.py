@@ -138,13 +138,21 @@ def line_appeal_resolve(
 
 
 def _held_back_by_payout(line: StatementLine) -> bool:
-    """Whether a payout of the line's statement (approved or later) left this line out."""
-    excluded = Payout.objects.filter(
-        statement_id=line.statement_id,
-        currency=line.currency,
-        state__in=[PayoutState.APPROVED, PayoutState.PAID, PayoutState.REVERSED],
-    ).values_list("excluded_lines", flat=True)
-    return any(line.pk in (ids or []) for ids in excluded)
+    """Whether a payout of the line's statement (approved or later) left this line out.
+
+    Read under the payout's row lock, in the caller's transaction (a resolution or a withdrawal,
+    which hold the appeal): an approval decides what it holds back under that lock
+    (payouts.payable_amount leaves out the lines under open appeal), so either it approves first
+    and this sees the line held back, or it waits and then sees the appeal closed. Unlocked, both
+    read before either wrote and the line was paid by neither. Lock order: the appeal, then the
+    payout; nothing that locks a payout goes on to lock an appeal.
+    """
+    payouts = Payout.objects.select_for_update().filter(statement_id=line.statement_id, currency=line.currency)
+    return any(
+        line.pk in (excluded or [])
+        for state, excluded in payouts.values_list("state", "excluded_lines")
+        if state in (PayoutState.APPROVED, PayoutState.PAID, PayoutState.REVERSED)
+    )
 
 
 def line_appeal_withdraw(*, appeal_id, owner, actor: Actor) -> LineAppeal:

@@ -73,3 +73,58 @@ def test_two_payout_requests_at_once_make_one_payout(owner, client_user, operato
     assert hold.max_inside == 1
     assert Payout.objects.count() == 1
     assert NodeEvent.objects.filter(subject_type="payout").count() == 1
+
+
+def test_a_line_appeal_resolved_while_its_payout_is_approved_is_paid_once(owner, client_user, operator):
+    """The approval leaves out the lines under open appeal (payouts.payable_amount, read under the
+    payout's row lock); the resolution books what a payout held back (line_appeals._held_back_by_payout).
+    Each must see the other's outcome: without the resolution reading the payouts under their row
+    locks, both read before either wrote, the approval held the line back as still appealed and the
+    resolution found no approved payout, and the line's 2.42 was paid by neither."""
+    from decimal import Decimal
+    from unittest import mock
+
+    from django.contrib.auth.models import Group, User
+
+    from marketplace import line_appeals
+    from marketplace.models import StatementLine
+    from nodepool.api.permissions import OPERATORS
+
+    period = a_day_of_usage(owner, client_user)
+    periods.reconcile_period(period_id=period.pk, actor=Actor.system("r"), now=NEXT)
+    statement = Statement.objects.get(owner=owner)
+    statements.finalize_statement(statement_id=statement.pk, expected_version=1, actor=Actor.system("o"), now=NEXT)
+    requester = Actor("user", operator.username, user=operator)
+    approver_user = User.objects.create_user(username="paula-operator", password="pw")
+    approver_user.groups.add(Group.objects.get_or_create(name=OPERATORS)[0])
+    approver = Actor("user", approver_user.username, user=approver_user)
+    payout = payouts.payout_request(statement_id=statement.pk, currency="EUR", actor=requester, now=NEXT)
+    line = StatementLine.objects.filter(statement=statement, currency="EUR", amount__gt=0).order_by("pk").first()
+    appeal = line_appeals.line_appeal_create(owner=owner, line_id=line.pk, message="too low", actor=Actor.system("o"))
+    total = Decimal(statements.totals(Statement.objects.get(pk=statement.pk))["EUR"])
+
+    def act(i):
+        if i == 0:
+            return payouts.payout_approve(
+                payout_id=payout.pk, expected_version=payout.version, actor=approver, now=NEXT
+            )
+        return line_appeals.line_appeal_resolve(appeal_id=appeal.pk, outcome="corrected", resolution="found",
+                                                amount=Decimal("0.61"), expected_version=appeal.version,
+                                                actor=requester, now=NEXT)  # fmt: skip
+
+    # Each racer is held after its read (the approval's amount, the resolution's held-back check).
+    with Hold("marketplace.payouts.payable_amount", parties=2, timeout=1.0) as hold:
+        original = line_appeals._held_back_by_payout
+
+        def held_back(found_line):
+            value = original(found_line)
+            hold.wait_here()
+            return value
+
+        with mock.patch.object(line_appeals, "_held_back_by_payout", held_back):
+            outcome = race(act, 2)
+    assert not outcome.errors, outcome.errors
+    assert hold.max_inside == 1
+    approved = Payout.objects.get(pk=payout.pk)
+    correction = StatementLine.objects.get(corrects=line)
+    assert approved.amount + correction.amount == total + Decimal("0.61")
