@@ -12,7 +12,6 @@ Drains live in :mod:`maintenance.drains`; the automatic quarantine rules in :mod
 
 from __future__ import annotations
 
-import importlib
 import logging
 from typing import Any
 
@@ -27,6 +26,7 @@ from fleet.errors import NODE_NOT_FOUND
 from fleet.events import Actor, record_event
 from fleet.instructions import Instruction, post_instructions
 from fleet.models import Node
+from fleet.services import queue_admission
 from leases import reconcile as lease_reconcile
 from leases.choices import LIVE_LEASE_STATES
 from leases.models import Lease
@@ -309,31 +309,6 @@ def release_node(
     return node, secret
 
 
-def queue_admission(*, node: Node, actor: Actor) -> bool:
-    """Ask the fleet app to run admission checks again for ``node`` (already ``admitting``, saved).
-
-    Calls the fleet app's ``fleet.services.queue_admission(node=node)`` (a new admission attempt,
-    dispatched on commit), or failing that ``fleet.services.start_admission(node=node, actor=actor)``,
-    inside the caller's transaction, so a failure rolls the return-to-service back. When the fleet
-    app offers neither, the node stays ``admitting`` and the event says admission was not queued.
-
-    Returns: True when admission was queued.
-    """
-    try:
-        fleet_services = importlib.import_module("fleet.services")
-    except ImportError:
-        return False
-    queue = getattr(fleet_services, "queue_admission", None)
-    if queue is not None:
-        queue(node=node)
-        return True
-    start = getattr(fleet_services, "start_admission", None)
-    if start is None:
-        return False
-    start(node=node, actor=actor)
-    return True
-
-
 def return_node_to_service(*, node_id, expected_version: int, reason: str, actor: Actor, now=None) -> Node:
     """maintenance → admitting, and queue admission again (and the benchmark where the pool needs one).
 
@@ -357,8 +332,12 @@ def return_node_to_service(*, node_id, expected_version: int, reason: str, actor
         event = record_transition(
             node, actor, from_state=from_state, reason=reason, data={"action": "return-to-service"}
         )
-        queued = queue_admission(node=node, actor=actor)
-        event.data["admission_queued"] = queued
+        # Fleet's one entry point for a node already admitting: a new attempt (the previous
+        # attempt's checks are never reused), dispatched on commit. Imported: the name-lookup it
+        # replaces fell back to a fleet.services.start_admission that never existed and then left
+        # the node admitting with nothing queued.
+        queue_admission(node=node)
+        event.data["admission_queued"] = True  # always, now; kept for the event's readers
         event.save(update_fields=["data"])
     return Node.objects.get(pk=node.pk)
 
