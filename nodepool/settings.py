@@ -384,7 +384,7 @@ SPECTACULAR_SETTINGS = {
         "TolerationOperatorEnum": "leases.spec.TOLERATION_OPERATORS",
         "DeviceConstraintOperatorEnum": "leases.device_requests.OPERATORS",
         "NumericOperatorEnum": "nodepool.comparison.NUMERIC_OPERATORS",
-        "DeviceAttributeEnum": "leases.device_requests.ATTRIBUTES",
+        "DeviceAttributeEnum": "leases.choices.ATTRIBUTES",
         "NodeAttributeEnum": "leases.reliability.NODE_ATTRIBUTES",
     },
     # /api/docs/ must work on a control plane without internet access (and not follow "@latest").

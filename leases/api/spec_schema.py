@@ -26,16 +26,8 @@ from nodepool.api.strict import JSONChoice, JSONInteger, JSONString, StrictBoole
 from nodepool.comparison import NUMERIC_OPERATORS, Comparison, ComparisonError, parse_number
 from nodepool.quantity import RESOURCE_NAME, QuantityError, to_canonical
 
-from ..choices import SpreadMode
-from ..device_requests import (
-    ATTRIBUTES,
-    COLOCATE,
-    KNOWN_DEVICE_TYPES,
-    MAX_CONSTRAINTS,
-    MAX_COUNT,
-    MAX_DEVICE_REQUESTS,
-    NUMERIC_ATTRIBUTES,
-)
+from ..choices import ATTRIBUTES, COLOCATE, NUMERIC_ATTRIBUTES, SpreadMode
+from ..device_requests import KNOWN_DEVICE_TYPES, MAX_CONSTRAINTS, MAX_COUNT, MAX_DEVICE_REQUESTS
 from ..device_requests import OPERATORS as DEVICE_OPERATORS
 from ..preview import MAX_COUNT as MAX_PREVIEW_COUNT
 from ..reliability import MAX_NODE_CONSTRAINTS, NODE_ATTRIBUTES
