@@ -103,11 +103,11 @@ def _constraint(raw: Any, where: str) -> Constraint:
     if not isinstance(raw, dict) or set(raw) - {"attribute", "operator", "value"}:
         raise DeviceRequestError(where, "a constraint is {attribute, operator, value}", INVALID_DEVICE_CONSTRAINT)
     attribute, operator, value = raw.get("attribute"), raw.get("operator"), raw.get("value")
-    if attribute not in ATTRIBUTES:
+    if not isinstance(attribute, str) or attribute not in ATTRIBUTES:
         raise DeviceRequestError(
             f"{where}.attribute", f"must be one of {', '.join(sorted(ATTRIBUTES))}", INVALID_DEVICE_CONSTRAINT
         )
-    if operator not in OPERATORS:
+    if not isinstance(operator, str) or operator not in OPERATORS:
         raise DeviceRequestError(
             f"{where}.operator", f"must be one of {', '.join(OPERATORS)}", INVALID_DEVICE_CONSTRAINT
         )
@@ -156,13 +156,15 @@ def parse_device_requests(raw: Any, *, known_type=None) -> tuple[DeviceRequest, 
         count = item.get("count", 1)
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_COUNT:
             raise DeviceRequestError(f"{where}.count", f"an integer from 1 to {MAX_COUNT}")
-        constraints_raw = item.get("constraints") or []
+        constraints_raw = item.get("constraints")
+        constraints_raw = [] if constraints_raw is None else constraints_raw  # null is absent; false is not
         if not isinstance(constraints_raw, list) or len(constraints_raw) > MAX_CONSTRAINTS:
             raise DeviceRequestError(f"{where}.constraints", f"a list of at most {MAX_CONSTRAINTS} constraints",
                                      INVALID_DEVICE_CONSTRAINT)  # fmt: skip
         constraints = tuple(_constraint(c, f"{where}.constraints[{j}]") for j, c in enumerate(constraints_raw))
-        colocate = item.get("colocate") or ""
-        if colocate not in ("", *COLOCATE):
+        colocate = item.get("colocate")
+        colocate = "" if colocate is None else colocate
+        if not isinstance(colocate, str) or colocate not in ("", *COLOCATE):
             raise DeviceRequestError(f"{where}.colocate", f"must be one of {', '.join(COLOCATE)}",
                                      INVALID_COLOCATION)  # fmt: skip
         out.append(DeviceRequest(kind, count, constraints, colocate))

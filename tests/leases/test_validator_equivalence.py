@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rest_framework.exceptions import ValidationError
 from rest_framework.settings import api_settings
@@ -540,33 +540,16 @@ TARGETED = {
 }  # fmt: skip
 
 
-# Known faults of the hand validator in leases.device_requests, left to the change that is moving
-# that module (the serializer already states the contract): a falsy constraints or colocate of the
-# wrong type is read as absent, and a constraint's unhashable attribute raises TypeError (a 500).
-PENDING = {
+# Former faults of the hand validator in leases.device_requests, each kept as a case: a falsy
+# constraints or colocate of the wrong type was read as absent, and a constraint's unhashable
+# attribute raised TypeError (a 500).
+FORMER_FAULTS = {
     **{f"device constraints {name}": _item("devices", DEVICE, constraints=value) for name, value in FALSY.items()
        if value != []},
     **{f"a device colocate {name}": _item("devices", DEVICE, colocate=value) for name, value in FALSY.items()
        if value != ""},
     "a device constraint attribute a list": _constraint(attribute=["memory"]),
 }  # fmt: skip
-
-
-def _pending(body) -> bool:
-    """Whether ``body`` holds one of the PENDING faults."""
-    devices = body.get("devices") if isinstance(body, dict) else None
-    for request in devices if isinstance(devices, list) else []:
-        if not isinstance(request, dict):
-            continue
-        constraints, colocate = request.get("constraints"), request.get("colocate")
-        if (not constraints and constraints is not None and constraints != []) or (
-            not colocate and colocate is not None and colocate != ""
-        ):
-            return True
-        for constraint in constraints if isinstance(constraints, list) else []:
-            if isinstance(constraint, dict) and isinstance(constraint.get("attribute"), list | dict):
-                return True
-    return False
 
 
 @st.composite
@@ -607,7 +590,6 @@ def _agree(body, exact: bool) -> None:
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mutated())
 def test_the_hand_validator_accepts_exactly_what_the_schema_serializer_accepts(case):
-    assume(not _pending(case[0]))
     _agree(*case)
 
 
@@ -627,13 +609,10 @@ def test_every_targeted_mutation_is_judged_alike():
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.xfail(strict=True, reason="leases.device_requests: falsy constraints/colocate, unhashable attribute")
-@pytest.mark.parametrize("name", sorted(PENDING))
-def test_the_pending_faults_of_the_device_requests_still_disagree(name):
-    """When leases.device_requests is fixed these pass (strict xfail fails): drop PENDING then."""
+@pytest.mark.parametrize("name", sorted(FORMER_FAULTS))
+def test_the_former_faults_of_the_device_requests_are_judged_alike(name):
     body = {"workload_id": "job-1", "pool": "general", "resources": {"cpu": "1"}}
-    PENDING[name](body)
-    assert _pending(body)
+    FORMER_FAULTS[name](body)
     _agree(body, True)
 
 
