@@ -30,21 +30,8 @@ from fleet.api.schema import HeartbeatSerializer
 from fleet.health import CONDITION_STATUSES
 from nodepool.api.problems import Problem
 from nodepool.quantity import MAX_CANONICAL
+from tests.validator_equivalence import INT64, agree, json_values, mutated, text
 
-INT64 = 2**63
-CHARACTERS = st.characters(exclude_categories=("Cs",), exclude_characters="\x00")
-
-
-def text(max_size: int):
-    return st.text(CHARACTERS, max_size=max_size)
-
-
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-INT64, INT64 - 1) | st.floats(allow_nan=False, allow_infinity=False)
-    | text(12),
-    lambda children: st.lists(children, max_size=3) | st.dictionaries(text(8), children, max_size=3),
-    max_leaves=8,
-)  # fmt: skip
 condition_types = st.from_regex(CONDITION_TYPE, fullmatch=True).filter(lambda s: len(s) <= hb.MAX_CONDITION_TYPE)
 lease_states = st.from_regex(LEASE_STATE, fullmatch=True).filter(lambda s: len(s) <= hb.MAX_LEASE_STATE)
 # Quantities valid for their resource ("1.5" cpu is 1500m; bytes and counts take no fraction).
@@ -140,25 +127,6 @@ def by_schema(body) -> list[str] | None:
 
 
 # --- mutations ------------------------------------------------------------------------------------
-
-
-def paths(value, prefix=()):
-    """Every member and item of ``value``, as key paths."""
-    if isinstance(value, dict):
-        items = value.items()
-    elif isinstance(value, list):
-        items = enumerate(value)
-    else:
-        return
-    for key, item in items:
-        yield (*prefix, key)
-        yield from paths(item, (*prefix, key))
-
-
-def _at(body, path):
-    for key in path[:-1]:
-        body = body[key]
-    return body
 
 
 def _text_of(length: int) -> str:
@@ -267,45 +235,10 @@ TARGETED = {
 }
 
 
-@st.composite
-def mutated(draw):
-    """``(body, exact)``: a valid body mutated once; ``exact`` when both must name the same fields."""
-    body = draw(bodies)
-    kind = draw(st.sampled_from(["none", "drop", "replace", "targeted"]))
-    every = list(paths(body))
-    if kind == "drop":
-        path = draw(st.sampled_from([p for p in every if isinstance(_at(body, p), dict)]))
-        del _at(body, path)[path[-1]]
-        return body, True
-    if kind == "replace":
-        path = draw(st.sampled_from(every))
-        _at(body, path)[path[-1]] = draw(json_values)
-        return body, False
-    if kind == "targeted":
-        name = draw(st.sampled_from(sorted(TARGETED)))
-        if TARGETED[name] is None:
-            return [body], True
-        TARGETED[name](body)
-        return body, True
-    return body, True
-
-
-def _agree(body, exact: bool) -> None:
-    hand, schema = by_hand(body), by_schema(body)
-    assert (hand is None) == (schema is None), f"hand {hand}, schema {schema} for {body!r:.2000}"
-    if hand is None:
-        return
-    assert hand, body
-    if exact:
-        assert set(hand) == set(schema), f"hand {hand}, schema {schema} for {body!r:.2000}"
-    else:
-        assert set(hand) <= set(schema), f"hand {hand}, schema {schema} for {body!r:.2000}"
-
-
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(mutated())
+@given(mutated(bodies, TARGETED))
 def test_the_hand_validator_accepts_exactly_what_the_schema_serializer_accepts(case):
-    _agree(*case)
+    agree(by_hand, by_schema, *case)
 
 
 def test_every_targeted_mutation_is_judged_alike():
@@ -313,10 +246,10 @@ def test_every_targeted_mutation_is_judged_alike():
     for name, how in TARGETED.items():
         body = {"incarnation": 1, "sequence": 0, "observed_at": "2026-12-03T10:00:00Z"}
         if how is None:
-            _agree([body], True)
+            agree(by_hand, by_schema, [body], True)
             continue
         how(body)
         try:
-            _agree(body, True)
+            agree(by_hand, by_schema, body, True)
         except AssertionError as exc:
             raise AssertionError(f"{name}: {exc}") from None

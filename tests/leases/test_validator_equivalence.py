@@ -40,23 +40,10 @@ from leases.spec import (
     parse_spec,
 )
 from nodepool.api.problems import Problem
+from tests.validator_equivalence import INT64, agree, mutated, text
 
 pytestmark = pytest.mark.django_db
 
-INT64 = 2**63
-CHARACTERS = st.characters(exclude_categories=("Cs",), exclude_characters="\x00")
-
-
-def text(max_size: int, min_size: int = 0):
-    return st.text(CHARACTERS, min_size=min_size, max_size=max_size)
-
-
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-INT64, INT64 - 1) | st.floats(allow_nan=False, allow_infinity=False)
-    | text(12),
-    lambda children: st.lists(children, max_size=3) | st.dictionaries(text(8), children, max_size=3),
-    max_leaves=8,
-)  # fmt: skip
 # Short instances of leases.spec's patterns (LABEL_KEY, WORKLOAD_ID; their lengths are targeted below):
 # drawing from the full patterns and filtering cost most of the test's time.
 label_keys = st.sampled_from(["zone", "topology.kubernetes.io/zone", "arch", "nodepool.dev/pool", "a.b-c/D_e.9"]) | (
@@ -224,25 +211,6 @@ def by_schema(body) -> list[str] | None:
 
 
 # --- mutations ------------------------------------------------------------------------------------
-
-
-def paths(value, prefix=()):
-    """Every member and item of ``value``, as key paths."""
-    if isinstance(value, dict):
-        items = value.items()
-    elif isinstance(value, list):
-        items = enumerate(value)
-    else:
-        return
-    for key, item in items:
-        yield (*prefix, key)
-        yield from paths(item, (*prefix, key))
-
-
-def _at(body, path):
-    for key in path[:-1]:
-        body = body[key]
-    return body
 
 
 def _set(key, value):
@@ -552,45 +520,10 @@ FORMER_FAULTS = {
 }  # fmt: skip
 
 
-@st.composite
-def mutated(draw):
-    """``(body, exact)``: a valid body mutated once; ``exact`` when both must name the same fields."""
-    body = draw(bodies())
-    kind = draw(st.sampled_from(["none", "drop", "replace", "targeted"]))
-    every = list(paths(body))
-    if kind == "drop":
-        path = draw(st.sampled_from([p for p in every if isinstance(_at(body, p), dict)]))
-        del _at(body, path)[path[-1]]
-        return body, True
-    if kind == "replace":
-        path = draw(st.sampled_from(every))
-        _at(body, path)[path[-1]] = draw(json_values)
-        return body, False
-    if kind == "targeted":
-        name = draw(st.sampled_from(sorted(TARGETED)))
-        if TARGETED[name] is None:
-            return [body], True
-        TARGETED[name](body)
-        return body, True
-    return body, True
-
-
-def _agree(body, exact: bool) -> None:
-    hand, schema = by_hand(body), by_schema(body)
-    assert (hand is None) == (schema is None), f"hand {hand}, schema {schema} for {body!r:.2000}"
-    if hand is None:
-        return
-    assert hand, body
-    if exact:
-        assert set(hand) == set(schema), f"hand {hand}, schema {schema} for {body!r:.2000}"
-    else:
-        assert set(hand) <= set(schema), f"hand {hand}, schema {schema} for {body!r:.2000}"
-
-
 @settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(mutated())
+@given(mutated(bodies(), TARGETED))
 def test_the_hand_validator_accepts_exactly_what_the_schema_serializer_accepts(case):
-    _agree(*case)
+    agree(by_hand, by_schema, *case)
 
 
 def test_every_targeted_mutation_is_judged_alike():
@@ -603,7 +536,7 @@ def test_every_targeted_mutation_is_judged_alike():
         else:
             how(body)
         try:
-            _agree(body, True)
+            agree(by_hand, by_schema, body, True)
         except AssertionError as exc:
             failures.append(f"{name}: {exc}")
     assert not failures, "\n".join(failures)
@@ -613,7 +546,7 @@ def test_every_targeted_mutation_is_judged_alike():
 def test_the_former_faults_of_the_device_requests_are_judged_alike(name):
     body = {"workload_id": "job-1", "pool": "general", "resources": {"cpu": "1"}}
     FORMER_FAULTS[name](body)
-    _agree(body, True)
+    agree(by_hand, by_schema, body, True)
 
 
 def test_the_targeted_mutations_are_mostly_refused():
