@@ -84,11 +84,7 @@ def claim_plain(lease, node_id, request) -> tuple[list[dict], int]:
     (binpack sends them all to the fullest) picked the same first free device, and the later one
     waited for the first to commit only to fail on the unique index and start over.
     """
-    matched, params = "", []
-    for constraint in request.constraints:
-        sql, values = _constraint_sql(constraint)
-        matched += f" AND {sql}"
-        params += values
+    matched, params = _constraints_sql(request)
     node_pk = Node._meta.pk.get_db_prep_value(node_id, connection)
     lease_pk = LeaseDevice._meta.get_field("lease").get_db_prep_save(lease.pk, connection)
     order = 'd."index", d.device_id COLLATE "C"'  # choose's (index, device_id), in code point order
@@ -189,6 +185,16 @@ def _quoted(column: str) -> str:
     return f"d.{connection.ops.quote_name(column)}"
 
 
+def _constraints_sql(request) -> tuple[str, list]:
+    """``request``'s constraints as ``" AND <constraint>"`` each (``""`` for none), and their parameters."""
+    sql, params = "", []
+    for constraint in request.constraints:
+        condition, values = _constraint_sql(constraint)
+        sql += f" AND {condition}"
+        params += values
+    return sql, params
+
+
 def _constraint_sql(constraint) -> tuple[str, list]:
     column = _quoted(ATTRIBUTES[constraint.attribute])
     if constraint.comparison is not None:  # nodepool.comparison: False for a missing value
@@ -209,11 +215,8 @@ def device_rule_sql(request, node_column: str) -> tuple[str, list]:
     rows of its type, as the count alone decides there. One correlated aggregate over the node's
     live devices of the type (index ``device_live_by_node``), plus a grouped one for colocation.
     """
-    matched, params = "1 = 1", []
-    for constraint in request.constraints:
-        sql, values = _constraint_sql(constraint)
-        matched += f" AND {sql}"
-        params += values
+    conditions, params = _constraints_sql(request)
+    matched = f"1 = 1{conditions}"
     scope = f"d.node_id = {node_column} AND d.retired_at IS NULL AND d.type = %s"
     when = [
         f"WHEN count(*) = 0 THEN '{'' if request.implicit else 'device_type_missing'}'",
@@ -269,11 +272,8 @@ def device_reasons_sql(request) -> tuple[str, list]:
     node (about 80 µs a node, most of a 10,000-node 409), and one ``NOT IN`` set per rule read the
     devices once per rule. tests/leases/test_device_sql.py checks it against choose.
     """
-    matched, params = "1 = 1", []
-    for constraint in request.constraints:
-        sql, values = _constraint_sql(constraint)
-        matched += f" AND {sql}"
-        params += values
+    conditions, params = _constraints_sql(request)
+    matched = f"1 = 1{conditions}"
     # Each device's level, one CASE a row: 0 unmatched, 1 matched but not usable, 2 usable but
     # taken, 3 free; then per node the highest level and the free count decide the reason.
     level = f"CASE WHEN NOT ({matched}) THEN 0 WHEN NOT ({_USABLE}) THEN 1 WHEN {_TAKEN} THEN 2 ELSE 3 END AS lvl"
