@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from hypothesis import strategies as st
+from rest_framework.settings import api_settings
 
 INT64 = 2**63
 CHARACTERS = st.characters(exclude_categories=("Cs",), exclude_characters="\x00")
@@ -84,3 +85,28 @@ def agree(by_hand: Callable, by_schema: Callable, body, exact: bool) -> None:
         assert set(hand) == set(schema), f"hand {hand}, schema {schema} for {body!r:.2000}"
     else:
         assert set(hand) <= set(schema), f"hand {hand}, schema {schema} for {body!r:.2000}"
+
+
+def named_fields(detail, prefix: str = "", *, body: str = "") -> list[str]:
+    """The fields a DRF error detail names, as the hand validators write them (``a.b``,
+    ``a[2].b``); a refusal of the body itself is ``body`` (the heartbeat's validator says
+    ``non_field_errors``, the lease request's ``""``)."""
+    if isinstance(detail, dict):
+        out = []
+        for key, value in detail.items():
+            if key == api_settings.NON_FIELD_ERRORS_KEY:
+                path = prefix or body
+            elif isinstance(key, int):
+                path = f"{prefix}[{key}]"
+            else:
+                path = f"{prefix}.{key}" if prefix else str(key)
+            out += named_fields(value, path, body=body)
+        return out
+    if isinstance(detail, list) and detail and not all(isinstance(item, str) for item in detail):
+        return [
+            field
+            for index, item in enumerate(detail)
+            if item
+            for field in named_fields(item, f"{prefix}[{index}]", body=body)
+        ]
+    return [prefix]

@@ -30,7 +30,7 @@ from fleet.api.schema import HeartbeatSerializer
 from fleet.health import CONDITION_STATUSES
 from nodepool.api.problems import Problem
 from nodepool.quantity import MAX_CANONICAL
-from tests.validator_equivalence import INT64, agree, json_values, mutated, text
+from tests.validator_equivalence import INT64, agree, json_values, mutated, named_fields, text
 
 condition_types = st.from_regex(CONDITION_TYPE, fullmatch=True).filter(lambda s: len(s) <= hb.MAX_CONDITION_TYPE)
 lease_states = st.from_regex(LEASE_STATE, fullmatch=True).filter(lambda s: len(s) <= hb.MAX_LEASE_STATE)
@@ -81,26 +81,6 @@ bodies = st.fixed_dictionaries(
 # --- what each says -------------------------------------------------------------------------------
 
 
-def named_fields(detail, prefix: str = "") -> list[str]:
-    """The fields a DRF error detail names, as the hand validator writes them (``a.b``, ``a[2].b``)."""
-    if isinstance(detail, dict):
-        out = []
-        for key, value in detail.items():
-            if key == api_settings.NON_FIELD_ERRORS_KEY:
-                path = prefix or key
-            elif isinstance(key, int):
-                path = f"{prefix}[{key}]"
-            else:
-                path = f"{prefix}.{key}" if prefix else str(key)
-            out += named_fields(value, path)
-        return out
-    if isinstance(detail, list) and detail and not all(isinstance(item, str) for item in detail):
-        return [
-            field for index, item in enumerate(detail) if item for field in named_fields(item, f"{prefix}[{index}]")
-        ]
-    return [prefix]
-
-
 def _problem_fields(exc: Problem) -> list[str]:
     return [error["field"] for error in exc.extra.get("errors", [])] or [exc.extra.get("field", "")]
 
@@ -110,7 +90,7 @@ def by_hand(body) -> list[str] | None:
     try:
         parse_heartbeat(copy.deepcopy(body))
     except ValidationError as exc:
-        return named_fields(exc.detail)
+        return named_fields(exc.detail, body=api_settings.NON_FIELD_ERRORS_KEY)
     except Problem as exc:  # 422 over a limit, 400 invalid_quantity, 400 timezone_required
         return _problem_fields(exc)
     return None
@@ -123,7 +103,7 @@ def by_schema(body) -> list[str] | None:
         valid = serializer.is_valid()
     except Problem as exc:  # timezone_required
         return _problem_fields(exc)
-    return None if valid else named_fields(serializer.errors)
+    return None if valid else named_fields(serializer.errors, body=api_settings.NON_FIELD_ERRORS_KEY)
 
 
 # --- mutations ------------------------------------------------------------------------------------

@@ -23,7 +23,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rest_framework.exceptions import ValidationError
-from rest_framework.settings import api_settings
 
 from leases.api.spec_schema import MAX_DEVICE_TYPE, LeaseCreateRequestSerializer
 from leases.device_requests import MAX_CONSTRAINTS, MAX_COUNT, MAX_DEVICE_REQUESTS
@@ -40,7 +39,7 @@ from leases.spec import (
     parse_spec,
 )
 from nodepool.api.problems import Problem
-from tests.validator_equivalence import INT64, agree, mutated, text
+from tests.validator_equivalence import INT64, agree, mutated, named_fields, text
 
 pytestmark = pytest.mark.django_db
 
@@ -165,27 +164,6 @@ def bodies(draw):
 
 
 # --- what each says -------------------------------------------------------------------------------
-
-
-def named_fields(detail, prefix: str = "") -> list[str]:
-    """The fields a DRF error detail names, as the hand validator writes them (``a.b``, ``a[2].b``;
-    a refusal of the body itself is ``""``)."""
-    if isinstance(detail, dict):
-        out = []
-        for key, value in detail.items():
-            if key == api_settings.NON_FIELD_ERRORS_KEY:
-                path = prefix
-            elif isinstance(key, int):
-                path = f"{prefix}[{key}]"
-            else:
-                path = f"{prefix}.{key}" if prefix else str(key)
-            out += named_fields(value, path)
-        return out
-    if isinstance(detail, list) and detail and not all(isinstance(item, str) for item in detail):
-        return [
-            field for index, item in enumerate(detail) if item for field in named_fields(item, f"{prefix}[{index}]")
-        ]
-    return [prefix]
 
 
 def by_hand(body) -> list[str] | None:
