@@ -2,36 +2,53 @@
 
 Django binds parameters on the client (psycopg's ``ClientCursor``): every statement reaches
 PostgreSQL as text and is planned again at each execution. For a statement that runs on every
-request and costs more to plan than to run, :func:`prepared_cursor` gives a cursor that binds on
-the server, so that psycopg prepares the statement after :data:`PREPARE_THRESHOLD` executions on a
-connection and PostgreSQL plans it once per connection (the connection option
+request and costs more to plan than to run, :func:`prepared_cursor` gives a cursor that prepares
+it with SQL's ``PREPARE`` at its first execution on a connection and runs it with ``EXECUTE``
+after that, so that PostgreSQL plans it once per connection (the connection option
 ``plan_cache_mode=force_generic_plan``, set by ``nodepool.settings.postgres_options``). Django's
-own cursors never prepare, so that option changes nothing else.
+own statements are never prepared, so that option changes nothing else.
+
+Why SQL's ``PREPARE`` and not psycopg's own preparing (server-side binding, which prepares a
+statement after five executions): psycopg forgets every statement it prepared, and sends
+``DEALLOCATE ALL``, at each rollback of the connection, a savepoint's included
+(``psycopg._preparing``: the state is discarded on ``ROLLBACK``, in case the rollback undid an
+object a statement named). A grant that loses a race rolls back, so under contention the hot
+statements were unprepared most of the time: with two gunicorn workers granting at full speed,
+half of the candidate queries were planned again (``pg_stat_statements``: plans/calls 0.5, the
+device candidate query 2-3 ms to plan and 0.15 to run), and PostgreSQL spent 40 % of its time in
+the planner. Statements made by ``PREPARE`` belong to the session: a rollback does not undo them
+(PostgreSQL docs, PREPARE) and psycopg, which prepared nothing, has nothing to deallocate. The
+statements nodepool prepares never name an object a rollback could drop (no DDL runs in a
+request), and a plan whose table changed is re-planned by PostgreSQL itself.
 
 The cursor is wrapped like Django's: errors come out as ``django.db`` exceptions and
-``connection.execute_wrapper`` hooks see the statement. While queries are logged (``DEBUG``, or a
-test's ``CaptureQueriesContext``) it is Django's own cursor instead: Django reads a statement's
-text back from psycopg, which keeps none for a prepared execution.
+``connection.execute_wrapper`` hooks see the statement's own text (not the ``EXECUTE``). While
+queries are logged (``DEBUG``, or a test's ``CaptureQueriesContext``) it is Django's own cursor
+instead, so that the log shows the statement.
 
 For a model row read or written on every request, :func:`fetch_rows` and :func:`insert_row` do
 through :func:`prepared_cursor` what ``QuerySet.filter`` and ``Model.save`` do for one table: the
 ORM builds the SQL again at every call, which cost 0.3-0.5 ms per statement on this machine
 against about 0.1 ms for running the prepared statement.
 
-A connection pooler in transaction mode (PgBouncer before 1.21, or without
-``max_prepared_statements``) does not keep prepared statements: do not put one between nodepool
-and PostgreSQL, or set ``max_prepared_statements`` (docs/foundation.md).
+A connection pooler in transaction mode (PgBouncer, RDS Proxy) cannot keep a session's
+prepared statements: put none between nodepool and PostgreSQL, or run it in session mode
+(docs/foundation.md).
 """
 
 from __future__ import annotations
 
+import itertools
+import re
 import weakref
+from collections import OrderedDict
+from decimal import Decimal
 
 from django.db import DEFAULT_DB_ALIAS, connections, models
 from django.db.backends.utils import CursorWrapper
 from django.db.models.sql import Query
 
-PREPARE_THRESHOLD = 5  # psycopg's default: executions of one statement before it is prepared
+PREPARED_MAX = 128  # statements kept prepared per connection; the least recently used is deallocated
 
 
 def prepared_cursor():
@@ -40,7 +57,7 @@ def prepared_cursor():
     Use as ``with prepared_cursor() as cursor: cursor.execute(sql, params)``, with ``%s``
     placeholders as for any Django cursor. Values that pick the plan (a pool's id, say) belong in
     the SQL text rather than in ``params``: each text gets its own plan. On SQLite, or when the
-    settings bind on the server already, it is a plain ``connection.cursor()``.
+    settings bind on the server, it is a plain ``connection.cursor()``.
     """
     connection = connections[DEFAULT_DB_ALIAS]  # the thread's own, not the proxy: one lookup
     if (
@@ -49,13 +66,88 @@ def prepared_cursor():
         or connection.queries_logged
     ):
         return connection.cursor()
-    import psycopg  # only here: a SQLite deployment need not install the PostgreSQL driver
-
     connection.ensure_connection()
-    raw = connection.connection
-    if raw.prepare_threshold is None:  # Django switches preparing off; only this cursor binds on the server
-        raw.prepare_threshold = PREPARE_THRESHOLD
-    return CursorWrapper(psycopg.Cursor(raw), connection)
+    return _PreparingCursor(connection.connection.cursor(), connection)
+
+
+# Per psycopg connection: {SQL text: statement name}, least recently used first.
+_PREPARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_NAMES = itertools.count()
+_PLACEHOLDER = re.compile(r"%(?:\((\w+)\))?([%s])")  # %s, %(name)s and the escaped %%
+_CAST = re.compile(r"::([a-z_][a-z0-9_ ]*(?:\[\])?)$")
+
+
+class _PreparingCursor(CursorWrapper):
+    """Django's cursor wrapper whose ``execute`` runs ``EXECUTE name(params)`` of the statement,
+    prepared by ``PREPARE name (types) AS …`` on its first execution on the connection. Hooks
+    and the error wrapping are Django's own (``_execute_with_wrappers``, ``wrap_database_errors``)."""
+
+    def _execute(self, sql, params, *ignored_wrapper_args):
+        self.db.validate_no_broken_transaction()
+        with self.db.wrap_database_errors:
+            name, params = self._statement(sql, params)
+            try:
+                if params:
+                    return self.cursor.execute(f"EXECUTE {name}({', '.join(['%s'] * len(params))})", params)
+                return self.cursor.execute(f"EXECUTE {name}")
+            except Exception as exc:
+                if getattr(exc, "sqlstate", None) == "26000":  # the session lost it (DISCARD ALL, say)
+                    _PREPARED.pop(self.db.connection, None)  # prepared again from the next statement on
+                raise
+
+    def _statement(self, sql: str, params) -> tuple[str, list]:
+        """``(name, values)``: the name of ``sql``'s prepared statement on this connection (prepared
+        now if it is not yet) and ``params`` as a list in the order of its ``$n`` (named
+        parameters, ``%(name)s``, in the order they first appear)."""
+        statements = _PREPARED.setdefault(self.db.connection, OrderedDict())
+        entry = statements.get(sql)
+        if entry is None:
+            names: list = []  # the $n in order: positions, or the names of named parameters
+
+            def number(match) -> str:
+                key, kind = match.groups()
+                if kind == "%":
+                    return "%"
+                if key is None:  # positional: the next index of params
+                    key = len(names)
+                if key not in names:
+                    names.append(key)
+                return f"${names.index(key) + 1}"
+
+            text = _PLACEHOLDER.sub(number, sql)
+            values = [params[key] for key in names] if names else []
+            types = f" ({', '.join(self._type(value) for value in values)})" if values else ""
+            name = f"nodepool_{next(_NAMES)}"  # unique in the process, so on its connections
+            self.cursor.execute(f"PREPARE {name}{types} AS {text}")  # no parameters: sent as it is
+            statements[sql] = entry = (name, names)
+            if len(statements) > PREPARED_MAX:
+                self.cursor.execute(f"DEALLOCATE {statements.popitem(last=False)[1][0]}")
+        else:
+            statements.move_to_end(sql)
+        name, names = entry
+        return name, [params[key] for key in names]
+
+    def _type(self, value) -> str:
+        """The parameter's SQL type for PREPARE, as psycopg would have typed it when binding on the
+        server: integers as bigint (numeric beyond it), the cast psycopg writes for the others
+        (uuid, timestamptz, jsonb, arrays …), and ``unknown`` (inferred from where the parameter
+        stands) for strings, NULL and an empty array."""
+        if isinstance(value, bool):
+            return "boolean"
+        if isinstance(value, int):
+            return "bigint" if -(2**63) <= value < 2**63 else "numeric"
+        if isinstance(value, float):
+            return "double precision"
+        if isinstance(value, Decimal):
+            return "numeric"
+        if (
+            isinstance(value, list | tuple)
+            and value
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+        ):
+            return "bigint[]"
+        cast = _CAST.search(self.cursor.mogrify("%s", [value]))
+        return cast.group(1) if cast else "unknown"
 
 
 # Per connection's operations object (one per thread): (model, fields) -> _Reader.

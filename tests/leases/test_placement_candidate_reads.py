@@ -13,10 +13,10 @@ from fleet.choices import SchedulingPolicy
 from fleet.models import NodeResource
 from leases import placement
 from leases.spec import PlacementSpec, parse_spec
-from nodepool.db import PREPARE_THRESHOLD
 from tests.factories import PoolFactory, make_schedulable_node
 
 GiB = 2**30
+RUNS = 6  # executions of one statement on one connection: the first prepares it
 pytestmark = pytest.mark.django_db
 on_postgresql = pytest.mark.skipif(connection.vendor != "postgresql", reason="prepared statements are PostgreSQL's")
 
@@ -52,7 +52,7 @@ def read_rows(pool, spec):
 
 
 def test_the_page_reader_answers_what_the_candidate_query_answers_for_every_shape_pool_and_policy(pools):
-    for _ in range(PREPARE_THRESHOLD + 2):  # on PostgreSQL the later rounds run the prepared statements
+    for _ in range(RUNS + 2):  # on PostgreSQL the later rounds run the prepared statements
         for pool in pools:
             for resources in SHAPES:
                 spec = PlacementSpec(workload_id="w", pool=pool.name, resources=resources)
@@ -64,7 +64,7 @@ def test_the_page_reader_answers_what_the_candidate_query_answers_for_every_shap
 def test_a_prepared_read_sees_capacity_taken_after_it_was_prepared(pools):
     pool = pools[0]
     spec = PlacementSpec(workload_id="w", pool=pool.name, resources={"cpu": 3000, "memory": GiB})
-    for _ in range(PREPARE_THRESHOLD + 1):
+    for _ in range(RUNS + 1):
         before = read_rows(pool, spec)
     first = before[0][0]
     NodeResource.objects.filter(node_id=first, name="cpu").update(allocated=7_999)
@@ -78,7 +78,7 @@ def test_a_prepared_read_sees_capacity_taken_after_it_was_prepared(pools):
 @on_postgresql
 def test_each_pool_gets_its_own_prepared_statement_with_a_generic_plan(pools):
     spec_for = {pool.pk: PlacementSpec(workload_id="w", pool=pool.name, resources={"cpu": 1000}) for pool in pools}
-    for _ in range(PREPARE_THRESHOLD + 2):
+    for _ in range(RUNS + 2):
         for pool in pools:
             read_rows(pool, spec_for[pool.pk])
 
@@ -104,12 +104,12 @@ def test_the_prepared_read_goes_through_djangos_cursor_wrapper(pools):
 
     def hook(execute, sql, params, many, context):
         seen.append(sql)
-        if len(seen) > PREPARE_THRESHOLD + 1:
+        if len(seen) > RUNS + 1:
             return execute("SELECT 1/0", (), many, context)  # fails inside psycopg, as a timeout would
         return execute(sql, params, many, context)
 
     with connection.execute_wrapper(hook):
-        for _ in range(PREPARE_THRESHOLD + 1):
+        for _ in range(RUNS + 1):
             read_rows(pools[0], spec)
         with pytest.raises(DatabaseError):
             read_rows(pools[0], spec)
@@ -119,10 +119,10 @@ def test_the_prepared_read_goes_through_djangos_cursor_wrapper(pools):
 def test_a_query_capture_records_the_candidate_read_with_its_text(pools):
     spec = PlacementSpec(workload_id="w", pool=pools[0].name, resources={"cpu": 1000})
     with CaptureQueriesContext(connection) as queries:
-        for _ in range(PREPARE_THRESHOLD + 1):
+        for _ in range(RUNS + 1):
             read_rows(pools[0], spec)
     texts = [query["sql"] for query in queries.captured_queries]
-    assert len(texts) == PREPARE_THRESHOLD + 1 and all('"fleet_noderesource"' in text for text in texts)
+    assert len(texts) == RUNS + 1 and all('"fleet_noderesource"' in text for text in texts)
 
 
 @pytest.fixture
