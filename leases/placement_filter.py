@@ -184,18 +184,20 @@ def candidate_fields(spec: PlacementSpec) -> tuple[str, ...]:
 def candidate_query(pool: Pool, spec: PlacementSpec, *, now=None, exclude_node_ids=(), node_constraint_values=None):
     """Schedulable nodes of ``pool`` where every requested resource fits, best-first for the policy.
 
-    Driven from ``NodeResource`` through the ``noderesource_free`` index (``name``, free, node): the
+    Driven from ``NodeResource`` through the ``noderesource_free`` index (``name``, free, walk key, node): the
     planner walks the index in order and stops at the page's LIMIT. Yields tuples in the order of
     :func:`candidate_fields`.
     """
     qs = candidate_rows(
         pool, spec, now=now, exclude_node_ids=exclude_node_ids, node_constraint_values=node_constraint_values
     )
-    # Kubernetes' MostAllocated wants the fullest node; LeastAllocated the emptiest.
+    # Kubernetes' MostAllocated wants the fullest node; LeastAllocated the emptiest. Equal nodes
+    # in the row's random walk_key order (fleet.models.NodeResource.walk_key), as Kubernetes
+    # breaks a tie between equal scores at random; the node id makes the order total for paging.
     order = (
-        ("free_amount", "node_id")
+        ("free_amount", "walk_key", "node_id")
         if pool.scheduling_policy == SchedulingPolicy.BINPACK
-        else ("-free_amount", "-node_id")
+        else ("-free_amount", "-walk_key", "-node_id")
     )
     return qs.order_by(*order).values_list(*candidate_fields(spec))
 
