@@ -185,7 +185,6 @@ class LeaseDevice(models.Model):
             # Two live leases never hold the same device.
             models.UniqueConstraint(fields=["device"], condition=Q(live=True), name="leasedevice_one_live_holder"),
         ]
-        indexes = [models.Index(fields=["lease"], name="leasedevice_by_lease")]
 
     def __str__(self) -> str:
         return f"{self.device_id} for {self.lease_id}"

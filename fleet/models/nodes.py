@@ -409,7 +409,10 @@ class NodeResource(models.Model):
     ``max(0, allocatable - allocated)``; ``allocated > allocatable`` means overcommitted.
     """
 
-    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="resources")
+    # No index of its own: the unique (node, name) index starts with the node and serves every
+    # lookup by node. A second one cost an index entry more on each write of a row, and every
+    # grant and release writes two or three rows (never HOT: the walk's index holds allocated).
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="resources", db_index=False)
     name = models.CharField(max_length=253)
     capacity = models.BigIntegerField(default=0)
     reserved = models.BigIntegerField(default=0)
