@@ -32,6 +32,14 @@ class NoDevices(Exception):
     """The node no longer has the devices the request needs (or a racing grant took them)."""
 
 
+HOLDER_INDEX = "leasedevice_one_live_holder"  # leases.models.LeaseDevice: one live holder a device
+
+
+def _constraint(exc: IntegrityError) -> str | None:
+    """The name of the constraint that refused a row (PostgreSQL says it; SQLite does not)."""
+    return getattr(getattr(exc.__cause__, "diag", None), "constraint_name", None)
+
+
 def node_devices(node_ids, types, *, usable_only: bool = False) -> tuple[dict, dict]:
     """``({node_id: [device dicts]}, {node_id: {taken device pks}})`` for live devices of ``types``
     (None: every type). ``usable_only``: only verified, healthy, untainted, unheld devices (what a
@@ -66,10 +74,23 @@ def device_types(requests: tuple[DeviceRequest, ...]) -> set[str]:
     return {r.type for r in requests}
 
 
-def claim(*, lease, node_id, requests: tuple[DeviceRequest, ...], tolerates=None, patient: bool = True) -> list[dict]:
+def claim(
+    *,
+    lease,
+    node_id,
+    requests: tuple[DeviceRequest, ...],
+    tolerates=None,
+    patient: bool = True,
+    insert_lease: bool = False,
+) -> list[dict]:
     """Pick and hold devices for ``lease`` on ``node_id``; returns the lease's device list
     ``[{"id", "type", "index"}]`` (empty for a request without device types or a node that
     reports no devices of them). Call inside the grant's transaction.
+
+    ``insert_lease``: where the claim is one statement (leases.sql.devices.claim_plain), it also
+    INSERTs ``lease`` and marks it saved; the caller inserts it when ``lease._state.adding`` is
+    still True. IntegrityError from the lease's own constraints (a second live lease of the
+    workload) then comes out of here as it is.
 
     ``patient=False`` (the grant's first round over its candidates): a device another transaction
     holds locked right now is taken, not waited for — in practice another grant claiming it —
@@ -85,8 +106,10 @@ def claim(*, lease, node_id, requests: tuple[DeviceRequest, ...], tolerates=None
         return []
     if device_sql.claims_in_one_statement(requests, tolerates):
         try:
-            picked, available = device_sql.claim_plain(lease, node_id, requests[0])
+            picked, available = device_sql.claim_plain(lease, node_id, requests[0], insert_lease=insert_lease)
         except IntegrityError as exc:
+            if _constraint(exc) != HOLDER_INDEX:
+                raise  # the lease's own: a second live lease of the workload
             raise NoDevices("taken by a racing grant") from exc
         if picked:
             return picked

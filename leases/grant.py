@@ -169,7 +169,8 @@ def _reserve(
         # Specific devices before the lease row (whose pk they name; the foreign key is checked at
         # COMMIT): the partial unique index on live LeaseDevice rows is the guard, and a racing
         # grant of the same device waits on it here and then loses (leases.devices). It is taken
-        # before the capacity rows, like every grant, so the lock order stays one.
+        # before the capacity rows, like every grant, so the lock order stays one. Where the claim
+        # is one statement (PostgreSQL, a plain request), the lease row goes in with it.
         if spec.devices:
             try:
                 lease.devices = lease_devices.claim(
@@ -178,10 +179,12 @@ def _reserve(
                     requests=spec.devices,
                     tolerates=_device_tolerance(spec),
                     patient=patient,
+                    insert_lease=True,  # in the claim's statement where it is one
                 )
             except lease_devices.NoDevices as exc:
                 raise _LostRace("devices") from exc
-        insert_row(lease)  # Lease.objects.create, prepared: nothing listens to a lease's save
+        if lease._state.adding:
+            insert_row(lease)  # Lease.objects.create, prepared: nothing listens to a lease's save
         if lease_request is not None:
             LeaseRequest.objects.filter(pk=lease_request.pk).update(lease=lease)
         # A requeue names an earlier lease of the workload, which took a token from the fencing

@@ -263,6 +263,40 @@ def insert_row(instance: models.Model) -> models.Model:
             values = cursor.fetchone() if can_return else [cursor.lastrowid]
             for field, value in zip(returning, values, strict=True):
                 setattr(instance, field.attname, value)
+    return mark_inserted(instance)
+
+
+def insert_select(instance: models.Model, computed: dict[str, str]) -> tuple[str, str, list]:
+    """The parts of an ``INSERT INTO table (columns) SELECT values …`` of the new ``instance``, for
+    a statement that inserts it together with other work (PostgreSQL; a model whose primary key is
+    set before the insert): ``(head, values, params)``, where ``head`` is ``INSERT INTO table
+    (columns)``, ``values`` the select list and ``params`` its parameters. A field named in
+    ``computed`` (attribute name → SQL expression without parameters) takes that expression; the
+    others are prepared as :func:`insert_row` prepares them and each cast to its column's type
+    (in a select list, unlike ``VALUES``, PostgreSQL does not type a parameter from its column).
+
+    Raises:
+        ValueError: the model has a field the database fills in (an automatic primary key unset).
+    """
+    connection = connections[DEFAULT_DB_ALIAS]
+    meta = instance._meta
+    if any(getattr(instance, f.attname) is None for f in meta.db_returning_fields):
+        raise ValueError(f"{meta.label}: a field the database fills in is unset")
+    fields = meta.local_concrete_fields
+    quote = connection.ops.quote_name
+    values, params = [], []
+    for field in fields:
+        if field.attname in computed:
+            values.append(computed[field.attname])
+        else:
+            values.append(f"%s::{field.db_type(connection)}")
+            params.append(field.get_db_prep_save(field.pre_save(instance, True), connection))
+    head = f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(f.column) for f in fields)})"
+    return head, ", ".join(values), params
+
+
+def mark_inserted(instance: models.Model) -> models.Model:
+    """Mark ``instance`` saved, as :func:`insert_row` does, after a statement that inserted it."""
     instance._state.adding = False
-    instance._state.db = connection.alias
+    instance._state.db = DEFAULT_DB_ALIAS
     return instance

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 
 from fleet.events import Actor
 from fleet.models import Device
@@ -288,3 +288,56 @@ def test_a_gpu_request_walks_the_nodes_with_free_gpus_not_the_fullest_cpus(clien
     assert {c.node.pk for c in search.candidates} == {n.pk for n in nodes} - {held.node_id}
     walk = next(q["sql"] for q in queries.captured_queries if "ORDER BY" in q["sql"] and "noderesource" in q["sql"])
     assert """"fleet_noderesource"."name" = 'nvidia.com/gpu'""" in walk
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the one-statement claim is PostgreSQL's")
+def test_the_one_statement_claim_inserts_the_lease_with_its_devices(client_user):
+    """On PostgreSQL a plain device request's claim INSERTs the lease row in the same statement
+    (leases.sql.devices.claim_plain): no separate INSERT of the lease, and the stored row is the
+    one an INSERT of the instance would have stored."""
+    make_gpu_node(PoolFactory(name="gpu"), count=4)
+    statements = []
+
+    def record(execute, sql, params, many, context):
+        statements.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        lease, status = grant(client_user, "a", resources={"nvidia.com/gpu": 2}, command=["train"])
+    assert status == 201
+    assert not [s for s in statements if s.lstrip().startswith('INSERT INTO "leases_lease"')]
+    assert any("leased AS (INSERT INTO" in s for s in statements)
+    stored = Lease.objects.get(pk=lease.pk)
+    assert (
+        stored.devices
+        == lease.devices
+        == [
+            {"id": "GPU-n-0000", "type": "nvidia.com/gpu", "index": 0},
+            {"id": "GPU-n-0001", "type": "nvidia.com/gpu", "index": 1},
+        ]
+    )
+    for field in Lease._meta.concrete_fields:
+        assert getattr(stored, field.attname) == getattr(lease, field.attname), field.name
+
+
+def test_a_second_live_lease_of_the_workload_is_409_not_a_lost_race(client_user, client_api):
+    """The workload's partial unique index refuses the second live lease inside the device claim's
+    statement too (PostgreSQL): the answer is workload_has_live_lease, not a device race lost on
+    every node, and nothing of the second is held."""
+    make_gpu_node(PoolFactory(name="gpu"), count=4)
+    first, status = grant(client_user, "a", resources={"nvidia.com/gpu": 1})
+    assert status == 201
+    body = {"workload_id": "a", "pool": "gpu", "resources": {"nvidia.com/gpu": 1}}
+    inserts = []
+
+    def record(execute, sql, params, many, context):
+        if "INSERT INTO" in sql and "leases_lease " in sql.replace('"', "") + " ":
+            inserts.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        response = client_api.post("/api/v1/node-leases", body, format="json")
+    assert response.status_code == 409 and response.json()["code"] == "workload_has_live_lease", response.content
+    assert len(inserts) == 1  # refused once, not retried as a race for the devices on every round
+    assert LeaseDevice.objects.filter(live=True).count() == 1
+    assert list(Device.objects.filter(claimed=True).values_list("device_id", flat=True)) == [first.devices[0]["id"]]
