@@ -70,7 +70,8 @@ def prepared_cursor():
     return _PreparingCursor(connection.connection.cursor(), connection)
 
 
-# Per psycopg connection: {SQL text: statement name}, least recently used first.
+# Per psycopg connection: {SQL text: (statement name, its parameters' keys in $n order)},
+# least recently used first.
 _PREPARED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _NAMES = itertools.count()
 _PLACEHOLDER = re.compile(r"%(?:\((\w+)\))?([%s])")  # %s, %(name)s and the escaped %%
@@ -253,7 +254,7 @@ def insert_row(instance: models.Model) -> models.Model:
         f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(f.column) for f in fields)}) "  # noqa: S608 (names from the model; values bound)
         f"VALUES ({', '.join(['%s'] * len(fields))})"
     )
-    params = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
+    params = [_db_value(instance, f, connection) for f in fields]
     can_return = connection.features.can_return_columns_from_insert
     if returning and can_return:
         sql += " RETURNING " + ", ".join(quote(f.column) for f in returning)
@@ -290,9 +291,15 @@ def insert_select(instance: models.Model, computed: dict[str, str]) -> tuple[str
             values.append(computed[field.attname])
         else:
             values.append(f"%s::{field.db_type(connection)}")
-            params.append(field.get_db_prep_save(field.pre_save(instance, True), connection))
+            params.append(_db_value(instance, field, connection))
     head = f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(f.column) for f in fields)})"
     return head, ", ".join(values), params
+
+
+def _db_value(instance: models.Model, field, connection):
+    """``field``'s value of the new ``instance`` as the ORM writes it: ``pre_save`` (``auto_now_add``
+    stamps), then ``get_db_prep_save`` (JSON adaptation)."""
+    return field.get_db_prep_save(field.pre_save(instance, True), connection)
 
 
 def mark_inserted(instance: models.Model) -> models.Model:
