@@ -283,17 +283,19 @@ def insert_select(instance: models.Model, computed: dict[str, str]) -> tuple[str
     meta = instance._meta
     if any(getattr(instance, f.attname) is None for f in meta.db_returning_fields):
         raise ValueError(f"{meta.label}: a field the database fills in is unset")
-    fields = meta.local_concrete_fields
-    quote = connection.ops.quote_name
-    values, params = [], []
-    for field in fields:
-        if field.attname in computed:
-            values.append(computed[field.attname])
-        else:
-            values.append(f"%s::{field.db_type(connection)}")
-            params.append(_db_value(instance, field, connection))
-    head = f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(f.column) for f in fields)})"
-    return head, ", ".join(values), params
+    key = (connection.vendor, meta.label, tuple(sorted(computed.items())))
+    if key not in _INSERT_SELECTS:  # the text once per model and vendor (db_type is not cheap)
+        quote = connection.ops.quote_name
+        fields = meta.local_concrete_fields
+        values = [computed.get(f.attname) or f"%s::{f.db_type(connection)}" for f in fields]
+        bound = tuple(f for f in fields if f.attname not in computed)
+        head = f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(f.column) for f in fields)})"
+        _INSERT_SELECTS[key] = (head, ", ".join(values), bound)
+    head, values, bound = _INSERT_SELECTS[key]
+    return head, values, [_db_value(instance, field, connection) for field in bound]
+
+
+_INSERT_SELECTS: dict[tuple, tuple[str, str, tuple]] = {}  # insert_select's text and bound fields
 
 
 def _db_value(instance: models.Model, field, connection):

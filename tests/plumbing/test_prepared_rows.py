@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import Group, User
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.forms.models import model_to_dict
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -19,7 +19,7 @@ from fleet.models import Node, NodeEvent, Pool
 from leases import event_types as leases_events
 from leases.models import Lease
 from nodepool.api.permissions import CLIENTS, OPERATORS, in_group
-from nodepool.db import fetch_rows, insert_row
+from nodepool.db import fetch_rows, insert_row, insert_select, mark_inserted, prepared_cursor
 from nodepool.tokens import create_user_token
 from tests.factories import PoolFactory, make_schedulable_node
 from tests.problems import assert_problem
@@ -101,6 +101,27 @@ def test_insert_row_raises_the_constraint_error_and_writes_nothing(node):
         insert_row(_lease(node, "w0", 2))  # a second live lease of the workload: the partial unique index
     assert Lease.objects.filter(workload_id="w0").count() == 1
     assert Lease.objects.count() == ROUNDS  # the connection is usable after the refusal
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="insert_select is for PostgreSQL's statements")
+def test_insert_select_stores_each_instance_s_own_values_with_the_text_built_once(node):
+    texts = set()
+    for i in range(ROUNDS):
+        lease = _lease(node, f"s{i}", i + 1)
+        lease.command = ["sleep", str(i)]
+        head, values, params = insert_select(lease, {"devices": f"jsonb_build_array({i})"})
+        texts.add((head, values))
+        with prepared_cursor() as cursor:
+            cursor.execute(f"{head} SELECT {values}", params)
+        mark_inserted(lease)
+        stored = Lease.objects.get(pk=lease.pk)
+        assert stored.devices == [i]  # the computed column
+        assert {k: v for k, v in every_column(stored).items() if k != "devices"} == {
+            k: v for k, v in every_column(lease).items() if k != "devices"
+        }  # every other column from this instance, not from the first one the text was built for
+    assert len(texts) == ROUNDS  # one text per computed expression
+    again = insert_select(_lease(node, "s9", 9), {"devices": "jsonb_build_array(0)"})
+    assert again[:2] in texts and "s9" in again[2]
 
 
 # --- token authentication and roles on prepared reads ---------------------------------------------
