@@ -125,7 +125,7 @@ def reuse_fleet(size: int):
 def reset_fleet(pool) -> None:
     """``pool``'s fleet as it was built: every lease table emptied, node events gone,
     ``allocated`` back to 0 (the build's load is ``reserved``), no device ``claimed``; then
-    VACUUM ANALYZE of the rows that changed. PostgreSQL.
+    VACUUM ANALYZE of the resource and device rows that changed. PostgreSQL.
 
     First it waits for the other sessions of the database to go quiet: requests still queued in
     gunicorn when wrk stops are served after it, and a grant that commits between the TRUNCATE
@@ -149,8 +149,12 @@ def reset_fleet(pool) -> None:
     NodeResource.objects.filter(node__pool=pool).exclude(allocated=0).update(allocated=0)
     Device.objects.filter(node__pool=pool, claimed=True).update(claimed=False)
     with connection.cursor() as cursor:
+        # Not ANALYZE of the tables just truncated: they would be planned as empty for the whole
+        # round, and each backend keeps that plan for the lease foreign key's check (a sequential
+        # scan of the lease table growing to thousands of rows, at every device grant's COMMIT).
+        # Truncated and never analyzed, they are planned as a table of some pages, as a live
+        # fleet's lease tables are planned from their statistics.
         cursor.execute("VACUUM ANALYZE fleet_noderesource, fleet_device")
-        cursor.execute("ANALYZE")
 
 
 def _gpus(count, *constraints, colocate=""):
