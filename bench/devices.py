@@ -225,7 +225,11 @@ def time_device_409(user, samples: int, percentile) -> dict:
     from leases.services import lease_create
 
     timings, reasons = [], {}
-    for i in range(samples * len(UNMEETABLE)):
+    # One untimed 409 of each kind first, as time_device_placement warms up: straight after a
+    # restart of PostgreSQL the first 409 of each kind took 91 and 110 ms against 70 and 85 after
+    # (shared buffers still cold, the process' first census), and a run's p99 of 40 samples is its
+    # slowest one.
+    for i in range(-len(UNMEETABLE), samples * len(UNMEETABLE)):
         kind, (devices, expected) = list(UNMEETABLE.items())[i % len(UNMEETABLE)]
         body = {"workload_id": f"x{i}", "pool": "bench", "resources": {"cpu": "500m"}, "devices": devices}
         start = time.perf_counter()
@@ -239,7 +243,8 @@ def time_device_409(user, samples: int, percentile) -> dict:
             problem_reasons = getattr(exc, "extra", {}).get("reasons") or answer.get("reasons") or {}
             reasons[kind] = problem_reasons
             assert expected in problem_reasons, (kind, problem_reasons)
-        timings.append((time.perf_counter() - start) * 1000)
+        if i >= 0:
+            timings.append((time.perf_counter() - start) * 1000)
     return {
         "device_409_p50_ms": round(percentile(timings, 50), 2),
         "device_409_p99_ms": round(percentile(timings, 99), 2),
