@@ -226,6 +226,14 @@ def payout_approve(*, payout_id, expected_version: int, actor: Actor, now=None) 
         return {"amount": amount, "excluded_lines": excluded, "approved_by": actor.user, "approved_at": now}
 
     with transaction.atomic():
+        # The statement row first, as a payout request and a line appeal take it (statement, then
+        # payout): an appeal being filed either commits before the amount is computed, and its line
+        # is held back, or waits and then finds the payout approved (409 ``line_paid``). Without
+        # it both read before either wrote and an appealed line was paid. A payout's statement
+        # never changes, so it is read unlocked.
+        statement_id = Payout.objects.filter(pk=payout_id).values_list("statement_id", flat=True).first()
+        if statement_id is not None:
+            Statement.objects.select_for_update().filter(pk=statement_id).first()
         return _transition(
             payout_id,
             "approve",

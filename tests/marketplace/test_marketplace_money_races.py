@@ -128,3 +128,60 @@ def test_a_line_appeal_resolved_while_its_payout_is_approved_is_paid_once(owner,
     approved = Payout.objects.get(pk=payout.pk)
     correction = StatementLine.objects.get(corrects=line)
     assert approved.amount + correction.amount == total + Decimal("0.61")
+
+
+def test_a_line_appealed_while_its_payout_is_approved_is_either_held_back_or_refused(owner, client_user, operator):
+    """The approval computes the amount (leaving out lines under open appeal) and a line appeal is
+    refused once the payout is approved. Both take the statement's row lock: without it in the
+    approval, both read before either wrote, the appeal was filed and its line paid in full."""
+    from unittest import mock
+
+    from django.contrib.auth.models import Group, User
+
+    from marketplace import line_appeals
+    from marketplace.models import LineAppeal, StatementLine
+    from nodepool.api.permissions import OPERATORS
+
+    period = a_day_of_usage(owner, client_user)
+    periods.reconcile_period(period_id=period.pk, actor=Actor.system("r"), now=NEXT)
+    statement = Statement.objects.get(owner=owner)
+    statements.finalize_statement(statement_id=statement.pk, expected_version=1, actor=Actor.system("o"), now=NEXT)
+    requester = Actor("user", operator.username, user=operator)
+    approver_user = User.objects.create_user(username="paula-operator", password="pw")
+    approver_user.groups.add(Group.objects.get_or_create(name=OPERATORS)[0])
+    approver = Actor("user", approver_user.username, user=approver_user)
+    payout = payouts.payout_request(statement_id=statement.pk, currency="EUR", actor=requester, now=NEXT)
+    line = StatementLine.objects.filter(statement=statement, currency="EUR", amount__gt=0).order_by("pk").first()
+
+    def act(i):
+        if i == 0:
+            return code_or_state(
+                lambda: payouts.payout_approve(
+                    payout_id=payout.pk, expected_version=payout.version, actor=approver, now=NEXT
+                )
+            )
+        try:
+            return line_appeals.line_appeal_create(
+                owner=owner, line_id=line.pk, message="too low", actor=Actor.system("o")
+            ).state
+        except Conflict as exc:
+            return exc.get_codes()
+
+    # The approval is held after computing its amount, the appeal after it was written.
+    with Hold("marketplace.payouts.payable_amount", parties=2, timeout=1.0) as hold:
+        original = line_appeals._appeal_event
+
+        def appeal_event(*args, **kwargs):
+            original(*args, **kwargs)
+            hold.wait_here()
+
+        with mock.patch.object(line_appeals, "_appeal_event", appeal_event):
+            outcome = race(act, 2)
+    assert not outcome.errors, outcome.errors
+    assert hold.max_inside == 1
+    approved = Payout.objects.get(pk=payout.pk)
+    assert approved.state == "approved"
+    if LineAppeal.objects.filter(line=line).exists():
+        assert line.pk in approved.excluded_lines  # filed first: held back from the payout
+    else:
+        assert "line_paid" in str(outcome.results)  # approved first: the appeal is refused
