@@ -32,6 +32,28 @@ def a_day_of_usage(owner, client_user):
     return periods.period_for(pool, DAY + timedelta(hours=1))
 
 
+def a_requested_payout(owner, client_user, operator):
+    """A final statement of a day of usage and its EUR payout, requested by ``operator``:
+    ``(statement, requester, approver, payout, line)``, ``approver`` a second operator and ``line``
+    the statement's first paid EUR line."""
+    from django.contrib.auth.models import Group, User
+
+    from marketplace.models import StatementLine
+    from nodepool.api.permissions import OPERATORS
+
+    period = a_day_of_usage(owner, client_user)
+    periods.reconcile_period(period_id=period.pk, actor=Actor.system("r"), now=NEXT)
+    statement = Statement.objects.get(owner=owner)
+    statements.finalize_statement(statement_id=statement.pk, expected_version=1, actor=Actor.system("o"), now=NEXT)
+    requester = Actor("user", operator.username, user=operator)
+    approver_user = User.objects.create_user(username="paula-operator", password="pw")
+    approver_user.groups.add(Group.objects.get_or_create(name=OPERATORS)[0])
+    approver = Actor("user", approver_user.username, user=approver_user)
+    payout = payouts.payout_request(statement_id=statement.pk, currency="EUR", actor=requester, now=NEXT)
+    line = StatementLine.objects.filter(statement=statement, currency="EUR", amount__gt=0).order_by("pk").first()
+    return statement, requester, approver, payout, line
+
+
 def code_or_state(call):
     try:
         return call().state
@@ -84,22 +106,10 @@ def test_a_line_appeal_resolved_while_its_payout_is_approved_is_paid_once(owner,
     from decimal import Decimal
     from unittest import mock
 
-    from django.contrib.auth.models import Group, User
-
     from marketplace import line_appeals
     from marketplace.models import StatementLine
-    from nodepool.api.permissions import OPERATORS
 
-    period = a_day_of_usage(owner, client_user)
-    periods.reconcile_period(period_id=period.pk, actor=Actor.system("r"), now=NEXT)
-    statement = Statement.objects.get(owner=owner)
-    statements.finalize_statement(statement_id=statement.pk, expected_version=1, actor=Actor.system("o"), now=NEXT)
-    requester = Actor("user", operator.username, user=operator)
-    approver_user = User.objects.create_user(username="paula-operator", password="pw")
-    approver_user.groups.add(Group.objects.get_or_create(name=OPERATORS)[0])
-    approver = Actor("user", approver_user.username, user=approver_user)
-    payout = payouts.payout_request(statement_id=statement.pk, currency="EUR", actor=requester, now=NEXT)
-    line = StatementLine.objects.filter(statement=statement, currency="EUR", amount__gt=0).order_by("pk").first()
+    statement, requester, approver, payout, line = a_requested_payout(owner, client_user, operator)
     appeal = line_appeals.line_appeal_create(owner=owner, line_id=line.pk, message="too low", actor=Actor.system("o"))
     total = Decimal(statements.totals(Statement.objects.get(pk=statement.pk))["EUR"])
 
@@ -136,22 +146,10 @@ def test_a_line_appealed_while_its_payout_is_approved_is_either_held_back_or_ref
     approval, both read before either wrote, the appeal was filed and its line paid in full."""
     from unittest import mock
 
-    from django.contrib.auth.models import Group, User
-
     from marketplace import line_appeals
-    from marketplace.models import LineAppeal, StatementLine
-    from nodepool.api.permissions import OPERATORS
+    from marketplace.models import LineAppeal
 
-    period = a_day_of_usage(owner, client_user)
-    periods.reconcile_period(period_id=period.pk, actor=Actor.system("r"), now=NEXT)
-    statement = Statement.objects.get(owner=owner)
-    statements.finalize_statement(statement_id=statement.pk, expected_version=1, actor=Actor.system("o"), now=NEXT)
-    requester = Actor("user", operator.username, user=operator)
-    approver_user = User.objects.create_user(username="paula-operator", password="pw")
-    approver_user.groups.add(Group.objects.get_or_create(name=OPERATORS)[0])
-    approver = Actor("user", approver_user.username, user=approver_user)
-    payout = payouts.payout_request(statement_id=statement.pk, currency="EUR", actor=requester, now=NEXT)
-    line = StatementLine.objects.filter(statement=statement, currency="EUR", amount__gt=0).order_by("pk").first()
+    statement, requester, approver, payout, line = a_requested_payout(owner, client_user, operator)
 
     def act(i):
         if i == 0:
