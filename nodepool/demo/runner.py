@@ -17,7 +17,7 @@ from pathlib import Path
 from nodepool import instances
 from simulator import FleetSimulator, FleetThread, PoolSpec
 
-from . import processes, report, setup
+from . import processes, report, setup, stop
 from .client import Api, TimedOut, poll
 from .operations_story import stop_extra
 from .processes import Supervisor
@@ -130,6 +130,7 @@ class Demo:
                 while True:
                     time.sleep(3600)
         except KeyboardInterrupt:
+            stop.interrupt_taken()
             self.interrupted = not completed
             self.say("\nstopping…" if completed else "\ninterrupted before the story completed; stopping…")
         finally:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
 from nodepool import instances
+from nodepool.demo import stop
 
 CHILD_FLAG = "NODEPOOL_DEMO_VAR_READY"
 LOCK_FD = "NODEPOOL_DEMO_LOCK_FD"  # the var dir lock's file descriptor, kept across execve
@@ -45,11 +45,12 @@ class Command(BaseCommand):
         if os.environ.get(CHILD_FLAG) != str(var_dir):
             self._reexec(var_dir, keep=opts["keep"], port=opts["port"] or (None if opts["once"] else 8000))
         # From here on SIGTERM (CI, a supervisor) stops the demo as Ctrl-C does, in every phase.
-        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        stop.install()
         lock = instances.adopt(os.environ.get(LOCK_FD), var_dir)
         try:
             self._run(var_dir, lock, opts)
         except KeyboardInterrupt:
+            stop.interrupt_taken()
             # Before Demo.run (migrations, static files, users): no process was started yet.
             self.stderr.write("interrupted before the demo started; nothing is left running")
             raise SystemExit(130) from None
