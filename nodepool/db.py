@@ -287,7 +287,7 @@ def insert_select(instance: models.Model, computed: dict[str, str]) -> tuple[str
     if key not in _INSERT_SELECTS:  # the text once per model and vendor (db_type is not cheap)
         quote = connection.ops.quote_name
         fields = meta.local_concrete_fields
-        values = [computed.get(f.attname) or f"%s::{f.db_type(connection)}" for f in fields]
+        values = [computed[f.attname] if f.attname in computed else f"%s::{f.db_type(connection)}" for f in fields]
         bound = tuple(f for f in fields if f.attname not in computed)
         head = f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(f.column) for f in fields)})"
         _INSERT_SELECTS[key] = (head, ", ".join(values), bound)
