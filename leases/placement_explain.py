@@ -202,9 +202,9 @@ def diagnose(
     devices_in_sql = bool(spec.devices) and device_sql.decided_in_sql(spec)
     if devices_in_sql:
         # Each node's device reason (or ''), decided in SQL: nodes group by it. Read for every node,
-        # the unschedulable too (whose groups ignore it below): two hashed lookups a node cost less
+        # the unschedulable too (whose groups ignore it below): one hash join a node costs less
         # than a second evaluation of the first-reason CASE, credential probe included.
-        signature["g_devices"] = device_sql.device_reason_sets(spec, census_sql.node_id_column())
+        nodes, signature["g_devices"] = device_sql.join_device_reasons(nodes, spec.devices[0])
     elif spec.devices:
         # Nodes with the same devices (as the request sees them) in one group, so that the device
         # rules run once per group below; computed for schedulable nodes only.
@@ -212,10 +212,7 @@ def diagnose(
             When(Exact(first_reason, Value("")), then=device_fingerprint(spec)), default=Value(None)
         )
     groups = census_sql.census_rows(
-        nodes.values(g_reason=first_reason, g_lifecycle=F("lifecycle"), **signature).annotate(**aggregates).order_by(),
-        with_table=(device_sql.DEVICE_REASONS, *device_sql.device_reasons_sql(spec.devices[0]))
-        if devices_in_sql
-        else None,
+        nodes.values(g_reason=first_reason, g_lifecycle=F("lifecycle"), **signature).annotate(**aggregates).order_by()
     )
     schedulable_groups = [g for g in groups if not g["g_reason"]]
     representatives = {

@@ -1,17 +1,16 @@
 """The 409 census' raw SQL (leases.placement_explain.diagnose): its hostname condition, the
-devices' fingerprint, the planner settings and ``WITH`` table of its GROUP BY.
+devices' fingerprint and the planner settings of its GROUP BY.
 """
 
 from __future__ import annotations
 
-from django.db import connection
 from django.db.models import BooleanField, TextField
 from django.db.models.expressions import RawSQL
 
 from fleet.models import Device, Node
 
 from ..models import LeaseDevice
-from .vendor import column_name, materialized, one_of, planner_settings, sorted_concat, table_name
+from .vendor import column_name, one_of, planner_settings, sorted_concat, table_name
 
 
 def node_id_column() -> str:
@@ -73,7 +72,7 @@ def device_fingerprint(types: list[str], *, with_taints: bool) -> RawSQL:
     return RawSQL(sorted_concat(text, "§", source), types, output_field=TextField())  # noqa: S611
 
 
-def census_rows(queryset, with_table: tuple[str, str, list] | None = None) -> list:
+def census_rows(queryset) -> list:
     """Run the census' GROUP BY (a ``values()`` queryset), on PostgreSQL as a hash aggregate.
 
     The planner cannot estimate how many groups a CASE over node columns and a few JSON keys
@@ -106,28 +105,6 @@ def census_rows(queryset, with_table: tuple[str, str, list] | None = None) -> li
     (Parallel Seq Scan, Partial HashAggregate, Gather) the whole 409 of bench/devices.py's two
     unmeetable kinds took 8-10 % less (p50 136 vs 147 ms and 110 vs 122 ms, alternating rounds in
     one process, machine loaded), and more where the second core is idle.
-
-    ``with_table``: ``(name, sql, params)`` of a table the query reads, computed once before it
-    (:func:`rows_with_table`).
     """
     with planner_settings(enable_sort="off", parallel_tuple_cost="0.02", parallel_setup_cost="100", jit="off"):
-        return rows_with_table(queryset, with_table) if with_table else list(queryset)
-
-
-def rows_with_table(queryset, with_table: tuple[str, str, list]) -> list[dict]:
-    """The rows of a ``values()`` queryset run with a ``WITH name AS MATERIALIZED (sql)`` table
-    ahead of its SQL, converted as the ORM would convert them (its compiler's own converters).
-    SQL: the ORM cannot say a ``WITH`` table. The census uses it for the devices' reasons of every
-    node, in one grouped pass over the device rows (leases.sql.devices.device_reasons_sql), which the
-    query's expressions look up by node."""
-    name, table_sql, table_params = with_table
-    compiler = queryset.query.get_compiler(connection=connection)
-    sql, params = compiler.as_sql()
-    with connection.cursor() as cursor:
-        cursor.execute(f"WITH {name} AS {materialized()}({table_sql}) {sql}", [*table_params, *params])
-        names = [column[0] for column in cursor.description]
-        rows = cursor.fetchall()
-    converters = compiler.get_converters([expression for expression, _, _ in compiler.select])
-    if converters:
-        rows = compiler.apply_converters(rows, converters)
-    return [dict(zip(names, row, strict=True)) for row in rows]
+        return list(queryset)

@@ -41,12 +41,6 @@ def in_code_point_order(column: str) -> str:
     return f'{column} COLLATE "C"' if is_postgresql() else column
 
 
-def materialized() -> str:
-    """``MATERIALIZED`` for a ``WITH`` table computed once ahead of the query (PostgreSQL 12+ may
-    inline a table read once); SQLite makes its own choice and says nothing."""
-    return "MATERIALIZED " if is_postgresql() else ""
-
-
 def sorted_concat(expression: str, separator: str, source: str) -> str:
     """The ``separator``-joined text of ``expression`` over the rows of ``source`` (a ``FROM …
     WHERE …`` clause), in sorted order. PostgreSQL's ``string_agg`` sorts in the aggregate; SQLite's

@@ -11,7 +11,7 @@ from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleet.models import Device
+from fleet.models import Device, Node
 from leases import devices as lease_devices
 from leases import placement
 from leases.device_requests import choose, parse_device_requests
@@ -75,15 +75,9 @@ def sql_reason(request, node_pk, rule=device_sql.device_rule_sql) -> str:
 
 
 def set_reason(request, node_pk) -> str:
-    table = connection.ops.quote_name("fleet_node")
-    reasons, reasons_params = device_sql.device_reasons_sql(request)
-    sql, params = device_sql.device_reason_of(request, f"{table}.{connection.ops.quote_name('id')}")
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"WITH {device_sql.DEVICE_REASONS} AS ({reasons}) SELECT {sql} FROM {table} WHERE id = %s",
-            [*reasons_params, *params, node_pk.hex if connection.vendor == "sqlite" else node_pk],
-        )
-        return cursor.fetchone()[0]
+    """The node's reason as the census reads it: joined to device_reasons_sql's table."""
+    nodes, reason = device_sql.join_device_reasons(Node.objects.filter(pk=node_pk), request)
+    return nodes.annotate(reason=reason).values_list("reason", flat=True).get()
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
