@@ -138,6 +138,10 @@ def seed_money(owner, market) -> None:
     operator = get_user_model().objects.filter(is_staff=True).first() or owner
     node, _ = owned_node(market, owner, "money")
     record = UsageRecord.objects.filter(owner=owner).first()
+    # The seeded usage already opened the owner's statement of the current period (statements.
+    # statement_for): a day that starts it (the 1st, three days ago on a month's 4th) is taken.
+    while Statement.objects.filter(owner=owner, period_start=start).exists():
+        start -= timedelta(days=1)
     statement = Statement.objects.create(
         owner=owner,
         period="day",
