@@ -4,7 +4,13 @@ reads of devices for metrics and lists. Split out of :mod:`fleet.devices`.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
+from collections.abc import Iterable, Mapping
+from itertools import groupby
+from operator import itemgetter
+from typing import Any
 
 from django.db.models import BooleanField, Count, Exists, ExpressionWrapper, OuterRef, Q
 
@@ -48,6 +54,86 @@ def counted() -> Q:
     return usable & (Q(claimed=False) | Q(held_for_itself()))
 
 
+# The columns of a device that the device rules read (leases.device_requests.choose: constraints,
+# co-location, usability), in the order of a fingerprint's text; with them, whether it is verified.
+FINGERPRINT_COLUMNS = (
+    "type",
+    "index",
+    "model",
+    "memory_bytes",
+    "mig_profile",
+    "numa_node",
+    "interconnect_group",
+    "driver_version",
+    "cuda_version",
+    "pci_bus_id",
+    "held",
+    "health",
+    "hard_tainted",
+)
+
+
+def fingerprint_of(devices: Iterable[Any]) -> str:
+    """The fingerprint of a node's live ``devices`` (Device rows, or dicts with
+    :data:`FINGERPRINT_COLUMNS` and ``verified_at``): the sha256 hex of their sorted attributes as
+    the device rules read them, without their ids and without who holds them; ``''`` for none.
+    Two nodes with the same fingerprint and no live holds give every device request the same
+    reason (Node.device_fingerprint, leases.sql.devices.device_reasons_sql)."""
+    keys = []
+    for device in devices:
+        value = device.get if isinstance(device, Mapping) else device.__getattribute__
+        keys.append(json.dumps([*(value(c) for c in FINGERPRINT_COLUMNS), value("verified_at") is not None]))
+    if not keys:
+        return ""
+    return hashlib.sha256("\n".join(sorted(keys)).encode()).hexdigest()
+
+
+def _fingerprints(devices) -> dict:
+    """``{node id: fingerprint}`` of the nodes of ``devices`` (a Device queryset), in one read."""
+    rows = (
+        devices.filter(retired_at__isnull=True)
+        .order_by("node_id")
+        .values("node_id", *FINGERPRINT_COLUMNS, "verified_at")
+        .iterator(chunk_size=5000)
+    )
+    return {node_id: fingerprint_of(group) for node_id, group in groupby(rows, key=itemgetter("node_id"))}
+
+
+def refresh_fingerprints(nodes=None, *, device_model=Device, node_model=Node) -> int:
+    """Recompute Node.device_fingerprint of ``nodes`` (a Node queryset; every node when None) from
+    their live devices, in one read of the devices and batched UPDATEs of the nodes whose
+    fingerprint changed; returns how many changed. For devices written in bulk, past
+    :func:`sync_counts`: the migration that added the column (with its historical models),
+    bench/devices.py's fleet."""
+    nodes = node_model.objects.all() if nodes is None else nodes
+    computed = _fingerprints(device_model.objects.filter(node__in=nodes))
+    changed = [
+        node_model(pk=pk, device_fingerprint=computed.get(pk, ""))
+        for pk, stored in nodes.values_list("pk", "device_fingerprint")
+        if computed.get(pk, "") != stored
+    ]
+    node_model.objects.bulk_update(changed, ["device_fingerprint"], batch_size=1000)
+    return len(changed)
+
+
+def fingerprint_drift(nodes) -> int:
+    """How many of ``nodes`` (a Node queryset) store a fingerprint other than their devices' (an
+    audit: bench/devices.py, tests). A node that stores none (``''``) is decided on its own
+    devices by the census, so only a wrong non-empty fingerprint is drift."""
+    computed = _fingerprints(Device.objects.filter(node__in=nodes))
+    return sum(
+        1 for pk, stored in nodes.values_list("pk", "device_fingerprint") if stored and computed.get(pk, "") != stored
+    )
+
+
+def sync_fingerprint(node: Node, devices: list) -> None:
+    """Store the fingerprint of ``devices`` (the node's live device rows) on ``node`` when it
+    differs from the stored one (a conditional UPDATE: no row write when it is the same)."""
+    fingerprint = fingerprint_of(devices)
+    Node.objects.filter(pk=node.pk).exclude(device_fingerprint=fingerprint).update(device_fingerprint=fingerprint)
+    node.device_fingerprint = fingerprint
+
+
 def sync_counts(node: Node) -> dict[str, int]:
     """Set the node's count resource of each device type it has rows of; returns ``{type: count}``.
 
@@ -62,11 +148,16 @@ def sync_counts(node: Node) -> dict[str, int]:
     hold the rows this reads still: the node's device rows (a fault, a verification, a report) or
     the released lease's devices (leases.devices.release), so a fault and a release racing on one
     device are counted in one order or the other, never from two half views.
+
+    Also stores the node's device fingerprint (:func:`sync_fingerprint`), before admission too:
+    every writer of device rows but the claim (which changes only who holds them) ends here.
     """
+    rows = list(Device.objects.filter(node=node, retired_at__isnull=True).annotate(held_by_lease=held_for_itself()))
+    sync_fingerprint(node, rows)
     if node.lifecycle in (Lifecycle.PENDING, Lifecycle.ADMITTING, Lifecycle.REJECTED):
         return {}
     counts: dict[str, int] = {}
-    for row in Device.objects.filter(node=node, retired_at__isnull=True).annotate(held_by_lease=held_for_itself()):
+    for row in rows:
         counts.setdefault(row.type, 0)
         # A device claimed but not held for itself is taken by a relative (the MIG instances of a
         # GPU leased whole, the GPU of a leased MIG instance): in no count while that lease lives.

@@ -242,6 +242,12 @@ class Node(SerializedFSMRefresh, ConcurrentTransitionMixin, models.Model):
     # rollups per request. NULL: unrated (fewer than RELIABILITY_MIN_SAMPLE counted leases).
     reliability = models.FloatField(null=True, blank=True, editable=False)
     devices_digest = models.CharField(max_length=64, blank=True)
+    # The node's live devices as the device rules see them (fleet.device_counts.fingerprint_of: a
+    # sha256 of their attributes, usability and verification, not their ids nor who holds them),
+    # '' for none or not yet computed. Kept by sync_counts, which every device writer but the
+    # claim calls; nodes with the same fingerprint and no live holds give a device request the same
+    # answer, so the 409's census decides it once per fingerprint (leases.sql.devices).
+    device_fingerprint = models.CharField(max_length=64, blank=True, default="", editable=False)
 
     # Incident response: set by quarantine; other services read it to refuse artifacts and logs.
     artifacts_blocked = models.BooleanField(default=False)
