@@ -726,7 +726,7 @@ def main() -> int:
         a["oversubscribed_resources"] + a["workloads_with_two_live_leases"] + a.get("double_assigned_devices", 0)
         for a in audits
     )
-    figures["drift"] = sum(a["drift"] + a.get("claimed_drift", 0) for a in audits)
+    figures["drift"] = sum(a["drift"] + a.get("claimed_drift", 0) + a.get("fingerprint_drift", 0) for a in audits)
     print(json.dumps(figures, sort_keys=True), flush=True)
     return 1 if figures["double_allocations"] or figures["drift"] else 0
 

@@ -204,7 +204,7 @@ def diagnose(
         # Each node's device reason (or ''), decided in SQL: nodes group by it. Read for every node,
         # the unschedulable too (whose groups ignore it below): one hash join a node costs less
         # than a second evaluation of the first-reason CASE, credential probe included.
-        nodes, signature["g_devices"] = device_sql.join_device_reasons(nodes, spec.devices[0])
+        nodes, signature["g_devices"] = device_sql.join_device_reasons(nodes, spec.devices[0], pool.pk)
     elif spec.devices:
         # Nodes with the same devices (as the request sees them) in one group, so that the device
         # rules run once per group below; computed for schedulable nodes only.

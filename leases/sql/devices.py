@@ -18,12 +18,13 @@ from django.db.models.sql.constants import LOUTER
 from django_cte import CTE, with_cte
 from django_cte.raw import raw_cte_sql
 
-from fleet.models import Node
+from fleet.choices import Lifecycle
+from fleet.models import Device, Node, NodeResource
 from nodepool.db import insert_select, mark_inserted, prepared_cursor
 
 from ..choices import ATTRIBUTES
 from ..models import LeaseDevice
-from .vendor import glob_match, is_postgresql, one_of
+from .vendor import glob_match, is_postgresql, least_id, one_of, table_name
 
 # The Device columns a device dict carries (leases.devices.node_devices, :func:`claim_view`):
 # what leases.device_requests.choose reads.
@@ -281,22 +282,33 @@ def nodes_passing(spec, node_ids: list) -> set:
 DEVICE_REASONS = "device_reasons"  # the name of device_reasons_sql's table in the census' WITH clause
 
 
-def device_reasons_sql(request) -> tuple[str, list]:
-    """:func:`device_rule_sql`'s rules for every node at once: ``SELECT node_id, reason`` with one
-    row per node that has live devices of ``request.type`` (reason ``''`` when the request can be
-    met there), from a single grouped pass over the device rows.
+def device_reasons_sql(request, pool_pk) -> tuple[str, list]:
+    """:func:`device_rule_sql`'s rules for every node of the pool ``pool_pk`` at once (retired ones
+    aside): ``SELECT node_id, reason`` with one row per node that has live devices of
+    ``request.type`` (reason ``''`` when the request can be met there).
+
+    Decided once per device fingerprint (Node.device_fingerprint, fleet.device_counts): nodes
+    with the same fingerprint and nothing allocated have the same devices as the rules read them,
+    none taken, so one of them (the fingerprint's representative) answers for all. Read on their
+    own devices: the representatives, the nodes with anything allocated (``held``: a device hold
+    always comes with an allocation, as a grant reserves the count resource of each device type it
+    claims, leases.spec.with_device_counts, and the release frees both in one transaction; a node
+    running CPU-only work is read on its own too, which costs time, never a wrong answer) and the
+    nodes without a fingerprint (no devices, or written past sync_counts). A pool of alike, idle
+    nodes thus reads a few hundred device rows instead of all of them; the one grouped pass over
+    every device row it replaced was most of a 10,000-node 409 (docs/leases.md). ``held`` reads the
+    resource rows, not the live holds: those would be joined to all device rows for their node.
 
     For the 409's census, as its ``WITH`` table :data:`DEVICE_REASONS` (joined by
-    :func:`join_device_reasons`): the correlated aggregate of :func:`device_rule_sql` ran once per
-    node (about 80 µs a node, most of a 10,000-node 409), and one ``NOT IN`` set per rule read the
-    devices once per rule. tests/leases/test_device_sql.py checks it against choose.
+    :func:`join_device_reasons`). tests/leases/test_device_sql.py checks it against choose.
     """
     conditions, params = _constraints_sql(request)
     matched = f"1 = 1{conditions}"
+    node, device = table_name(Node), table_name(Device)
     # Each device's level, one CASE a row: 0 unmatched, 1 matched but not usable, 2 usable but
     # taken, 3 free; then per node the highest level and the free count decide the reason.
     level = f"CASE WHEN NOT ({matched}) THEN 0 WHEN NOT ({_USABLE}) THEN 1 WHEN {_TAKEN} THEN 2 ELSE 3 END AS lvl"
-    rows = "FROM fleet_device d WHERE d.retired_at IS NULL AND d.type = %s"
+    rows = f"FROM scope s INNER JOIN {device} d ON d.node_id = s.id WHERE d.retired_at IS NULL AND d.type = %s"
     top, free = "max(lvl)", "sum(CASE WHEN lvl = 3 THEN 1 ELSE 0 END)"
     if request.colocate:
         # Per (node, group) first, then per node; a device whose host does not tell its group
@@ -314,21 +326,39 @@ def device_reasons_sql(request) -> tuple[str, list]:
         f"WHEN {free} < %s THEN 'device_not_free' {colocated}ELSE '' END"
     )
     reason_params = [request.count, request.count] if colocated else [request.count]
-    sql = f"SELECT node_id, {reason} AS reason FROM {source} g GROUP BY node_id"  # noqa: S608 (columns from the model; values bound)
-    return sql, [*reason_params, *params, request.type]
+    in_pool = "n.pool_id = %s AND n.lifecycle <> %s"
+    pool = [pool_pk, Lifecycle.RETIRED]
+    sql = f"""
+        WITH held AS (SELECT r.node_id FROM {table_name(NodeResource)} r WHERE r.allocated > 0), reps AS (
+            SELECT n.device_fingerprint AS fp, {least_id("n.id")} AS rep FROM {node} n
+            WHERE {in_pool} AND n.device_fingerprint <> '' AND n.id NOT IN (SELECT node_id FROM held)
+            GROUP BY n.device_fingerprint
+        ), scope AS (
+            SELECT rep AS id FROM reps
+            UNION ALL SELECT n.id FROM {node} n WHERE {in_pool} AND n.device_fingerprint = ''
+            UNION ALL SELECT n.id FROM {node} n
+            WHERE {in_pool} AND n.device_fingerprint <> '' AND n.id IN (SELECT node_id FROM held)
+        ), decided AS (
+            SELECT node_id, {reason} AS reason FROM {source} g GROUP BY node_id
+        )
+        SELECT n.id AS node_id, r.reason FROM {node} n
+        INNER JOIN reps ON reps.fp = n.device_fingerprint INNER JOIN decided r ON r.node_id = reps.rep
+        WHERE {in_pool} AND n.id NOT IN (SELECT node_id FROM held)
+        UNION ALL SELECT r.node_id, r.reason FROM decided r WHERE r.node_id NOT IN (SELECT rep FROM reps)
+    """  # noqa: S608 (names from the models; values bound)
+    return sql, [*pool, *pool, *pool, *reason_params, *params, request.type, *pool]
 
 
-def join_device_reasons(nodes, request):
-    """``(nodes, reason)``: the ``fleet_node`` queryset ``nodes`` LEFT JOINed to
-    :func:`device_reasons_sql`'s table for ``request`` (a ``WITH`` table named
+def join_device_reasons(nodes, request, pool_pk):
+    """``(nodes, reason)``: the ``fleet_node`` queryset ``nodes`` (of the pool ``pool_pk``) LEFT
+    JOINed to :func:`device_reasons_sql`'s table for ``request`` (a ``WITH`` table named
     :data:`DEVICE_REASONS`, through django-cte), and the reason code of each node from it:
     ``device_type_missing`` (``''`` for an implicit request) when the node has no devices of the type.
 
     One hash join of the nodes to the table: the five hashed ``IN`` sets that read it before (one
     per reason code) cost 5-15 % more of a 10,000-node 409 (alternating runs, psql, this machine).
-    Unmaterialized, so that PostgreSQL plans the table, read once, as a subquery of the join.
     """
-    sql, params = device_reasons_sql(request)
+    sql, params = device_reasons_sql(request, pool_pk)
     refs = {"node_id": Node._meta.pk, "reason": TextField()}
     table = CTE(raw_cte_sql(sql, params, refs), name=DEVICE_REASONS)
     joined = with_cte(table, select=table.join(nodes, id=table.col.node_id, _join_type=LOUTER))

@@ -50,6 +50,13 @@ def sorted_concat(expression: str, separator: str, source: str) -> str:
     return f"(SELECT group_concat(x, '{separator}') FROM (SELECT {expression} AS x {source} ORDER BY x) s)"  # noqa: S608
 
 
+def least_id(column: str) -> str:
+    """An aggregate: one UUID of ``column``'s group, the same each time (the least, as text).
+    PostgreSQL has no ``min(uuid)``: the least text form, cast back; SQLite stores a UUID as 32
+    hex digits, whose ``MIN`` already is."""
+    return f"CAST(MIN(CAST({column} AS TEXT)) AS uuid)" if is_postgresql() else f"MIN({column})"
+
+
 def one_of(column: str, values: list) -> tuple[str, list]:
     """``column`` is one of ``values``, sent as one parameter however many values there are: an
     array on PostgreSQL (``= ANY(%s)``), a JSON array on SQLite (``IN (SELECT value FROM

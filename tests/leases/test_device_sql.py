@@ -11,6 +11,7 @@ from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from fleet.devices import refresh_fingerprints
 from fleet.models import Device, Node
 from leases import devices as lease_devices
 from leases import placement
@@ -76,7 +77,9 @@ def sql_reason(request, node_pk, rule=device_sql.device_rule_sql) -> str:
 
 def set_reason(request, node_pk) -> str:
     """The node's reason as the census reads it: joined to device_reasons_sql's table."""
-    nodes, reason = device_sql.join_device_reasons(Node.objects.filter(pk=node_pk), request)
+    nodes, reason = device_sql.join_device_reasons(
+        Node.objects.filter(pk=node_pk), request, Node.objects.get(pk=node_pk).pool_id
+    )
     return nodes.annotate(reason=reason).values_list("reason", flat=True).get()
 
 
@@ -156,6 +159,8 @@ def test_placement_and_the_409_decided_in_sql_agree_with_the_python_path(client_
         make_gpu_node(pool, tag=tag, count=4)
     make_gpu_node(pool, tag="a1", count=4, model=A100, memory=40 * 2**30)
     Device.objects.filter(device_id__startswith="GPU-h2-", index__gte=2).update(interconnect_group="nvlink-9")
+    # Written past sync_counts (as an agent's report would not be): the fingerprints follow by hand.
+    assert refresh_fingerprints(Node.objects.filter(pool=pool)) == 1
     h100 = {"attribute": "model", "operator": "glob", "value": "*H100*"}
     small = {"attribute": "memory", "operator": "<", "value": "50Gi"}
     bracket = {"attribute": "model", "operator": "glob", "value": "[A-Z]*"}
@@ -226,3 +231,95 @@ def test_the_claimed_mirror_agrees_with_the_live_holds_after_any_grants_and_rele
                 free = Device.objects.filter(counted(), node=node, type=row.name, claimed=False).count()
                 assert row.allocatable - row.allocated == free, (step, kind, amount, row.name)
         transaction.set_rollback(True)
+
+
+fingerprint_step = st.one_of(
+    st.tuples(st.just("grant"), st.integers(1, 4), st.sampled_from(["", "interconnect_group"])),
+    st.tuples(st.just("end"), st.integers(0, 20), st.just("")),
+    st.tuples(st.just("taint"), st.integers(0, 19), st.sampled_from(["NoSchedule", "NoExecute", "PreferNoSchedule"])),
+    st.tuples(st.just("untaint"), st.integers(0, 19), st.just("")),
+    st.tuples(st.just("xid"), st.integers(0, 19), st.sampled_from(["79", "94", "48"])),
+    st.tuples(st.just("unverify"), st.integers(0, 19), st.just("")),
+)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    steps=st.lists(fingerprint_step, min_size=1, max_size=8),
+    requests=st.lists(request_strategy, min_size=1, max_size=3),
+)
+def test_the_409_decides_alike_nodes_once_and_still_gives_each_node_its_own_reason(client_user, steps, requests):
+    """Five nodes, three of them alike (one device fingerprint), changed through the services
+    only (grants and ends, operator taints, XID reports, an inventory change): after every step
+    each node's stored fingerprint is its devices' (sync_counts keeps it), and the census' device
+    reasons, decided once per fingerprint and per node only where a lease holds devices, equal
+    what choose gives on each node's own devices."""
+    from fleet.devices import device_taint, device_untaint, fingerprint_drift
+    from fleet.events import Actor
+    from leases.lifecycle import end_lease
+    from leases.models import Lease
+    from tests.device_support import gpu, report_devices
+    from tests.support import grant_status
+
+    actor = Actor.system("t")
+    with transaction.atomic():
+        pool = PoolFactory(name="gpu")
+        nodes = [make_gpu_node(pool, tag=f"h{i}", count=4)[0] for i in range(3)]
+        nodes.append(make_gpu_node(pool, tag="a", count=4, model=A100, memory=40 * 2**30)[0])
+        nodes.append(make_gpu_node(pool, tag="g", count=4, group="nvlink-7")[0])
+        tags = ["h0", "h1", "h2", "a", "g"]
+        assert len({n.device_fingerprint for n in Node.objects.filter(pool=pool)}) == 3
+        for step, (kind, number, option) in enumerate(steps):
+            node, tag, index = nodes[number % 5], tags[number % 5], number // 5
+            device_id = f"GPU-{tag}-{index:04d}"
+            if kind == "grant":
+                wire = {"type": "nvidia.com/gpu", "count": number}
+                if option:
+                    wire["colocate"] = option
+                grant_status(client_user, f"w{step}", pool="gpu", cpu="1", devices=[wire])
+            elif kind == "end":
+                live = list(Lease.objects.filter(state="granted").order_by("granted_at", "pk"))
+                if live:
+                    lease = live[number % len(live)]
+                    end_lease(lease.pk, to_state="released", reason="t", now=timezone.now(), actor=actor)
+            elif kind == "taint":
+                device_taint(node_id=node.pk, device_id=device_id, key="t", effect=option, reason="t", actor=actor)
+            elif kind == "untaint":
+                row = Device.objects.get(device_id=device_id, retired_at__isnull=True)
+                if any(t["key"] == "t" for t in row.taints):
+                    device_untaint(node_id=node.pk, device_id=device_id, key="t", reason="t", actor=actor)
+            else:
+                model = A100 if tag == "a" else H100
+                memory = 40 * 2**30 if tag == "a" else 80 * 2**30
+                group = {"group": "nvlink-7"} if tag == "g" else {}
+                wire = [gpu(i, node=tag, model=model, memory=memory, **group) for i in range(4)]
+                if kind == "xid":
+                    wire[index]["health"] = {"xid_events": [{"xid": int(option), "at": "2026-12-02T10:00:00Z"}]}
+                else:  # more memory than verified: the device is not verified any more
+                    wire[index]["memory_bytes"] = memory * 2
+                report_devices(node, wire)
+            assert fingerprint_drift(Node.objects.filter(pool=pool)) == 0, (step, kind)
+        for wire in requests:
+            request = parse_device_requests([wire])[0]
+            devices, taken = lease_devices.node_devices([n.pk for n in nodes], None)
+            nodes_with_reasons, reason = device_sql.join_device_reasons(
+                Node.objects.filter(pool=pool), request, pool.pk
+            )
+            got = dict(nodes_with_reasons.annotate(reason=reason).values_list("pk", "reason"))
+            for node in nodes:
+                expected = choose((request,), devices.get(node.pk, []), taken.get(node.pk, set())).code
+                assert got[node.pk] == expected, (wire, node.hostname)
+        transaction.set_rollback(True)
+
+
+def test_a_node_whose_devices_are_held_is_not_answered_for_by_its_alike_neighbours(client_user):
+    """Three alike nodes (one fingerprint); a lease takes all four GPUs of one of them: that node
+    alone has no free GPU, whichever of the three is the fingerprint's representative."""
+    pool = PoolFactory(name="gpu")
+    nodes = [make_gpu_node(pool, tag=f"h{i}", count=4)[0] for i in range(3)]
+    assert len({n.device_fingerprint for n in Node.objects.filter(pool=pool)}) == 1
+    lease = grant(client_user, "all-four", pool="gpu", devices=[{"type": "nvidia.com/gpu", "count": 4}])
+    request = parse_device_requests([{"type": "nvidia.com/gpu", "count": 1}])[0]
+    joined, reason = device_sql.join_device_reasons(Node.objects.filter(pool=pool), request, pool.pk)
+    got = dict(joined.annotate(reason=reason).values_list("pk", "reason"))
+    assert got == {n.pk: ("device_not_free" if n.pk == lease.node_id else "") for n in nodes}

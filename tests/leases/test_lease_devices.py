@@ -197,8 +197,10 @@ def test_the_409_decides_device_reasons_per_device_group_in_queries_that_do_not_
     """Nodes whose devices differ only in which are held fall in different groups (the held ones
     fail on freedom, the other on colocation); more alike nodes cost no more queries."""
     from django.db import connection
+    from django.db.models import F
     from django.test.utils import CaptureQueriesContext
 
+    from fleet.devices import refresh_fingerprints
     from fleet.models import NodeResource
     from leases import placement
     from leases.services import resolve_shape
@@ -208,11 +210,15 @@ def test_the_409_decides_device_reasons_per_device_group_in_queries_that_do_not_
     for tag in ("h1", "h2"):
         make_gpu_node(pool, tag=tag, count=4)
     Device.objects.filter(index__gte=2).update(interconnect_group="nvlink-1")
+    refresh_fingerprints()  # written past sync_counts
     make_gpu_node(pool, tag="a1", count=4, model=A100, memory=40 * 2**30)
     h100 = {"attribute": "model", "operator": "glob", "value": "*H100*"}
     _, status = grant(client_user, "two", devices=[{"type": "nvidia.com/gpu", "count": 2, "constraints": [h100]}])
     assert status == 201
-    NodeResource.objects.filter(name="nvidia.com/gpu").update(allocated=0)  # only the held devices stand in the way
+    # Only the held devices stand in the way: the count says there is room (the allocation of the
+    # held ones stays, as it does with every live hold; the 409 reads a node with any allocation on
+    # its own devices, leases.sql.devices.device_reasons_sql).
+    NodeResource.objects.filter(name="nvidia.com/gpu").update(allocatable=F("allocatable") + 2)
     three = {"type": "nvidia.com/gpu", "count": 3, "constraints": [h100], "colocate": "interconnect_group"}
     spec = resolve_shape(parse_spec({"workload_id": "w", "pool": "gpu", "devices": [three]}))[0]
 
