@@ -194,6 +194,12 @@ class Choice:
     code: str = ""  # its stable reason code (device_unmatched, device_not_free…)
 
 
+# The device reasons that freeing capacity does not cure: the node has no device of the type, none
+# matching the constraints, or only unhealthy / unverified / held ones. A 409 does not call a pool
+# "fragmented" on the strength of such nodes (leases.placement_explain.diagnose).
+LASTING_DEVICE_CODES = frozenset({"device_type_missing", "device_unmatched", "device_unhealthy"})
+
+
 def reason_phrase(request: DeviceRequest, code: str) -> str:
     """The "node(s) had …" phrase of a device reason ``code`` for ``request``, in the wording of
     the "0/N nodes are available" message (the same whether Python or SQL decided it)."""

@@ -39,7 +39,7 @@ from . import devices as lease_devices
 from . import impossible
 from . import reliability as node_reliability
 from .choices import UnschedulableCause
-from .device_requests import choose, reason_phrase
+from .device_requests import LASTING_DEVICE_CODES, choose, reason_phrase
 from .placement_filter import (
     ANTI_AFFINITY_CONFLICT,
     MISSING_FEATURE,
@@ -90,25 +90,23 @@ def phrase(code: str, resources: dict[str, int], extra: dict[str, str] | None = 
     return PHRASES.get(code, code.replace("_", " "))
 
 
-def device_census(spec: PlacementSpec, groups: list[tuple[Any, int]]) -> tuple[Counter, dict[str, str]]:
-    """Why nodes that pass every other filter cannot give ``spec.devices``: ``(reasons, phrases)``.
+def device_census(spec: PlacementSpec, representatives: list) -> dict[Any, tuple[str, str]]:
+    """Why nodes cannot give ``spec.devices``: ``{representative: (code, phrase)}``, ``("", "")``
+    where they can.
 
-    ``groups``: ``[(representative node id, nodes)]``, nodes :func:`diagnose` grouped by
-    :func:`device_fingerprint` (alike devices, as the request sees them). Each group counts under
-    the first device rule its representative fails (leases.device_requests.choose); the "node(s)
-    had …" phrase of each code as the request words it. Two queries whatever the number of nodes.
+    ``representatives``: one node id per group of nodes :func:`diagnose` grouped by
+    :func:`device_fingerprint` (alike devices, as the request sees them). Each group answers with
+    the first device rule its representative fails (leases.device_requests.choose) and that
+    code's "node(s) had …" phrase as the request words it. Two queries whatever the number of nodes.
     """
 
-    rows, taken = lease_devices.node_devices([pk for pk, _ in groups], lease_devices.device_types(spec.devices))
+    rows, taken = lease_devices.node_devices(list(representatives), lease_devices.device_types(spec.devices))
     tolerates = device_tolerance(spec)
-    reasons: Counter = Counter()
-    phrases: dict[str, str] = {}
-    for pk, count in groups:
+    verdicts = {}
+    for pk in representatives:
         choice = choose(spec.devices, rows.get(pk, []), taken.get(pk, set()), tolerates=tolerates)
-        if choice.reason:
-            reasons[choice.code] += count
-            phrases.setdefault(choice.code, choice.reason)
-    return reasons, phrases
+        verdicts[pk] = (choice.code, choice.reason) if choice.reason else ("", "")
+    return verdicts
 
 
 def device_fingerprint(spec: PlacementSpec):
@@ -159,7 +157,9 @@ def diagnose(
     grouped pass over the device rows, the census' ``WITH`` table) when
     :func:`leases.sql.devices.decided_in_sql` holds; otherwise by :func:`device_fingerprint` (their
     devices as the request sees them), and the device rules run in Python once per group that
-    passes every other filter (:func:`device_census`, two more queries).
+    passes every other filter (:func:`device_census`, two more queries). ``fragmented`` leaves
+    out nodes whose devices freeing would not cure (``LASTING_DEVICE_CODES``: none of the type,
+    none matching, only unhealthy ones): their capacity could never serve the request.
     """
 
     if counts is None:
@@ -224,8 +224,9 @@ def diagnose(
     reasons: Counter = Counter()
     pooled_free: Counter = Counter()
     a_candidate_holds = False  # a schedulable node passing the constraints would hold it once freed
-    device_groups: list[tuple[uuid.UUID, int]] = []  # (representative, nodes passing every other filter)
+    short_of_capacity = False  # such a node is short of a resource (and its devices could serve)
     device_phrases: dict[str, str] = {}
+    candidates = []  # (group, its representative): schedulable, passing the constraint filters
     for row in groups:
         if row["g_reason"]:
             reasons[row["g_reason"]] += row["n"]
@@ -236,30 +237,43 @@ def diagnose(
         if code is not None:
             reasons[code] += row["n"]
             continue
+        candidates.append((row, representative))
+    # Each candidate group's device verdict (code, phrase): decided in SQL per node (the group key),
+    # else on the group's representative, once per group of alike devices (two queries).
+    if devices_in_sql:
+        verdicts = {
+            rep: (row["g_devices"], reason_phrase(spec.devices[0], row["g_devices"]) if row["g_devices"] else "")
+            for row, rep in candidates
+        }
+    elif spec.devices and candidates:
+        verdicts = device_census(spec, [rep for _, rep in candidates])
+    else:
+        verdicts = {}
+    for row, representative in candidates:
+        device_code, device_phrase = verdicts.get(representative, ("", ""))
         short = 0
         for i, name in enumerate(names):
             if row[f"short{i}"]:
                 reasons[insufficient_code(name)] += row[f"short{i}"]
                 short += row[f"short{i}"]
-            pooled_free[name] += row[f"free_sum{i}"] or 0
-        a_candidate_holds = a_candidate_holds or bool(row["holds"])
-        if devices_in_sql and row["g_devices"] and row["n"] > short:
-            reasons[row["g_devices"]] += row["n"] - short
-            device_phrases[row["g_devices"]] = reason_phrase(spec.devices[0], row["g_devices"])
-        elif spec.devices and not devices_in_sql and row["n"] > short:
-            device_groups.append((representative, row["n"] - short))
+        if device_code not in LASTING_DEVICE_CODES:
+            # Capacity is what stands in the way here, and freed capacity could place the request:
+            # what makes the cause "insufficient capacity" or "fragmented". Nodes whose devices can
+            # never serve the request (none of the type, none matching, only unhealthy ones) count
+            # neither for that nor for holding it or for the pool's free capacity.
+            short_of_capacity = short_of_capacity or short > 0
+            for i, name in enumerate(names):
+                pooled_free[name] += row[f"free_sum{i}"] or 0
+            a_candidate_holds = a_candidate_holds or bool(row["holds"])
+        if device_code and row["n"] > short:
+            reasons[device_code] += row["n"] - short
+            device_phrases[device_code] = device_phrase
     total = sum(g["n"] for g in groups)
     schedulable = sum(g["n"] for g in schedulable_groups)
-    if device_groups:
-        # Nodes that pass every other filter: counted under their first failed device rule, decided
-        # once per device group on its representative's devices (two queries).
-        device_reasons, device_phrases = device_census(spec, device_groups)
-        reasons.update(device_reasons)
     pending = sum(g["n"] for g in groups if g["g_lifecycle"] in (Lifecycle.PENDING, Lifecycle.ADMITTING))
 
-    insufficient = any(code.startswith("insufficient_") for code in reasons)
     fragmented = (
-        insufficient and a_candidate_holds and all(pooled_free.get(n, 0) >= a for n, a in spec.resources.items())
+        short_of_capacity and a_candidate_holds and all(pooled_free.get(n, 0) >= a for n, a in spec.resources.items())
     )
     too_large = _too_large(pool, spec, names, [g for g in groups if g["g_lifecycle"] != Lifecycle.REJECTED])
     if too_large is not None:
@@ -270,7 +284,7 @@ def diagnose(
         cause = UnschedulableCause.NO_READY_NODES
     elif fragmented:
         cause = UnschedulableCause.FRAGMENTED
-    elif insufficient:
+    elif short_of_capacity:
         cause = UnschedulableCause.INSUFFICIENT_CAPACITY
     else:
         cause = UnschedulableCause.CONSTRAINTS

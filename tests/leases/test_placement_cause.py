@@ -213,3 +213,35 @@ def test_the_autoscalers_template_counts_as_a_node_the_pool_can_grow(client_api)
     assert ask(client_api, pool, resources={"cpu": "64"}, queue=True).status_code == 202
     PoolOperations.objects.filter(pool=pool).update(max_nodes=0)
     assert ask(client_api, pool, workload_id="job-2", resources={"cpu": "64"}, queue=True).status_code == 422
+
+
+@pytest.mark.parametrize(("nobody_has", "one_has"), [("*B200*", "*H100*"), ("*[B]200*", "*[H]100*")])  # SQL / Python
+def test_nodes_whose_devices_could_never_serve_make_no_capacity_cause(nobody_has, one_has):
+    """A GPU nobody has: the node short of cpu would not take the request once freed either (its
+    GPUs do not match), so the cause is the constraints, not insufficient capacity, and never
+    "fragmented"; a model one of the nodes has keeps the capacity cause."""
+    from leases.services import resolve_shape
+    from tests.device_support import make_gpu_node
+
+    pool = PoolFactory(name="gpu")
+    busy, _ = make_gpu_node(pool, tag="busy", count=4)
+    make_gpu_node(pool, tag="idle", count=4)
+    NodeResource.objects.filter(node=busy, name="cpu").update(allocated=63000)  # 1 cpu free of 64
+
+    def explain(glob):
+        devices = [{"type": "nvidia.com/gpu", "count": 1, "constraints": [
+            {"attribute": "model", "operator": "glob", "value": glob}]}]  # fmt: skip
+        spec = resolve_shape(
+            parse_spec({"workload_id": "w", "pool": "gpu", "resources": {"cpu": "2"}, "devices": devices})
+        )
+        return placement.diagnose(pool, spec[0])
+
+    nobody = explain(nobody_has)
+    assert nobody["reasons"] == {"insufficient_cpu": 1, "device_unmatched": 1}
+    assert nobody["cause"] == "constraints" and nobody["fragmented"] is False
+    assert "fragmented" not in nobody["message"]
+    # The idle node's H100s taken: the busy node would hold an H100 request once freed.
+    NodeResource.objects.filter(name="nvidia.com/gpu").exclude(node=busy).update(allocated=4)
+    some = explain(one_has)
+    assert some["reasons"] == {"insufficient_cpu": 1, "insufficient_nvidia_com_gpu": 1}
+    assert some["cause"] == "fragmented"
