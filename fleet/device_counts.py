@@ -8,6 +8,7 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping
+from functools import partial
 from itertools import groupby
 from operator import itemgetter
 from typing import Any
@@ -81,7 +82,7 @@ def fingerprint_of(devices: Iterable[Any]) -> str:
     reason (Node.device_fingerprint, leases.sql.devices.device_reasons_sql)."""
     keys = []
     for device in devices:
-        value = device.get if isinstance(device, Mapping) else device.__getattribute__
+        value = device.get if isinstance(device, Mapping) else partial(getattr, device)
         keys.append(json.dumps([*(value(c) for c in FINGERPRINT_COLUMNS), value("verified_at") is not None]))
     if not keys:
         return ""

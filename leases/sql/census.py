@@ -85,15 +85,14 @@ def census_rows(queryset) -> list:
     where it reads every node's devices (the ``WITH`` table; since device fingerprints, a busy
     pool, whose nodes with an allocation are each read on their own: 80,000 device rows at 10,000
     nodes of 8 GPUs) costs the planner about 6,000, under which a default setup price kept it
-    serial. In two workers
-    (Parallel Seq Scan, Partial HashAggregate, Gather) the whole 409 of bench/devices.py's two
-    unmeetable kinds took 8-10 % less (p50 136 vs 147 ms and 110 vs 122 ms, alternating rounds in
-    one process, machine loaded), and more where the second core is idle.
+    serial. In two workers (Parallel Seq Scan, Partial HashAggregate, Gather) the whole 409 of
+    bench/devices.py's two unmeetable kinds took 8-10 % less (p50 136 vs 147 ms and 110 vs 122 ms,
+    alternating rounds in one process, machine loaded), and more where the second core is idle.
 
     ``random_page_cost = 1.1`` (default 4) for the same statement: the device reasons read the
     devices of a few nodes (leases.sql.devices.device_reasons_sql: a representative per device
-    fingerprint, the nodes with a live hold) through the index on the device's node, and at the
-    default price of a random read (a disk's) the planner hashed all 80,000 device rows of a
+    fingerprint, the nodes with anything allocated) through the index on the device's node, and at
+    the default price of a random read (a disk's) the planner hashed all 80,000 device rows of a
     10,000-node fleet instead; a control plane's tables sit in memory, where 1.1 is the usual
     setting (PostgreSQL's docs on ``random_page_cost``: lower it when the data is cached). The
     409 of a model nobody has: 87 → 49 ms (``EXPLAIN ANALYZE``, psql, this machine).
